@@ -1,0 +1,77 @@
+"""Shared test rules: every test leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+import viceroy as vr
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
+    """Poll `cond` until it returns something truthy or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def live_pids(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """A test that leaves a descendant process running fails (and the process is killed)."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    def leftovers() -> list[psutil.Process]:
+        return [p for p in me.children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    deadline = time.monotonic() + 5
+    left = leftovers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = leftovers()
+    if left:
+        desc = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left]
+        for p in left:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"test leaked processes: {desc}")
+
+
+@pytest.fixture
+def start_mesh() -> Iterator[Callable[..., vr.Mesh]]:
+    """``start_mesh(gpus=4)``: a light local mesh (no torch preload), shut down after the test."""
+    meshes: list[vr.Mesh] = []
+
+    def start(**kw: object) -> vr.Mesh:
+        kw.setdefault("preload", [])
+        kw.setdefault("echo", False)
+        m = vr.Mesh.local(**kw)  # type: ignore[arg-type]
+        meshes.append(m)
+        return m
+
+    yield start
+    for m in meshes:
+        m.shutdown()

@@ -1,0 +1,40 @@
+"""The controller dies by SIGKILL: nothing it started may survive."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import live_pids, wait_until
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, time, viceroy as vr
+    mesh = vr.Mesh.local(hosts=2, gpus=2, preload=[], echo=False)
+    agents = [a.proc.pid for a in mesh._controller.agent_processes()]
+    zygotes = [info["zygote"] for info in mesh._controller.agent_info.values()]
+    mesh.run("import time\\ntime.sleep(60)", block=False)  # busy ranks die too
+    print(json.dumps({"ranks": list(mesh.pids().values()), "agents": agents, "zygotes": zygotes}), flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_controller_takes_every_agent_and_rank_down_within_5s(sig):
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        pids = json.loads(line)
+        everything = pids["ranks"] + pids["agents"] + pids["zygotes"]
+        assert len(pids["ranks"]) == 4 and len(pids["agents"]) == 2
+        assert len(live_pids(everything)) == len(everything)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=5)
+        wait_until(lambda: not live_pids(everything), 5, f"all mesh processes to exit: {live_pids(everything)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

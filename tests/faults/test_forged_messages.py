@@ -1,0 +1,60 @@
+"""Anyone who can reach a socket but lacks the mesh key runs nothing."""
+
+import time
+
+import zmq
+
+from tests.conftest import wait_until
+from viceroy.runtime.wire import Signer, new_key
+
+
+def _forgeries(marker):
+    code = f"open({str(marker)!r}, 'w').write('pwned')"
+    forged = Signer(new_key()).pack({"op": "run", "id": 99, "ranks": [0, 1], "code": code, "filename": "<x>"})
+    unsigned = forged[1:]
+    garbage = [b"\x00" * 5]
+    return [forged, unsigned, garbage]
+
+
+def test_forged_messages_to_an_agent_are_dropped_counted_and_run_nothing(start_mesh, tmp_path):
+    mesh = start_mesh(gpus=2)
+    marker = tmp_path / "pwned"
+    endpoints = mesh._controller.agent_info[0]["endpoints"]
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)  # the agent's inbox for rank replies
+        push.connect(endpoints[1])
+        dealer = ctx.socket(zmq.DEALER)  # the agent's socket for rank hellos
+        dealer.setsockopt(zmq.IDENTITY, b"intruder")
+        dealer.connect(endpoints[0])
+        for frames in _forgeries(marker):
+            push.send_multipart(frames)
+            dealer.send_multipart(frames)
+        wait_until(lambda: mesh.stats()["agents"][0]["dropped"] == 6, 5, "the agent to count 6 dropped messages")
+        assert not marker.exists()
+        assert mesh.run("rank").values() == [0, 1]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_forged_messages_to_the_controller_are_dropped_and_counted(start_mesh, tmp_path):
+    mesh = start_mesh(gpus=1)
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(mesh._controller._config["controller_out"])
+        fake = Signer(new_key()).pack({"op": "rank_exit", "r": 0, "reason": "SIGKILL"})
+        push.send_multipart(fake)
+        push.send_multipart(fake[1:])
+        wait_until(lambda: mesh._controller.signer.dropped == 2, 5, "the controller to drop 2 messages")
+        time.sleep(0.1)
+        assert mesh.states() == {0: "idle"}  # the fake death was not believed
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_ranks_count_dropped_messages_too(start_mesh):
+    mesh = start_mesh(gpus=2)
+    stats = mesh.stats()
+    assert stats["ranks"] == {0: {"dropped": 0}, 1: {"dropped": 0}}
+    assert stats["agents"] == {0: {"dropped": 0}} and stats["controller"] == {"dropped": 0}

@@ -1,0 +1,168 @@
+"""Faults on ranks: a raise, a SIGKILL, an interrupt. Each breaks something real."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import live_pids, wait_until
+
+
+def test_one_rank_raising_fails_the_call_fast_and_interrupts_the_others(start_mesh):
+    mesh = start_mesh(gpus=4)
+    mesh.run("keep = rank")
+    code = "import time\nif rank == 2:\n    time.sleep(0.2)\n    raise ValueError('bad shard ' + str(rank))\ntime.sleep(60)"
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code)
+    assert time.monotonic() - t0 < 2.0
+    err = info.value
+    text = str(err)
+    assert "rank 2: ValueError: bad shard 2" in text
+    assert "raise ValueError('bad shard ' + str(rank))" in text  # the user's own source line
+    assert "ranks 0-1,3: stopped by fail-fast after rank 2 failed" in text
+    assert "viceroy/runtime" not in text  # none of our plumbing
+    assert {r: f.kind for r, f in err.failures.items()} == {0: "interrupted", 1: "interrupted", 2: "error", 3: "interrupted"}
+    assert mesh.run("keep").values() == [0, 1, 2, 3]  # the next run works, state intact
+
+
+def test_identical_failures_are_grouped_by_rank_set(start_mesh):
+    mesh = start_mesh(gpus=4)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("1 / (rank - rank)")
+    text = str(info.value)
+    assert text.count("ZeroDivisionError: division by zero") == 2  # summary line + traceback tail, once
+    assert "ranks 0-3: ZeroDivisionError" in text
+
+
+def test_without_fail_fast_the_others_finish(start_mesh):
+    mesh = start_mesh(gpus=3)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("import time\nif rank == 0: raise KeyError('k')\ntime.sleep(0.3)\nrank", fail_fast=False)
+    assert info.value.partial == {1: 1, 2: 2}
+
+
+def test_sigkilled_rank_fails_the_call_within_a_second_and_restarts_alone(start_mesh):
+    mesh = start_mesh(gpus=4)
+    mesh.run("state = rank * 100")
+    fut = mesh.run("import time\ntime.sleep(60)", block=False)
+    victim = mesh.pids()[1]
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=5)
+    assert time.monotonic() - t0 < 1.0
+    text = str(info.value)
+    assert "rank 1: died (SIGKILL)" in text and "restart(failed_only=True)" in text
+    assert mesh.degraded and mesh.states()[1] == "dead"
+    with pytest.raises(vr.MeshError, match=r"dead \(SIGKILL\) before the call"):
+        mesh.run("1")
+    t0 = time.monotonic()
+    mesh.restart(failed_only=True)
+    assert time.monotonic() - t0 < 3.0
+    assert mesh.pids()[1] != victim
+    assert mesh.run("state if rank != 1 else 'fresh'").values() == [0, "fresh", 200, 300]
+
+
+def test_a_rank_exiting_by_itself_is_reported_with_its_code(start_mesh):
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(vr.MeshError, match="rank 1: died \\(exit code 3\\)"):
+        mesh.run("import os\nif rank == 1: os._exit(3)")
+
+
+def test_interrupt_stops_busy_loops_on_every_rank_within_a_second(start_mesh):
+    mesh = start_mesh(gpus=4)
+    fut = mesh.run("while True:\n    pass", block=False)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=2)
+    assert time.monotonic() - t0 < 1.0
+    assert {f.kind for f in info.value.failures.values()} == {"interrupted"}
+    assert mesh.run("rank").values() == [0, 1, 2, 3]
+
+
+def test_interrupt_gets_through_code_that_swallows_keyboard_interrupt(start_mesh):
+    mesh = start_mesh(gpus=1)
+    code = "import time\ncaught = 0\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    caught += 1\ntime.sleep(30)"
+    fut = mesh.run(code, block=False)
+    time.sleep(0.3)
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError):
+        fut.get(timeout=3)
+    assert mesh.run("caught").values() == [1]
+
+
+def test_timeout_cancels_the_call(start_mesh):
+    mesh = start_mesh(gpus=2)
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError, match="timed out after 0.5 s"):
+        mesh.run("import time\ntime.sleep(30)", timeout=0.5)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_keyboard_interrupt_on_the_controller_interrupts_the_ranks(start_mesh):
+    mesh = start_mesh(gpus=2)
+    main = threading.get_ident()
+    threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        mesh.run("while True:\n    pass")
+    assert time.monotonic() - t0 < 1.5
+    assert mesh.states() == {0: "idle", 1: "idle"}  # the ranks stopped, not just the waiting
+    assert mesh.run("rank").values() == [0, 1]
+
+
+def test_syntax_error_is_raised_here_and_nothing_is_sent(start_mesh):
+    mesh = start_mesh(gpus=2)
+    seen = []
+    mesh.subscribe(seen.append)
+    with pytest.raises(SyntaxError):
+        mesh.run("x = = 1")
+    assert seen == []
+
+
+def test_unpicklable_argument_is_named(start_mesh):
+    mesh = start_mesh(gpus=1)
+    with pytest.raises(TypeError, match=r"argument 1 \(lock\) cannot be sent to the ranks"):
+        mesh.run(lambda a, b: None, 1, threading.Lock())
+
+
+def test_unpicklable_result_is_a_clear_rank_error(start_mesh):
+    mesh = start_mesh(gpus=1)
+    with pytest.raises(vr.MeshError, match=r"the result \(lock\) cannot be sent back"):
+        mesh.run("import threading\nthreading.Lock()")
+    assert mesh.run("1").values() == [1]
+
+
+def test_bad_dims_and_indexes_explain_themselves(start_mesh):
+    with pytest.raises(ValueError, match="must be a positive int, got 0"):
+        vr.Mesh.local(gpus=0)
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(ValueError, match="its dims are: gpus"):
+        mesh.slice(hosts=0)
+    with pytest.raises(IndexError, match="has size 2"):
+        mesh.slice(gpus=5)
+
+
+def test_sys_exit_on_a_rank_is_an_error_not_a_death(start_mesh):
+    mesh = start_mesh(gpus=1)
+    with pytest.raises(vr.MeshError, match="SystemExit"):
+        mesh.run("import sys\nsys.exit(2)")
+    assert mesh.run("rank").values() == [0]
+
+
+def test_killed_agent_marks_its_ranks_dead(start_mesh):
+    mesh = start_mesh(hosts=2, gpus=1)
+    agent = mesh._controller.agent_processes()[1]
+    rank_pid = mesh.pids()[1]
+    fut = mesh.run("import time\ntime.sleep(60)", block=False)
+    os.kill(agent.proc.pid, signal.SIGKILL)
+    with pytest.raises(vr.MeshError, match="agent on host 1 exited"):
+        fut.get(timeout=5)
+    wait_until(lambda: not live_pids([rank_pid]), 5, "the orphaned rank to exit via its lifeline")

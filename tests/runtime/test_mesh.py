@@ -1,0 +1,214 @@
+"""A local mesh driven from plain Python: running code, namespaces, sub-meshes, transfers."""
+
+import os
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import viceroy as vr
+
+
+def test_code_returns_each_ranks_last_expression(start_mesh):
+    mesh = start_mesh(gpus=4)
+    assert mesh.dims == {"gpus": 4}
+    vals = mesh.run("x = rank * 10\nx")
+    assert isinstance(vals, vr.ValueMesh)
+    assert vals.values() == [0, 10, 20, 30]
+    assert vals.item(gpus=3) == 30
+    assert mesh.run("y = 1").values() == [None] * 4
+
+
+def test_namespaces_persist_and_predefine_rank_coords_mesh(start_mesh):
+    mesh = start_mesh(hosts=1, gpus=2)
+    mesh.run("counter = rank")
+    mesh.run("counter += 100")
+    assert mesh.run("counter").values() == [100, 101]
+    assert mesh.run("coords").values() == [{"hosts": 0, "gpus": 0}, {"hosts": 0, "gpus": 1}]
+    assert mesh.run("mesh").values() == [{"hosts": 1, "gpus": 2}] * 2
+
+
+def test_functions_closures_and_context_travel_by_value(start_mesh):
+    mesh = start_mesh(dp=2, tp=2)
+    factor = 3
+
+    def scaled(a):
+        return a * factor * vr.context().rank
+
+    assert mesh.run(scaled, 10).values() == [0, 30, 60, 90]
+    assert mesh.run(lambda: vr.context().coords).item(dp=1, tp=0) == {"dp": 1, "tp": 0}
+    assert mesh.run(lambda *, k: k + 1, k=1).values() == [2] * 4
+
+
+def test_context_is_only_available_on_ranks():
+    with pytest.raises(RuntimeError, match="only available on a rank"):
+        vr.context()
+
+
+def test_sub_meshes_run_only_on_their_ranks(start_mesh):
+    mesh = start_mesh(gpus=4)
+    mesh.run("y = -1")
+    sub = mesh.slice(gpus=slice(0, 2))
+    assert sub.run("y = rank; y").values() == [0, 1]
+    assert mesh.run("y").values() == [0, 1, -1, -1]
+    assert mesh.select([3, 1]).run("rank").values() == [3, 1]
+    assert mesh.split(gpus=("dp", "tp"), tp=2).slice(tp=1).run("rank").values() == [1, 3]
+    assert mesh.rename(gpus="dp").run("rank").item(dp=2) == 2
+    assert mesh.flatten("all").dims == {"all": 4}
+
+
+def test_ranks_start_in_the_controllers_directory_with_its_path(start_mesh, tmp_path, monkeypatch):
+    (tmp_path / "helper_mod_for_ranks.py").write_text("def answer():\n    return 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mesh = start_mesh(gpus=2)
+    assert mesh.run("import helper_mod_for_ranks, os\n(helper_mod_for_ranks.answer(), os.getcwd())").values() == [
+        (42, str(tmp_path))
+    ] * 2
+
+
+def test_rank_environment_names_rank_local_rank_and_world(start_mesh):
+    mesh = start_mesh(hosts=2, gpus=2)
+    env = mesh.run("import os\n(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])")
+    assert env.values() == [("0", "0", "4"), ("1", "1", "4"), ("2", "0", "4"), ("3", "1", "4")]
+
+
+def test_hosts_dim_gets_one_agent_per_host(start_mesh):
+    mesh = start_mesh(hosts=2, gpus=2)
+    assert len(mesh._controller.agent_processes()) == 2
+    ppids = mesh.run("import os\nos.getppid()").values()
+    assert ppids[0] == ppids[1] != ppids[2] == ppids[3]
+
+
+def test_push_and_pull_move_values_by_name(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.push(lr=0.1, arr=np.arange(1 << 16))
+    assert mesh.pull("lr").values() == [0.1, 0.1]
+    sums = mesh.run("int(arr.sum())").values()
+    assert sums == [int(np.arange(1 << 16).sum())] * 2
+
+
+def test_large_arrays_come_back_intact_and_writable(start_mesh):
+    mesh = start_mesh(gpus=2)
+    out = mesh.run("import numpy as np\nnp.full(1 << 20, rank, dtype=np.float32)")
+    for r, arr in enumerate(out.values()):
+        assert arr.shape == (1 << 20,) and float(arr[123]) == r
+        arr[0] = 5  # writable
+
+
+def test_torch_tensors_round_trip(start_mesh):
+    pytest.importorskip("torch")
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    out = mesh.run("import torch\nt = torch.ones(1024, 1024) * rank\nt")
+    assert [float(t.sum()) for t in out.values()] == [0.0, 1024.0 * 1024]
+
+
+def test_non_blocking_run_returns_a_future(start_mesh):
+    mesh = start_mesh(gpus=2)
+    fut = mesh.run("import time\ntime.sleep(0.3)\nrank", block=False)
+    assert isinstance(fut, vr.Future) and not fut.done()
+    assert fut.get(timeout=10).values() == [0, 1]
+    assert fut.done() and fut.result().values() == [0, 1]
+
+
+def test_futures_are_awaitable(start_mesh):
+    import asyncio
+
+    mesh = start_mesh(gpus=2)
+
+    async def main():
+        return await mesh.run("rank + 1", block=False)
+
+    assert asyncio.run(main()).values() == [1, 2]
+
+
+def test_async_code_runs_on_ranks(start_mesh):
+    mesh = start_mesh(gpus=2)
+    code = "import asyncio\nawait asyncio.sleep(0.01)\nrank * 2"
+    assert mesh.run(code).values() == [0, 2]
+
+
+def test_output_is_echoed_and_kept_per_rank(start_mesh, capfd):
+    mesh = start_mesh(gpus=2, echo=True)
+    mesh.run("print('hello from', rank)\nimport os\nos.write(1, b'raw fd write\\n')")
+    out = capfd.readouterr().out
+    assert "[0] hello from 0" in out and "[1] hello from 1" in out and "[1] raw fd write" in out
+    assert mesh.logs(1).splitlines() == ["hello from 1", "raw fd write"]
+
+
+def test_output_events_arrive_before_the_call_ends(start_mesh):
+    mesh = start_mesh(gpus=1)
+    seen = []
+    mesh.subscribe(lambda ev: seen.append((time.monotonic(), ev)))
+    t0 = time.monotonic()
+    mesh.run("import time\nprint('early', flush=True)\ntime.sleep(1.0)")
+    early = [t for t, ev in seen if ev["type"] == "output" and "early" in ev["text"]]
+    finished = [t for t, ev in seen if ev["type"] == "call_finished"]
+    assert early and early[0] - t0 < 0.8 and finished[0] - early[0] > 0.5
+
+
+def test_published_events_reach_subscribers(start_mesh):
+    mesh = start_mesh(gpus=2)
+    seen = []
+    unsubscribe = mesh.subscribe(lambda ev: ev["type"] == "publish" and seen.append(ev))
+    mesh.run(lambda: vr.context().publish("metric", {"loss": vr.context().rank}))
+    assert sorted((ev["rank"], ev["kind"], ev["data"]["loss"]) for ev in seen) == [(0, "metric", 0), (1, "metric", 1)]
+    unsubscribe()
+
+
+def test_states_and_pids(start_mesh):
+    mesh = start_mesh(gpus=2)
+    assert mesh.states() == {0: "idle", 1: "idle"}
+    fut = mesh.run("import time\ntime.sleep(0.5)", block=False)
+    assert mesh.states() == {0: "running", 1: "running"}
+    fut.get()
+    assert set(mesh.pids()) == {0, 1} and os.getpid() not in mesh.pids().values()
+
+
+def test_stacks_answer_while_ranks_are_busy(start_mesh):
+    mesh = start_mesh(gpus=2)
+    fut = mesh.run("def deep_in_user_code():\n    import time\n    time.sleep(2)\ndeep_in_user_code()", block=False)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    stacks = mesh.stacks()
+    assert time.monotonic() - t0 < 1.5
+    assert all("deep_in_user_code" in s for s in stacks.values())
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError):
+        fut.get()
+
+
+def test_shutdown_is_fast_and_final(start_mesh):
+    mesh = start_mesh(gpus=4)
+    pids = list(mesh.pids().values())
+    t0 = time.monotonic()
+    mesh.shutdown()
+    assert time.monotonic() - t0 < 1.0
+    from tests.conftest import live_pids, wait_until
+
+    wait_until(lambda: not live_pids(pids), 2, "ranks to exit")
+    with pytest.raises(RuntimeError, match="shut down"):
+        mesh.run("1")
+
+
+def test_context_manager_shuts_down():
+    with vr.Mesh.local(gpus=2, preload=[], echo=False) as mesh:
+        assert mesh.run("rank").values() == [0, 1]
+    assert "shut down" in repr(mesh)
+
+
+def test_plain_script_can_drive_a_mesh_without_jupyter(tmp_path):
+    import subprocess
+
+    script = tmp_path / "drive.py"
+    script.write_text(textwrap.dedent("""
+        import sys, viceroy as vr
+        with vr.Mesh.local(gpus=2, preload=[]) as mesh:
+            print(mesh.run("rank * 2").values())
+        print(sorted(m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipykernel', 'ipywidgets', 'jupyter_client')))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == ["[0, 2]", "[]"]

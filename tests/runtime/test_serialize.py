@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+
+from viceroy.runtime import serialize
+
+
+def test_large_numpy_arrays_travel_out_of_band():
+    a = np.arange(1 << 20, dtype=np.float32)
+    payload, bufs = serialize.dumps({"a": a})
+    assert len(payload) < 4096  # the data is not in the pickle stream
+    assert sum(b.raw().nbytes for b in bufs) == a.nbytes
+    back = serialize.loads(payload, [b.raw().tobytes() for b in bufs])
+    np.testing.assert_array_equal(back["a"], a)
+
+
+def test_received_arrays_are_writable():
+    a = np.ones(1 << 16)
+    payload, bufs = serialize.dumps(a)
+    back = serialize.loads(payload, [memoryview(b.raw().tobytes()) for b in bufs])  # read-only, as zmq gives
+    back += 1
+    assert back[0] == 2
+
+
+def test_torch_cpu_tensors_travel_out_of_band_with_dtype_and_grad():
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        t = torch.arange(1 << 16).to(dtype)
+        payload, bufs = serialize.dumps(t)
+        assert len(payload) < 4096
+        back = serialize.loads(payload, [b.raw() for b in bufs])
+        assert back.dtype == dtype and torch.equal(back, t)
+    g = torch.ones(3, requires_grad=True)
+    assert serialize.loads(*serialize.dumps(g)).requires_grad
+
+
+def test_closures_and_lambdas_travel_by_value():
+    k = 7
+    payload, bufs = serialize.dumps(lambda x: x * k)
+    assert serialize.loads(payload, bufs)(6) == 42
+
+
+def test_unpicklable_values_are_named():
+    import threading
+
+    with pytest.raises(TypeError, match=r"argument 1 \(lock\) cannot be sent"):
+        serialize.check_picklable({"argument 0": 1, "argument 1": threading.Lock()})

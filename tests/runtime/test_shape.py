@@ -1,0 +1,81 @@
+import pytest
+
+from viceroy.runtime.shape import Shape, format_rank_set
+
+
+def test_ranks_are_row_major_and_coords_follow_dims():
+    s = Shape({"hosts": 2, "gpus": 3})
+    assert s.ranks == (0, 1, 2, 3, 4, 5)
+    assert list(s.coords())[4] == {"hosts": 1, "gpus": 1}
+    assert s.position(hosts=1, gpus=2) == 5
+
+
+def test_slice_with_int_drops_the_dim_and_slice_keeps_it():
+    s = Shape({"hosts": 2, "gpus": 4})
+    assert s.slice(gpus=1).dims == {"hosts": 2}
+    assert s.slice(gpus=1).ranks == (1, 5)
+    sub = s.slice(hosts=1, gpus=slice(0, 2))
+    assert sub.dims == {"gpus": 2}
+    assert sub.ranks == (4, 5)
+    assert s.slice(gpus=-1).ranks == (3, 7)
+
+
+def test_slices_compose_over_global_ranks():
+    s = Shape({"gpus": 8}).slice(gpus=slice(2, 8)).slice(gpus=slice(0, 6, 2))
+    assert s.ranks == (2, 4, 6)
+
+
+def test_split_infers_the_missing_size_and_keeps_rank_order():
+    s = Shape({"hosts": 2, "gpus": 4}).split(gpus=("dp", "tp"), tp=2)
+    assert s.dims == {"hosts": 2, "dp": 2, "tp": 2}
+    assert s.ranks == tuple(range(8))
+    assert s.slice(tp=0).ranks == (0, 2, 4, 6)
+
+
+def test_flatten_and_rename():
+    s = Shape({"hosts": 2, "gpus": 2})
+    assert s.flatten("ranks").dims == {"ranks": 4}
+    assert s.rename(gpus="dp").dims == {"hosts": 2, "dp": 2}
+
+
+def test_select_makes_a_flat_view_in_the_given_order():
+    s = Shape({"gpus": 4}).select([3, 0])
+    assert s.dims == {"ranks": 2}
+    assert s.ranks == (3, 0)
+
+
+def test_unknown_dim_lists_the_real_ones():
+    with pytest.raises(ValueError, match="no dim 'gpu'; its dims are: hosts, gpus"):
+        Shape({"hosts": 2, "gpus": 4}).slice(gpu=0)
+
+
+def test_out_of_range_index_says_the_size():
+    with pytest.raises(IndexError, match=r"gpus=9 is out of range: dim 'gpus' has size 4"):
+        Shape({"gpus": 4}).slice(gpus=9)
+    with pytest.raises(IndexError, match="selects nothing"):
+        Shape({"gpus": 4}).slice(gpus=slice(5, 9))
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"gpus": ("dp", "tp"), "tp": 3}, "cannot split"),
+        ({"gpus": ("dp", "tp")}, "all but one"),
+        ({"gpus": ("dp",)}, "two or more"),
+        ({"gpus": ("hosts", "tp"), "tp": 2}, "already exists"),
+    ],
+)
+def test_bad_splits_explain_themselves(spec, message):
+    with pytest.raises(ValueError, match=message):
+        Shape({"hosts": 1, "gpus": 4}).split(**spec)
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 0}, {"gpus": -1}, {"gpus": 1.5}, {"2d": 2}])
+def test_bad_dims_are_rejected_with_the_value(dims):
+    with pytest.raises(ValueError):
+        Shape(dims)
+
+
+def test_rank_sets_collapse_into_ranges():
+    assert format_rank_set([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert format_rank_set([3]) == "3"

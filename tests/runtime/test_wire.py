@@ -1,0 +1,36 @@
+import pytest
+
+from viceroy.runtime.wire import BadMessage, Signer, new_key
+
+
+def test_a_signed_message_round_trips():
+    s = Signer(new_key())
+    frames = s.pack({"op": "run", "id": 3}, [b"code"], [b"\0" * 100])
+    header, signed, data = s.unpack(frames)
+    assert header["op"] == "run" and signed == [b"code"] and bytes(data[0]) == b"\0" * 100
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda f: [b"\0" * 32, *f[1:]],  # forged signature
+        lambda f: f[1:],  # unsigned
+        lambda f: [f[0], f[1].replace(b'"id":3', b'"id":4'), *f[2:]],  # header changed
+        lambda f: [f[0], f[1], b"evil code", *f[3:]],  # signed payload changed
+        lambda f: [*f[:3], b"short"],  # data frame length changed
+        lambda f: [f[0], b"not json", *f[2:]],
+    ],
+)
+def test_tampered_messages_are_dropped_and_counted(tamper):
+    s = Signer(new_key())
+    frames = s.pack({"op": "run", "id": 3}, [b"code"], [b"data" * 10])
+    with pytest.raises(BadMessage):
+        s.unpack(tamper(frames))
+    assert s.dropped == 1
+
+
+def test_another_meshs_key_does_not_verify():
+    frames = Signer(new_key()).pack({"op": "run"})
+    other = Signer(new_key())
+    with pytest.raises(BadMessage):
+        other.unpack(frames)

@@ -1,0 +1,36 @@
+"""Viceroy: drive a mesh of processes, one per GPU, from one Python process or notebook.
+
+    import viceroy as vr
+    with vr.Mesh.local(gpus=4) as mesh:
+        mesh.run("x = rank * 10\nx")          # ValueMesh of every rank's x
+"""
+
+from viceroy.runtime.context import Context, context
+from viceroy.runtime.errors import MeshError, RankFailure
+from viceroy.runtime.future import Future
+from viceroy.runtime.mesh import Mesh
+from viceroy.runtime.values import ValueMesh
+
+__all__ = [
+    "Context",
+    "Future",
+    "Mesh",
+    "MeshError",
+    "RankFailure",
+    "ValueMesh",
+    "context",
+]
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):  # type: ignore[no-untyped-def]
+    """`%load_ext viceroy`: the %mesh magics in any IPython kernel."""
+    from viceroy.extension import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython):  # type: ignore[no-untyped-def]
+    from viceroy.extension import unload_ipython_extension as _unload
+
+    _unload(ipython)

@@ -1,0 +1,408 @@
+"""The host agent: one per host. Spawns and supervises the host's ranks, relays the controller's
+messages to them, and aggregates their replies so the controller's work grows with hosts.
+
+Started by a launcher with its configuration (the mesh key included) as the first line on
+stdin. stdin stays open for the agent's life: its EOF means the controller is gone, and the
+agent kills its ranks and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from viceroy.runtime.procs import become_subreaper, describe_exit, die_now, hold_lifeline
+from viceroy.runtime.wire import BadMessage, Signer
+
+
+@dataclass
+class RankSlot:
+    cfg: dict[str, Any]
+    pid: int | None = None
+    ready: bool = False
+    hellos: int = 0
+    alive: bool = False
+    respawn: bool = False
+    rank: int = -1
+
+    @property
+    def work_ident(self) -> bytes:
+        return f"w{self.rank}".encode()
+
+    @property
+    def control_ident(self) -> bytes:
+        return f"c{self.rank}".encode()
+
+
+@dataclass
+class PendingCall:
+    ranks: set[int]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    signed: list[Any] = field(default_factory=list)
+    data: list[Any] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.host: int = cfg["host"]
+        self.signer = Signer(bytes.fromhex(cfg["key"]))
+        become_subreaper()
+        self.lifeline_r, self.lifeline_w = os.pipe()
+        self.zygote = self._start_zygote()
+
+        self.ctx = zmq.Context()
+        self.from_ctrl = self.ctx.socket(zmq.DEALER)
+        self.from_ctrl.setsockopt(zmq.IDENTITY, f"agent-{self.host}".encode())
+        self.from_ctrl.setsockopt(zmq.LINGER, 0)
+        self.from_ctrl.connect(cfg["controller_in"])
+        self.to_ctrl = self.ctx.socket(zmq.PUSH)
+        self.to_ctrl.setsockopt(zmq.LINGER, 2000)
+        self.to_ctrl.connect(cfg["controller_out"])
+
+        self.rundir = tempfile.mkdtemp(prefix="viceroy-agent-")  # mode 0700: ours alone
+        self.to_ranks = self.ctx.socket(zmq.ROUTER)
+        self.to_ranks.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.to_ranks.setsockopt(zmq.LINGER, 0)
+        self.to_ranks.bind(f"ipc://{self.rundir}/in")
+        self.from_ranks = self.ctx.socket(zmq.PULL)
+        self.from_ranks.setsockopt(zmq.LINGER, 0)
+        self.from_ranks.bind(f"ipc://{self.rundir}/out")
+
+        self.slots: dict[int, RankSlot] = {}
+        gpus = visible_gpus()
+        for rc in cfg["ranks"]:
+            device_env = {"RANK": rc["rank"], "LOCAL_RANK": rc["local_rank"], "WORLD_SIZE": cfg["world_size"]}
+            if gpus:
+                device_env["CUDA_VISIBLE_DEVICES"] = gpus[rc["local_rank"] % len(gpus)]
+            rank_cfg = {
+                **rc,
+                "key": cfg["key"],
+                "dims": cfg["dims"],
+                "world_size": cfg["world_size"],
+                "host": self.host,
+                "output_limit": cfg["output_limit"],
+                "agent_in": f"ipc://{self.rundir}/in",
+                "agent_out": f"ipc://{self.rundir}/out",
+                "env": {**cfg.get("env", {}), **device_env},
+            }
+            self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
+        self.by_pid: dict[int, int] = {}
+        self.early_exits: dict[int, int] = {}
+        self.calls: dict[int, PendingCall] = {}
+        self.deaths_r, self.deaths_w = os.pipe()
+        self.zygote_out = self.zygote.stdout
+        self.stopping = False
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _start_zygote(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "viceroy.runtime.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=(self.lifeline_r,),
+            cwd=self.cfg.get("cwd") or None,
+        )
+        zcfg = {
+            "sys_path": self.cfg.get("sys_path", []),
+            "preload": self.cfg.get("preload", []),
+            "lifeline_fd": self.lifeline_r,
+        }
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps({"config": zcfg}) + "\n").encode())
+        proc.stdin.flush()
+        return proc
+
+    def _spawn(self, rank: int) -> None:
+        slot = self.slots[rank]
+        slot.pid, slot.ready, slot.alive, slot.respawn, slot.hellos = None, False, True, False, 0
+        assert self.zygote.stdin is not None
+        self.zygote.stdin.write((json.dumps({"spawn": slot.cfg}) + "\n").encode())
+        self.zygote.stdin.flush()
+
+    def _reap(self) -> None:
+        """Thread: learn of every child's exit from the OS, at once."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                time.sleep(0.05)
+                continue
+            except InterruptedError:
+                continue
+            os.write(self.deaths_w, f"{pid} {status}\n".encode())
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> None:
+        for slot in self.slots.values():
+            if slot.pid and slot.alive:
+                try:
+                    os.kill(slot.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _on_controller_gone(self) -> None:
+        self.kill_all()
+        try:
+            self.zygote.kill()
+        except OSError:
+            pass
+        shutil.rmtree(self.rundir, ignore_errors=True)
+        die_now(0)
+
+    # --- messages ------------------------------------------------------------------------------
+
+    def _to_controller(self, header: dict[str, Any], signed: Iterable[Any] = (), data: Iterable[Any] = ()) -> None:
+        header["host"] = self.host
+        self.to_ctrl.send_multipart(self.signer.pack(header, list(signed), list(data)), copy=False)
+
+    def _send_rank(self, rank: int, frames: list[Any], control: bool = False) -> bool:
+        slot = self.slots[rank]
+        try:
+            self.to_ranks.send_multipart([slot.control_ident if control else slot.work_ident, *frames], copy=False)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def _on_controller_message(self, frames: list[Any]) -> None:
+        try:
+            header, _, _ = self.signer.unpack(frames)
+        except BadMessage:
+            return
+        op = header.get("op")
+        mine = [r for r in header.get("ranks", []) if r in self.slots]
+        if op in ("run", "push"):
+            call = PendingCall(set())
+            for r in mine:
+                slot = self.slots[r]
+                if slot.ready and self._send_rank(r, frames):
+                    call.ranks.add(r)
+                else:
+                    call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",
+                                       "signed": 0})
+            self.calls[header["id"]] = call
+            self._maybe_flush(header["id"], force=bool(call.items))
+        elif op == "cancel":
+            pending = self.calls.get(header["id"])
+            for r in pending.ranks if pending else ():
+                self._send_rank(r, frames, control=True)
+        elif op in ("stacks", "stats"):
+            for r in mine:
+                if self.slots[r].ready:
+                    self._send_rank(r, frames, control=True)
+            if op == "stats":
+                self._to_controller({"op": "stats", "id": header["id"], "agent": self.host, "dropped": self.signer.dropped})
+        elif op == "restart":
+            for r in mine:
+                slot = self.slots[r]
+                if slot.alive and slot.pid:
+                    slot.respawn = True
+                    os.kill(slot.pid, signal.SIGKILL)
+                elif not slot.alive:
+                    self._spawn(r)
+        elif op == "shutdown":
+            self.stopping = True
+
+    def _on_rank_message(self, frames: list[Any]) -> None:
+        try:
+            header, signed, data = self.signer.unpack(frames)
+        except BadMessage:
+            return
+        op = header.get("op")
+        if op == "result":
+            call = self.calls.get(header["id"])
+            r = header["r"]
+            if call is None or r not in call.ranks:
+                return
+            call.ranks.discard(r)
+            header["signed"] = len(signed)
+            call.items.append(header)
+            call.signed.extend(signed)
+            call.data.extend(data)
+            self._maybe_flush(header["id"], force=not header["ok"])
+        else:  # out, pub, stacks, stats: already signed with the mesh key; pass through
+            self.to_ctrl.send_multipart(frames, copy=False)
+
+    def _maybe_flush(self, call_id: int, force: bool = False) -> None:
+        """Send collected results: when every rank answered, or at once for a failure (fail
+        fast needs it without waiting for the slow ranks)."""
+        call = self.calls.get(call_id)
+        if call is None or not (force or not call.ranks):
+            return
+        if call.items:
+            items = [{k: v for k, v in it.items() if k not in ("op", "id", "host")} for it in call.items]
+            self._to_controller({"op": "results", "id": call_id, "items": items}, call.signed, call.data)
+            call.items, call.signed, call.data = [], [], []
+        if not call.ranks:
+            del self.calls[call_id]
+
+    def _on_hello(self, frames: list[Any]) -> None:
+        try:
+            header, _, _ = self.signer.unpack(frames[1:])
+        except BadMessage:
+            return
+        r = header.get("r")
+        slot = self.slots.get(r)  # type: ignore[arg-type]
+        if slot is None or frames[0].bytes not in (slot.work_ident, slot.control_ident):
+            return
+        slot.hellos += 1
+        if slot.hellos < 2:
+            return
+        slot.ready = True
+        slot.pid = header["pid"]
+        self.by_pid[header["pid"]] = r
+        self._to_controller({"op": "rank_ready", "r": r, "pid": header["pid"]})
+
+    def _on_zygote_line(self, line: bytes) -> None:
+        msg = json.loads(line)
+        if "ready" in msg:
+            self._to_controller({"op": "agent_ready", "preloaded": msg["preloaded"], "failed": msg["failed"],
+                                 "seconds": msg["seconds"]})
+            return
+        r, pid = msg["rank"], msg["pid"]
+        self.slots[r].pid = pid
+        self.by_pid[pid] = r
+        if pid in self.early_exits:
+            self._on_death(pid, self.early_exits.pop(pid))
+
+    def _on_death(self, pid: int, status: int) -> None:
+        if pid == self.zygote.pid:
+            if not self.stopping:
+                self._to_controller({"op": "agent_error", "error": f"the fork server exited ({describe_exit(status)})"})
+            return
+        r = self.by_pid.pop(pid, None)
+        if r is None:
+            self.early_exits[pid] = status
+            return
+        slot = self.slots[r]
+        if slot.pid != pid:
+            return
+        # Results the rank sent just before dying arrive first.
+        self._drain_ranks()
+        slot.alive, slot.ready = False, False
+        reason = describe_exit(status)
+        for call_id, call in list(self.calls.items()):
+            if r in call.ranks:
+                call.ranks.discard(r)
+                self._maybe_flush(call_id)
+        self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn})
+        if slot.respawn and not self.stopping:
+            self._spawn(r)
+
+    def _drain_ranks(self) -> None:
+        while True:
+            try:
+                frames = self.from_ranks.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_rank_message(frames)
+
+    # --- main loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
+        threading.Thread(target=self._reap, name="viceroy-reaper", daemon=True).start()
+        self._to_controller({"op": "agent_hello", "pid": os.getpid(), "zygote": self.zygote.pid,
+                             "endpoints": [f"ipc://{self.rundir}/in", f"ipc://{self.rundir}/out"]})
+        for r in self.slots:
+            self._spawn(r)
+        poller = zmq.Poller()
+        poller.register(self.from_ctrl, zmq.POLLIN)
+        poller.register(self.from_ranks, zmq.POLLIN)
+        poller.register(self.to_ranks, zmq.POLLIN)
+        poller.register(self.deaths_r, zmq.POLLIN)
+        assert self.zygote_out is not None
+        zfd = self.zygote_out.fileno()
+        poller.register(zfd, zmq.POLLIN)
+        death_buf = b""
+        zbuf = b""
+        while not self.stopping:
+            for sock, _ in poller.poll():
+                if sock is self.from_ctrl:
+                    self._on_controller_message(self.from_ctrl.recv_multipart(copy=False))
+                elif sock is self.from_ranks:
+                    self._on_rank_message(self.from_ranks.recv_multipart(copy=False))
+                elif sock is self.to_ranks:
+                    self._on_hello(self.to_ranks.recv_multipart(copy=False))
+                elif sock == self.deaths_r:
+                    death_buf += os.read(self.deaths_r, 4096)
+                    *lines, death_buf = death_buf.split(b"\n")
+                    for ln in lines:
+                        pid, status = map(int, ln.split())
+                        self._on_death(pid, status)
+                elif sock == zfd:
+                    chunk = os.read(zfd, 65536)
+                    if not chunk:
+                        poller.unregister(zfd)
+                        continue
+                    zbuf += chunk
+                    *lines, zbuf = zbuf.split(b"\n")
+                    for ln in lines:
+                        self._on_zygote_line(ln)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Ranks get SIGTERM, then SIGKILL after a short grace; then the agent exits."""
+        self.kill_all(signal.SIGTERM)
+        deadline = time.monotonic() + 0.5
+        alive = {s.pid for s in self.slots.values() if s.alive and s.pid}
+        buf = b""
+        while alive and time.monotonic() < deadline:
+            import select
+
+            ready, _, _ = select.select([self.deaths_r], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            buf += os.read(self.deaths_r, 4096)
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                alive.discard(int(ln.split()[0]))
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.zygote.kill()
+        except OSError:
+            pass
+        shutil.rmtree(self.rundir, ignore_errors=True)
+        self._to_controller({"op": "bye"})
+        self.to_ctrl.close(linger=500)
+        die_now(0)
+
+
+def visible_gpus() -> list[str]:
+    """This host's GPU ids, found without initialising CUDA (which must not happen before the
+    fork server forks ranks): CUDA_VISIBLE_DEVICES if set, else the NVIDIA driver's list."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
+def main() -> None:
+    """`python -m viceroy.runtime.agent`: read the config line from stdin and serve."""
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit("viceroy agent: expected a configuration line on stdin")
+    Agent(json.loads(line)).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,562 @@
+"""The controller's side of a mesh: sockets to the agents, the table of calls in flight, rank
+states, and the IO thread that turns replies into results, errors and events.
+
+One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from viceroy.runtime import serialize
+from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
+from viceroy.runtime.future import Future
+from viceroy.runtime.launcher import AgentProcess, Launcher
+from viceroy.runtime.logs import RankLogs
+from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.values import ValueMesh
+from viceroy.runtime.wire import BadMessage, Signer, new_key
+
+Event = dict[str, Any]
+Listener = Callable[[Event], None]
+
+# After a call is cancelled, how long its ranks get to stop before the call ends without them.
+STOP_GRACE_S = 1.0
+
+
+@dataclass
+class Call:
+    id: int
+    label: str
+    shape: Shape
+    future: Future[Any]
+    fail_fast: bool
+    deadline: float | None
+    timeout: float | None
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    stop_reason: str | None = None
+    stop_deadline: float | None = None
+
+    def missing(self) -> list[int]:
+        return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]
+
+
+@dataclass
+class Query:
+    """A control request answered by every targeted rank (stacks, stats)."""
+
+    expected: set[Any]  # rank ids, and ("agent", host) for questions agents answer too
+    deadline: float
+    replies: dict[int, Any] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Controller:
+    def __init__(
+        self,
+        dims: dict[str, int],
+        launcher: Launcher,
+        *,
+        interface: str = "127.0.0.1",
+        echo: bool = True,
+        output_limit: int = 1 << 20,
+        preload: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.shape = Shape(dims)
+        self.launcher = launcher
+        self.signer = Signer(new_key())
+        self.logs = RankLogs(echo)
+        self._listeners: list[Listener] = []
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._ids = itertools.count(1)
+        self._calls: dict[int, Call] = {}
+        self._queries: dict[int, Query] = {}
+        self._busy: dict[int, set[int]] = {r: set() for r in self.shape.ranks}
+        self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
+        self._pids: dict[int, int] = {}
+        self._exit_reason: dict[int, str] = {}
+        self._agents: dict[int, AgentProcess] = {}
+        self._host_of: dict[int, int] = {}
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._closed = False
+        self._startup_error: str | None = None
+        self.preload_report: dict[int, dict[str, Any]] = {}
+        self.agent_info: dict[int, dict[str, Any]] = {}
+
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router_lock = threading.Lock()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._rundir: str | None = None
+        if launcher.same_host:
+            # Unix sockets in a private directory: faster than loopback TCP, and only this user
+            # can connect at all.
+            self._rundir = tempfile.mkdtemp(prefix="viceroy-")
+            addr_in, addr_out = f"ipc://{self._rundir}/in", f"ipc://{self._rundir}/out"
+            self._router.bind(addr_in)
+            self._pull.bind(addr_out)
+        else:
+            addr_in = f"tcp://{interface}:{self._router.bind_to_random_port(f'tcp://{interface}')}"
+            addr_out = f"tcp://{interface}:{self._pull.bind_to_random_port(f'tcp://{interface}')}"
+        self._wake_r, self._wake_w = os.pipe()
+        self._io = threading.Thread(target=self._io_loop, name="viceroy-controller-io", daemon=True)
+        self._io.start()
+
+        self._config = {
+            "key": self.signer._key.hex(),
+            "controller_in": addr_in,
+            "controller_out": addr_out,
+            "dims": self.shape.dims,
+            "world_size": len(self.shape),
+            "cwd": os.getcwd(),
+            "sys_path": [p or os.getcwd() for p in sys.path],
+            "preload": list(preload),
+            "output_limit": output_limit,
+            "env": dict(env or {}),
+        }
+        _live.add(self)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, timeout: float) -> None:
+        """Launch the agents; return when every rank has answered."""
+        for plan in self.launcher.plan(self.shape.dims):
+            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks}
+            agent = self.launcher.start(plan, cfg)
+            self._agents[plan.index] = agent
+            for rc in plan.ranks:
+                self._host_of[rc["rank"]] = plan.index
+            threading.Thread(
+                target=self._watch_agent, args=(agent,), name="viceroy-agent-watch", daemon=True
+            ).start()
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not all(s == "idle" for s in self._state.values()):
+                left = deadline - time.monotonic()
+                if self._startup_error or left <= 0:
+                    break
+                self._changed.wait(left)
+            error = self._startup_error
+            waiting = [r for r, s in self._state.items() if s != "idle"]
+        if error or waiting:
+            logs = "\n".join(a.log_tail() for a in self._agents.values()).strip()
+            self.shutdown()
+            what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
+            raise RuntimeError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls = list(self._calls.values())
+            self._calls.clear()
+        for call in calls:
+            call.future._set_exception(MeshClosedError("the mesh was shut down while this call ran"))
+        with contextlib.suppress(zmq.ZMQError):
+            self._broadcast({"op": "shutdown", "ranks": []})
+        deadline = time.monotonic() + 1.0
+        for agent in self._agents.values():
+            if agent.wait(max(0.0, deadline - time.monotonic())) is None:
+                pass
+            agent.kill()
+        self._wake()
+        self._io.join(timeout=2)
+        self._router.close()
+        self._pull.close()
+        self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        if self._rundir:
+            shutil.rmtree(self._rundir, ignore_errors=True)
+        _live.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- calls -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        op: str,
+        shape: Shape,
+        extra: dict[str, Any],
+        signed: Sequence[Any] = (),
+        data: Sequence[Any] = (),
+        *,
+        label: str,
+        fail_fast: bool = True,
+        timeout: float | None = None,
+    ) -> Future[Any]:
+        with self._lock:
+            self._check_open()
+            call_id = next(self._ids)
+            fut: Future[Any] = Future(call_id, lambda: self.cancel(call_id, "interrupted (KeyboardInterrupt on the controller)", wait=1.0))
+            dead = [r for r in shape.ranks if self._state[r] == "dead"]
+            if dead:
+                fut._set_exception(MeshError(
+                    label,
+                    {r: RankFailure("unavailable", f"dead ({self._exit_reason.get(r, 'exited')}) before the call") for r in dead},
+                    hint="Nothing was sent. Bring the dead ranks back with mesh.restart(failed_only=True).",
+                ))
+                return fut
+            deadline = time.monotonic() + timeout if timeout else None
+            call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout)
+            self._calls[call_id] = call
+            for r in shape.ranks:
+                self._busy[r].add(call_id)
+        self._emit({"type": "call_started", "call": call_id, "ranks": list(shape.ranks), "label": label})
+        frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **extra}, signed, data)
+        self._send_to_hosts({self._host_of[r] for r in shape.ranks}, frames)
+        if deadline:
+            self._wake()
+        return fut
+
+    def cancel(self, call_id: int, reason: str, wait: float = 0.0) -> None:
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None:
+                return
+            self._stop(call, reason)
+        if wait:
+            with contextlib.suppress(BaseException):
+                call.future._cf.exception(wait)
+
+    def interrupt(self, ranks: Sequence[int], wait: float = 1.5) -> list[int]:
+        """Cancel every call in flight on any of `ranks`; returns their ids."""
+        wanted = set(ranks)
+        with self._lock:
+            calls = [c for c in self._calls.values() if wanted & set(c.shape.ranks)]
+            for call in calls:
+                self._stop(call, "interrupted")
+        deadline = time.monotonic() + wait
+        for call in calls:
+            with contextlib.suppress(BaseException):
+                call.future._cf.exception(max(0.0, deadline - time.monotonic()))
+        return [c.id for c in calls]
+
+    def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
+        if not ranks:
+            return
+        with self._lock:
+            self._check_open()
+            for r in ranks:
+                self._state[r] = "starting"
+        self._broadcast({"op": "restart", "ranks": list(ranks)})
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while any(self._state[r] != "idle" for r in ranks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    late = [r for r in ranks if self._state[r] != "idle"]
+                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s")
+                self._changed.wait(left)
+
+    def query(self, op: str, ranks: Sequence[int], timeout: float = 3.0) -> dict[Any, Any]:
+        """Ask live ranks something answered by their IO thread (works while they are busy).
+        Replies are keyed by rank; for "stats" the agents answer too, keyed ("agent", host)."""
+        with self._lock:
+            self._check_open()
+            live = [r for r in ranks if self._state[r] != "dead"]
+            hosts = {self._host_of[r] for r in ranks}
+            qid = next(self._ids)
+            expected: set[Any] = set(live)
+            if op == "stats":
+                expected |= {("agent", h) for h in hosts}
+            q = Query(expected, time.monotonic() + timeout)
+            self._queries[qid] = q
+        self._broadcast({"op": op, "id": qid, "ranks": live}, hosts=hosts)
+        q.done.wait(timeout)
+        with self._lock:
+            self._queries.pop(qid, None)
+        return dict(q.replies)
+
+    # --- state --------------------------------------------------------------------------------
+
+    def states(self) -> dict[int, str]:
+        with self._lock:
+            return {r: ("running" if s == "idle" and self._busy[r] else s) for r, s in self._state.items()}
+
+    def pids(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._pids)
+
+    def agent_processes(self) -> list[AgentProcess]:
+        return list(self._agents.values())
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    # --- internals: sending ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MeshClosedError("this mesh was shut down; start a new one with Mesh.local(...)")
+
+    def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
+        frames = self.signer.pack(header)
+        self._send_to_hosts(set(self._agents) if hosts is None else hosts, frames)
+
+    def _send_to_hosts(self, hosts: set[int], frames: list[Any]) -> None:
+        for h in sorted(hosts):
+            ident = f"agent-{h}".encode()
+            for attempt in range(200):
+                try:
+                    with self._router_lock:
+                        self._router.send_multipart([ident, *frames], copy=False)
+                    break
+                except zmq.ZMQError as exc:
+                    # Not connected yet (it just started) or gone (its watcher will report it).
+                    if exc.errno != zmq.EHOSTUNREACH or attempt == 199:
+                        break
+                    time.sleep(0.005)
+
+    def _stop(self, call: Call, reason: str) -> None:
+        """Cancel a call on the ranks that have not answered. Caller holds the lock."""
+        if call.stop_reason is not None:
+            return
+        call.stop_reason = reason
+        call.stop_deadline = time.monotonic() + STOP_GRACE_S
+        missing = [r for r in call.missing() if self._state[r] != "dead"]
+        if missing:
+            frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": missing})
+            self._send_to_hosts({self._host_of[r] for r in missing}, frames)
+        self._wake()
+
+    # --- internals: the IO thread --------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _post(self, task: Callable[[], None]) -> None:
+        self._tasks.append(task)
+        self._wake()
+
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        while not self._closed:
+            timeout = self._next_deadline()
+            try:
+                events = dict(poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1)))
+            except zmq.ZMQError:
+                break
+            if self._wake_r in events:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+                while self._tasks:
+                    self._tasks.popleft()()
+            if self._pull in events:
+                for _ in range(1000):  # drain, bounded so deadlines still get checked
+                    try:
+                        frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    try:
+                        self._handle(frames)
+                    except BadMessage:
+                        pass
+            self._check_deadlines()
+
+    def _next_deadline(self) -> float | None:
+        now = time.monotonic()
+        with self._lock:
+            ds = [d for c in self._calls.values() for d in (c.deadline, c.stop_deadline) if d]
+            ds += [q.deadline for q in self._queries.values()]
+        return max(0.0, min(ds) - now) if ds else None
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        done: list[Call] = []
+        with self._lock:
+            for call in list(self._calls.values()):
+                if call.deadline and now >= call.deadline and call.stop_reason is None:
+                    self._stop(call, f"timed out after {call.timeout} s")
+                if call.stop_deadline and now >= call.stop_deadline:
+                    for r in call.missing():
+                        call.failures[r] = RankFailure(
+                            "interrupted",
+                            f"{call.stop_reason}; did not stop within {STOP_GRACE_S} s (busy in native "
+                            "code?). It stays busy; mesh.restart() ends it",
+                        )
+                    done.append(call)
+            for qid, q in list(self._queries.items()):
+                if now >= q.deadline:
+                    q.done.set()
+                    del self._queries[qid]
+        for call in done:
+            self._finish(call)
+
+    def _handle(self, frames: list[Any]) -> None:
+        header, signed, data = self.signer.unpack(frames)
+        op = header.get("op")
+        if op == "results":
+            self._on_results(header, signed, data)
+        elif op == "out":
+            text = self.logs.feed(header["r"], header["s"], bytes(signed[0]))
+            self._emit({"type": "output", "rank": header["r"], "stream": "stderr" if header["s"] == "stderr" else "stdout",
+                        "text": text, "call": header.get("id")})
+        elif op == "pub":
+            self._emit({"type": "publish", "rank": header["r"], "call": header.get("id"), "kind": header["kind"],
+                        "data": serialize.loads(signed[0], data)})
+        elif op in ("stacks", "stats"):
+            with self._lock:
+                q = self._queries.get(header["id"])
+                key = ("agent", header["agent"]) if "agent" in header else header.get("r")
+                if q is not None and key in q.expected:
+                    q.replies[key] = bytes(signed[0]).decode() if op == "stacks" else header
+                    if set(q.replies) >= q.expected:
+                        q.done.set()
+        elif op == "rank_ready":
+            r = header["r"]
+            with self._changed:
+                self._state[r] = "idle"
+                self._pids[r] = header["pid"]
+                self._exit_reason.pop(r, None)
+                self._changed.notify_all()
+            self._emit({"type": "rank_ready", "rank": r, "pid": header["pid"]})
+        elif op == "rank_exit":
+            self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False))
+        elif op == "agent_hello":
+            self.agent_info[header["host"]] = header
+        elif op == "agent_ready":
+            self.preload_report[header["host"]] = header
+        elif op == "agent_error":
+            with self._changed:
+                self._startup_error = header["error"]
+                self._changed.notify_all()
+
+    def _on_results(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+        si = di = 0
+        finished: list[Call] = []
+        events: list[Event] = []
+        with self._lock:
+            call = self._calls.get(header["id"])
+            for item in header["items"]:
+                r, ns, nd = item["r"], item.get("signed", 0), len(item.get("lens", []))
+                sig, dat = signed[si : si + ns], data[di : di + nd]
+                si, di = si + ns, di + nd
+                self._busy[r].discard(header["id"])
+                if call is None or r in call.results or r in call.failures:
+                    continue
+                if item["ok"]:
+                    try:
+                        call.results[r] = serialize.loads(sig[0], dat) if ns else None
+                    except Exception as exc:
+                        call.failures[r] = RankFailure(
+                            "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}"
+                        )
+                else:
+                    kind = item.get("kind", "error")
+                    summary = item.get("summary", "failed")
+                    if kind == "interrupted" and call.stop_reason:
+                        summary = call.stop_reason
+                    if item.get("where"):
+                        summary += f" (at {item['where']})"
+                    call.failures[r] = RankFailure(kind, summary, item.get("tb", ""), item.get("etype", ""))
+                    if kind != "interrupted" and call.fail_fast:
+                        self._stop(call, f"stopped by fail-fast after rank {r} failed")
+                events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": bool(item["ok"])})
+            if call is not None and not call.missing():
+                finished.append(call)
+        for ev in events:
+            self._emit(ev)
+        for c in finished:
+            self._finish(c)
+
+    def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
+        finished: list[Call] = []
+        with self._changed:
+            self._state[r] = "starting" if respawning else "dead"
+            self._exit_reason[r] = reason
+            self._pids.pop(r, None)
+            self._busy[r].clear()
+            for call in list(self._calls.values()):
+                if r in call.shape.ranks and r not in call.results and r not in call.failures:
+                    call.failures[r] = RankFailure("died", f"died ({reason})")
+                    if call.fail_fast:
+                        self._stop(call, f"stopped by fail-fast after rank {r} died")
+                    if not call.missing():
+                        finished.append(call)
+            self._changed.notify_all()
+        self._emit({"type": "rank_exit", "rank": r, "reason": reason})
+        for c in finished:
+            self._finish(c)
+
+    def _watch_agent(self, agent: AgentProcess) -> None:
+        code = agent.wait()
+        if self._closed:
+            return
+
+        def lost() -> None:
+            ranks = [r for r, h in self._host_of.items() if h == agent.host and self._state[r] != "dead"]
+            reason = f"its agent on host {agent.host} exited ({code})"
+            with self._changed:
+                if any(s == "starting" for s in self._state.values()):
+                    self._startup_error = f"the agent for host {agent.host} exited with code {code}"
+                self._changed.notify_all()
+            for r in ranks:
+                self._on_rank_exit(r, reason, False)
+
+        self._post(lost)
+
+    def _finish(self, call: Call) -> None:
+        with self._lock:
+            if self._calls.pop(call.id, None) is None:
+                return
+        self.logs.flush()
+        if call.failures:
+            hint = ""
+            if any(f.kind == "died" for f in call.failures.values()):
+                hint = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
+            call.future._set_exception(MeshError(call.label, dict(call.failures), dict(call.results), hint))
+        else:
+            call.future._set_result(ValueMesh(call.shape, call.results))
+        self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
+
+    def _emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception as exc:  # a broken listener must not break the mesh
+                print(f"viceroy: event listener {listener!r} raised {exc!r}", file=sys.__stderr__)
+
+
+_live: weakref.WeakSet[Controller] = weakref.WeakSet()
+
+
+def shutdown_all() -> None:
+    """Stop every mesh this process started (registered with atexit)."""
+    for c in list(_live):
+        with contextlib.suppress(Exception):
+            c.shutdown()

@@ -1,0 +1,82 @@
+"""Errors a mesh call can end with, and the grouped message users read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from viceroy.runtime.shape import format_rank_set
+
+FailureKind = Literal["error", "died", "interrupted", "timeout", "unavailable"]
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why one rank did not return a value.
+
+    kind: "error" (user code raised), "died" (the process exited), "interrupted" (cancelled by
+    an interrupt or by fail-fast), "timeout" (did not finish in time), "unavailable" (dead
+    before the call was sent).
+    """
+
+    kind: FailureKind
+    summary: str
+    traceback: str = ""
+    exc_type: str = ""
+
+    def describe(self) -> str:
+        return self.summary + ("\n" + self.traceback.rstrip() if self.traceback else "")
+
+
+@dataclass
+class MeshError(Exception):
+    """A mesh call failed on one or more ranks.
+
+    ``str(err)`` groups identical failures by rank set; ``failures`` maps rank -> `RankFailure`;
+    ``partial`` holds the values of the ranks that finished.
+    """
+
+    what: str
+    failures: dict[int, RankFailure]
+    partial: dict[int, Any] = field(default_factory=dict)
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        super().__init__(self._message())
+
+    def __str__(self) -> str:
+        return self._message()
+
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks that failed (any kind), sorted."""
+        return sorted(self.failures)
+
+    def _message(self) -> str:
+        n_total = len(self.failures) + len(self.partial)
+        primary = {r: f for r, f in self.failures.items() if f.kind != "interrupted"} or self.failures
+        lines = [f"{self.what} failed on {len(primary)} of {n_total} rank{'s' if n_total != 1 else ''}"]
+        groups: dict[str, list[int]] = {}
+        order: list[str] = []
+        for rank in sorted(self.failures):
+            text = self.failures[rank].describe()
+            if text not in groups:
+                groups[text] = []
+                order.append(text)
+            groups[text].append(rank)
+        # Real failures first, then the ranks that were stopped because of them.
+        order.sort(key=lambda t: self.failures[groups[t][0]].kind == "interrupted")
+        for text in order:
+            ranks = groups[text]
+            label = ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
+            first, _, rest = text.partition("\n")
+            lines.append(f"{label}: {first}")
+            if rest:
+                lines.extend("    " + ln for ln in rest.splitlines())
+        if self.hint:
+            lines.append(self.hint)
+        return "\n".join(lines)
+
+
+class MeshClosedError(RuntimeError):
+    """The mesh was shut down; start a new one."""

@@ -1,0 +1,90 @@
+"""Running user code on a rank: code strings with a trailing expression, functions, async code,
+and tracebacks that show the user's lines and none of ours."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import linecache
+import os
+import traceback
+from collections.abc import Mapping
+from functools import lru_cache
+from types import CodeType
+from typing import Any
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+_TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+
+
+def check_syntax(source: str, filename: str) -> None:
+    """Raise SyntaxError on the controller, before anything is sent."""
+    _compile(source, filename)
+
+
+@lru_cache(maxsize=256)
+def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
+    tree = ast.parse(source, filename, "exec", type_comments=False)
+    last: CodeType | None = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        expr = ast.Expression(tree.body.pop().value)
+        last = compile(expr, filename, "eval", flags=_TOP_LEVEL_AWAIT)
+    body = compile(tree, filename, "exec", flags=_TOP_LEVEL_AWAIT)
+    return body, last
+
+
+def register_source(filename: str, source: str) -> None:
+    """Make `source` visible to tracebacks under `filename` (it exists on no disk here)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+class Executor:
+    """Runs code and calls in one persistent namespace, with one event loop for async code."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run_code(self, source: str, filename: str) -> Any:
+        register_source(filename, source)
+        body, last = _compile(source, filename)
+        self._await_if_needed(eval(body, self.namespace))
+        if last is None:
+            return None
+        return self._await_if_needed(eval(last, self.namespace))
+
+    def call(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        return self._await_if_needed(fn(*args, **kwargs))
+
+    def _await_if_needed(self, value: Any) -> Any:
+        if inspect.iscoroutine(value):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(value)
+        return value
+
+
+def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
+    """-> (exception type name, one-line summary, traceback text without runtime frames)."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    seen: set[int] = set()
+    stack: traceback.TracebackException | None = te
+    while stack is not None and id(stack) not in seen:
+        seen.add(id(stack))
+        stack.stack = traceback.StackSummary.from_list(
+            [f for f in stack.stack if not f.filename.startswith(_RUNTIME_DIR)]
+        )
+        stack = stack.__cause__ or stack.__context__
+    text = "".join(te.format())
+    summary = "".join(te.format_exception_only()).strip().splitlines()[-1]
+    return type(exc).__name__, summary, text
+
+
+def user_location(exc: BaseException) -> str:
+    """Where user code was when `exc` hit: ``<mesh-cell-3>, line 2: time.sleep(60)``."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_RUNTIME_DIR)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.filename}, line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")

@@ -1,0 +1,80 @@
+"""`Future`: the one future type of the API (runs, actor calls, fetches)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Future(Generic[T]):
+    """The result of a call that may still be running on the mesh.
+
+    >>> fut = mesh.run("import time; time.sleep(1); rank", block=False)
+    >>> fut.done()
+    False
+    >>> fut.get(timeout=5)          # or `await fut` in an async cell, or fut.result()
+
+    Interrupting the controller while it waits in `get` (Ctrl-C, the notebook's stop button)
+    interrupts the ranks running this call, then raises KeyboardInterrupt.
+    """
+
+    __slots__ = ("_cf", "_on_interrupt", "call_id")
+
+    def __init__(self, call_id: int = -1, on_interrupt: Callable[[], None] | None = None) -> None:
+        self._cf: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._on_interrupt = on_interrupt
+        self.call_id = call_id
+
+    # --- consumer side ---------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> T:
+        """Wait for the value; raise the call's error (a `MeshError` for mesh calls)."""
+        try:
+            return self._cf.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"call {self.call_id} still running after {timeout} s; "
+                "wait longer with .get(), or stop it with mesh.interrupt()"
+            ) from None
+        except KeyboardInterrupt:
+            if self._on_interrupt is not None and not self._cf.done():
+                self._on_interrupt()
+            raise
+
+    result = get
+
+    def done(self) -> bool:
+        return self._cf.done()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._cf.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
+        """Call ``fn(self)`` when done (at once if already done), on whichever thread finishes it."""
+        self._cf.add_done_callback(lambda _cf: fn(self))
+
+    def __await__(self) -> Generator[Any, None, T]:
+        try:
+            return (yield from asyncio.wrap_future(self._cf).__await__())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if self._on_interrupt is not None and not self._cf.done():
+                self._on_interrupt()
+            raise
+
+    def __repr__(self) -> str:
+        state = "done" if self._cf.done() else "running"
+        return f"<viceroy.Future call {self.call_id} {state}>"
+
+    # --- producer side (runtime internal) --------------------------------------------------
+
+    def _set_result(self, value: T) -> None:
+        if not self._cf.done():
+            self._cf.set_result(value)
+
+    def _set_exception(self, exc: BaseException) -> None:
+        if not self._cf.done():
+            self._cf.set_exception(exc)

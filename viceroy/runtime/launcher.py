@@ -1,0 +1,157 @@
+"""Launchers start one host agent per host. `LocalLauncher` runs them on this machine; ssh and
+Slurm launchers implement the same two methods."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import IO, Any
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Which ranks one host runs: ``ranks`` is a list of ``{"rank", "local_rank", "coords"}``."""
+
+    index: int
+    ranks: list[dict[str, Any]]
+
+
+class AgentProcess(ABC):
+    """The controller's handle on one running agent."""
+
+    host: int
+    label: str
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the agent exits (its exit code) or the timeout passes (None)."""
+
+    @abstractmethod
+    def kill(self) -> None: ...
+
+    @abstractmethod
+    def log_tail(self, n: int = 40) -> str: ...
+
+
+class Launcher(ABC):
+    """Where agents run. `plan` splits the mesh's ranks over hosts; `start` launches one agent
+    and hands it its configuration, key included, over a private channel (never argv)."""
+
+    name: str = "?"
+    same_host: bool = False  # agents run on the controller's machine: use Unix sockets
+
+    @abstractmethod
+    def plan(self, dims: dict[str, int]) -> list[HostPlan]: ...
+
+    @abstractmethod
+    def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess: ...
+
+
+def plan_by_hosts(dims: dict[str, int]) -> list[HostPlan]:
+    """One host per index of a leading ``hosts`` dim, else one host for the whole mesh. Ranks are
+    row-major, so each host holds a contiguous block."""
+    names = list(dims)
+    n = 1
+    for v in dims.values():
+        n *= v
+    n_hosts = dims["hosts"] if names and names[0] == "hosts" else 1
+    per_host = n // n_hosts
+    plans = []
+    for h in range(n_hosts):
+        ranks = []
+        for local in range(per_host):
+            rank = h * per_host + local
+            ranks.append({"rank": rank, "local_rank": local, "coords": _coords(rank, dims)})
+        plans.append(HostPlan(h, ranks))
+    return plans
+
+
+def _coords(rank: int, dims: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in reversed(list(dims)):
+        rank, out[name] = divmod(rank, dims[name])
+    return dict(reversed(list(out.items())))
+
+
+class _LocalAgent(AgentProcess):
+    def __init__(self, host: int, proc: subprocess.Popen[bytes], log: IO[bytes], log_path: str) -> None:
+        self.host = host
+        self.label = f"host {host} (local, pid {proc.pid})"
+        self.proc = proc
+        self._log = log
+        self._log_path = log_path
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the agent and its ranks
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        self._log.close()
+        try:
+            os.unlink(self._log_path)
+        except OSError:
+            pass
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self._log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def _agent_env() -> dict[str, str]:
+    """The agent must import the same viceroy as this process, installed or not."""
+    import viceroy
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(viceroy.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+class LocalLauncher(Launcher):
+    """Agents as child processes of this one, each in its own session (so the kernel's SIGINT to
+    its process group does not reach them). Their stdin is the lifeline: when this process dies,
+    by any signal, the pipe closes and the agent takes its ranks down."""
+
+    name = "local"
+    same_host = True
+
+    def plan(self, dims: dict[str, int]) -> list[HostPlan]:
+        return plan_by_hosts(dims)
+
+    def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        fd, log_path = tempfile.mkstemp(prefix=f"viceroy-agent{host.index}-", suffix=".log")
+        log = os.fdopen(fd, "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "viceroy.runtime.agent"],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=config.get("cwd") or None,
+            env=_agent_env(),
+        )
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(config) + "\n").encode())
+        proc.stdin.flush()
+        return _LocalAgent(host.index, proc, log, log_path)

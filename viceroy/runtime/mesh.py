@@ -1,0 +1,254 @@
+"""`Mesh`: the handle users hold. A mesh is a view (named dims over ranks) onto a running set of
+processes; `slice`, `split`, `flatten`, `rename` and `select` give sub-meshes over the same
+processes."""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import itertools
+import linecache
+import os
+from collections.abc import Callable
+from typing import Any, Literal, overload
+
+from viceroy.runtime import serialize
+from viceroy.runtime.controller import Controller, Listener, shutdown_all
+from viceroy.runtime.execution import check_syntax
+from viceroy.runtime.future import Future
+from viceroy.runtime.launcher import Launcher, LocalLauncher
+from viceroy.runtime.shape import Shape, ShapeOps
+from viceroy.runtime.values import ValueMesh
+
+atexit.register(shutdown_all)
+
+_cell_ids = itertools.count(1)
+
+
+def _default_preload() -> list[str]:
+    return ["torch"] if importlib.util.find_spec("torch") is not None else []
+
+
+class Mesh(ShapeOps):
+    """A mesh of rank processes with named dims.
+
+    >>> with vr.Mesh.local(gpus=4) as mesh:
+    ...     mesh.run("x = rank * 10\\nx").item(gpus=3)
+    30
+    """
+
+    def __init__(self, controller: Controller, shape: Shape) -> None:
+        self._controller = controller
+        self._shape = shape
+
+    # --- starting ----------------------------------------------------------------------------
+
+    @classmethod
+    def local(
+        cls,
+        *,
+        echo: bool = True,
+        interface: str = "127.0.0.1",
+        preload: list[str] | None = None,
+        output_limit: int = 1 << 20,
+        startup_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+        launcher: Launcher | None = None,
+        **dims: int,
+    ) -> Mesh:
+        """Start ranks on this machine, one per position of `dims` (e.g. ``gpus=4`` or
+        ``dp=2, tp=2``); returns when every rank answers.
+
+        echo: print rank output here as ``[rank] line`` (the kernel turns this off and streams
+            output into cells instead).
+        preload: modules the ranks' template process imports once before forking them; default
+            ``["torch"]`` when torch is installed, so ``import torch`` on a rank is instant.
+        output_limit: bytes of output forwarded per rank per call; the rest is dropped with a
+            notice.
+        A leading dim named ``hosts`` gets one agent per host index (the layout many-host
+        launchers use), even on one machine.
+        """
+        if not dims:
+            raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
+        shape = Shape(dims)  # validates names and sizes
+        env = dict(env or {})
+        controller = Controller(
+            shape.dims,
+            launcher or LocalLauncher(),
+            interface=interface,
+            echo=echo,
+            output_limit=output_limit,
+            preload=_default_preload() if preload is None else preload,
+            env=env,
+        )
+        controller.start(startup_timeout)
+        return cls(controller, shape)
+
+    def _reshaped(self, shape: Shape) -> Mesh:
+        return Mesh(self._controller, shape)
+
+    def __enter__(self) -> Mesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        states = self._controller.states()
+        counts: dict[str, int] = {}
+        for r in self._shape.ranks:
+            counts[states[r]] = counts.get(states[r], 0) + 1
+        status = "shut down" if self._controller.closed else ", ".join(f"{n} {s}" for s, n in counts.items())
+        return f"<viceroy.Mesh {self._shape.describe()}: {status}>"
+
+    # --- running code ------------------------------------------------------------------------
+
+    @overload
+    def run(self, code: str | Callable[..., Any], *args: Any, block: Literal[True] = ..., timeout: float | None = ...,
+            fail_fast: bool = ..., label: str | None = ..., **kwargs: Any) -> ValueMesh[Any]: ...
+    @overload
+    def run(self, code: str | Callable[..., Any], *args: Any, block: Literal[False], timeout: float | None = ...,
+            fail_fast: bool = ..., label: str | None = ..., **kwargs: Any) -> Future[ValueMesh[Any]]: ...
+
+    def run(
+        self,
+        code: str | Callable[..., Any],
+        *args: Any,
+        block: bool = True,
+        timeout: float | None = None,
+        fail_fast: bool = True,
+        label: str | None = None,
+        **kwargs: Any,
+    ) -> ValueMesh[Any] | Future[ValueMesh[Any]]:
+        """Run code on every rank of this (sub)mesh.
+
+        ``mesh.run("x = rank * 2; x")`` runs a code string in each rank's persistent namespace
+        (``rank``, ``coords``, ``mesh`` are predefined) and returns the value of its last
+        expression per rank. ``mesh.run(fn, *args, **kwargs)`` calls a function sent by value.
+
+        block=False returns a `Future`. timeout: cancel the call after this many seconds.
+        fail_fast: when one rank fails, interrupt the others (default). The keywords block,
+        timeout, fail_fast and label belong to `run`, not to `fn`.
+        Raises `MeshError` when any rank fails; SyntaxError before anything is sent.
+        """
+        if isinstance(code, str):
+            if args or kwargs:
+                raise TypeError("a code string takes no arguments; use push(...) or pass a function")
+            n = next(_cell_ids)
+            filename = f"<mesh-cell-{n}>" if label is None else f"<{label}>"
+            check_syntax(code, filename)
+            extra: dict[str, Any] = {"code": code, "filename": filename}
+            signed: list[Any] = []
+            data: list[Any] = []
+            what = label or f"mesh.run (cell {n})"
+        elif callable(code):
+            serialize.check_picklable(
+                {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
+                 **{f"argument {k!r}": v for k, v in kwargs.items()}}
+            )
+            payload, bufs = serialize.dumps((code, args, kwargs))
+            extra = {"sources": _sources_for(code)}
+            signed, data = [payload], [b.raw() for b in bufs]
+            what = label or f"mesh.run({getattr(code, '__name__', type(code).__name__)})"
+        else:
+            raise TypeError(f"run takes a code string or a function, got {type(code).__name__}")
+        fut = self._controller.submit(
+            "run", self._shape, extra, signed, data, label=what, fail_fast=fail_fast, timeout=timeout
+        )
+        return fut.get() if block else fut
+
+    def push(self, **values: Any) -> None:
+        """Assign each value to a name in every rank's namespace: ``mesh.push(lr=0.1)``."""
+        if not values:
+            raise TypeError("push takes names and values: mesh.push(lr=0.1)")
+        serialize.check_picklable(values)
+        payload, bufs = serialize.dumps(values)
+        self._controller.submit(
+            "push", self._shape, {}, [payload], [b.raw() for b in bufs], label=f"push {', '.join(values)}"
+        ).get()
+
+    def pull(self, name: str) -> ValueMesh[Any]:
+        """Each rank's value of a name in its namespace."""
+        if not name.isidentifier():
+            raise ValueError(f"pull takes a variable name, got {name!r}")
+        return self.run(name, label=f"pull {name}")  # type: ignore[return-value]
+
+    # --- control --------------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Interrupt every call running on this mesh's ranks (they get KeyboardInterrupt); the
+        calls' futures fail with MeshError. Returns when the ranks have stopped (or 1.5 s)."""
+        self._controller.interrupt(self._shape.ranks)
+
+    def restart(self, failed_only: bool = False, timeout: float = 60.0) -> None:
+        """Respawn ranks: only the dead ones with failed_only=True (the others keep their
+        state), else all of this mesh's ranks (their state is lost)."""
+        states = self._controller.states()
+        ranks = [r for r in self._shape.ranks if not failed_only or states[r] == "dead"]
+        self._controller.restart(ranks, timeout)
+
+    def shutdown(self) -> None:
+        """Stop every process of the mesh (all views of it)."""
+        self._controller.shutdown()
+
+    # --- watching -----------------------------------------------------------------------------
+
+    def states(self) -> dict[int, str]:
+        """rank -> "starting" | "idle" | "running" | "dead"."""
+        s = self._controller.states()
+        return {r: s[r] for r in self._shape.ranks}
+
+    @property
+    def degraded(self) -> bool:
+        """True when some rank of this mesh is dead."""
+        return any(s == "dead" for s in self.states().values())
+
+    def pids(self) -> dict[int, int]:
+        """rank -> process id, for live ranks."""
+        p = self._controller.pids()
+        return {r: p[r] for r in self._shape.ranks if r in p}
+
+    def logs(self, rank: int, tail: int = 200) -> str:
+        """The last `tail` lines a rank printed."""
+        if rank not in self._shape.ranks:
+            raise IndexError(f"rank {rank} is not in this mesh (ranks {self._shape.ranks[0]}..{self._shape.ranks[-1]})")
+        return self._controller.logs.tail(rank, tail)
+
+    def stacks(self, timeout: float = 3.0) -> ValueMesh[str]:
+        """Each rank's Python stacks, also while it is busy (dead or silent ranks: a note)."""
+        replies = self._controller.query("stacks", self._shape.ranks, timeout)
+        return ValueMesh(self._shape, {r: replies.get(r, "(no answer: the rank is dead or unresponsive)") for r in self._shape.ranks})
+
+    def stats(self, timeout: float = 3.0) -> dict[str, Any]:
+        """Transport counters: ``dropped`` is the number of messages thrown away unread because
+        they were not signed with this mesh's key.
+
+        -> ``{"controller": {"dropped": n}, "agents": {host: {...}}, "ranks": {rank: {...}}}``
+        """
+        replies = self._controller.query("stats", self._shape.ranks, timeout)
+        pick = ("dropped",)
+        return {
+            "controller": {"dropped": self._controller.signer.dropped},
+            "agents": {k[1]: {p: v[p] for p in pick} for k, v in replies.items() if isinstance(k, tuple)},
+            "ranks": {k: {p: v[p] for p in pick} for k, v in replies.items() if not isinstance(k, tuple)},
+        }
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(event)`` for every mesh event (output, call_started, rank_done,
+        call_finished, rank_exit, rank_ready, publish), on the controller's IO thread; keep it
+        quick and thread-safe. Returns a function that unsubscribes."""
+        return self._controller.subscribe(listener)
+
+
+def _sources_for(fn: Any) -> dict[str, str]:
+    """Source of notebook-defined functions (files that exist nowhere else), so rank tracebacks
+    show the user's lines."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    filename = code.co_filename
+    if os.path.exists(filename):
+        return {}
+    lines = linecache.getlines(filename)
+    return {filename: "".join(lines)} if lines else {}
+

@@ -1,0 +1,58 @@
+"""Process plumbing: lifelines, subreaping, exit descriptions. Linux first; degrade elsewhere."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to this process, so it can waitpid() them."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def hold_lifeline(fd: int, on_cut: Callable[[], None]) -> threading.Thread:
+    """Watch the read end of a pipe whose write end only the parent holds: EOF means the parent
+    is gone (any signal, SIGKILL included), and `on_cut` runs. Returns the watcher thread."""
+
+    def watch() -> None:
+        while True:
+            try:
+                if os.read(fd, 4096) == b"":
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        on_cut()
+
+    t = threading.Thread(target=watch, name="viceroy-lifeline", daemon=True)
+    t.start()
+    return t
+
+
+def describe_exit(status: int) -> str:
+    """A waitpid status as a user reads it: ``SIGKILL`` or ``exit code 1``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return signal.Signals(sig).name
+        except ValueError:
+            return f"signal {sig}"
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return f"status {status}"
+
+
+def die_now(code: int = 1) -> None:
+    os._exit(code)

@@ -1,0 +1,241 @@
+"""A rank: one worker process of the mesh.
+
+Threads: the main thread receives work and runs user code, one job at a time, in the order the
+controller sent them; an IO thread receives control messages on a socket of its own and handles
+them at once (cancel, stacks) even while the main thread is busy; a reader thread forwards output; a lifeline thread ends the
+process when its agent is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from viceroy.runtime import context as context_mod
+from viceroy.runtime import serialize
+from viceroy.runtime.execution import Executor, format_user_traceback, register_source, user_location
+from viceroy.runtime.output import OutputCapture
+from viceroy.runtime.procs import die_now, hold_lifeline
+from viceroy.runtime.wire import BadMessage, Signer
+
+_RESEND_INTERRUPT_S = 0.2
+
+
+class Rank:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.rank: int = cfg["rank"]
+        self.signer = Signer(bytes.fromhex(cfg["key"]))
+        self.ctx = zmq.Context()
+        # Work (run, push) is read by the main thread itself, control (cancel, stacks) by the
+        # IO thread, so a busy rank still answers control and an idle one starts work at once.
+        self.work = self._dealer(f"w{self.rank}", cfg["agent_in"])
+        self.control = self._dealer(f"c{self.rank}", cfg["agent_in"])
+        self.outbox = self.ctx.socket(zmq.PUSH)
+        self.outbox.setsockopt(zmq.LINGER, 2000)
+        self.outbox.connect(cfg["agent_out"])
+        self.send_lock = threading.Lock()
+
+        self.state_lock = threading.Lock()
+        self.current: int | None = None
+        self.in_user_code = False
+        self.interrupt_target: int | None = None
+        self.cancelled: set[int] = set()
+        self.main_ident = threading.get_ident()
+
+        namespace: dict[str, Any] = {
+            "__name__": "__mesh__",
+            "__builtins__": __builtins__,
+            "rank": self.rank,
+            "coords": dict(cfg["coords"]),
+            "mesh": dict(cfg["dims"]),
+        }
+        self.executor = Executor(namespace)
+        context_mod._set_context(
+            context_mod.Context(
+                rank=self.rank,
+                coords=dict(cfg["coords"]),
+                dims=dict(cfg["dims"]),
+                local_rank=cfg["local_rank"],
+                world_size=cfg["world_size"],
+                host=cfg["host"],
+                namespace=namespace,
+                _publish=self._publish,
+            )
+        )
+        self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current)
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _dealer(self, identity: str, addr: str) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(addr)
+        return sock
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def _send(self, header: dict[str, Any], signed: list[Any] = [], data: list[Any] = []) -> None:  # noqa: B006
+        header["r"] = self.rank
+        frames = self.signer.pack(header, signed, data)
+        with self.send_lock:
+            self.outbox.send_multipart(frames, copy=False)
+
+    def _send_output(self, stream: str, data: bytes, call: int | None) -> None:
+        self._send({"op": "out", "s": stream, "id": call}, [data])
+
+    def _publish(self, kind: str, data: Any) -> None:
+        payload, bufs = serialize.dumps(data)
+        self._send({"op": "pub", "kind": kind, "id": self.current}, [payload], [b.raw() for b in bufs])
+
+    # --- IO thread ---------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        hello = self.signer.pack({"op": "hello", "r": self.rank, "pid": os.getpid()})
+        self.control.send_multipart(hello)
+        self.work.send_multipart(hello)
+        threading.Thread(target=self._control_loop, name="viceroy-io", daemon=True).start()
+        self._work()
+
+    def _receive(self, sock: zmq.Socket[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            try:
+                return self.signer.unpack(frames)
+            except BadMessage:
+                continue  # dropped before anything was parsed; counted by the signer
+
+    def _control_loop(self) -> None:
+        while True:
+            header, _, _ = self._receive(self.control)
+            op = header.get("op")
+            if op == "cancel":
+                self._cancel(header["id"])
+            elif op == "stacks":
+                self._send({"op": "stacks", "id": header["id"]}, [_all_stacks().encode()])
+            elif op == "stats":
+                self._send({"op": "stats", "id": header["id"], "dropped": self.signer.dropped})
+
+    def _cancel(self, call_id: int) -> None:
+        with self.state_lock:
+            if self.current == call_id:
+                self.interrupt_target = call_id
+            else:
+                self.cancelled.add(call_id)
+                return
+        threading.Thread(target=self._interrupt_until_done, args=(call_id,), name="viceroy-interrupt", daemon=True).start()
+
+    def _interrupt_until_done(self, call_id: int) -> None:
+        # Keep interrupting until the call ends: user code may swallow one KeyboardInterrupt.
+        while True:
+            with self.state_lock:
+                if self.current != call_id:
+                    return
+            signal.pthread_kill(self.main_ident, signal.SIGINT)
+            time.sleep(_RESEND_INTERRUPT_S)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.in_user_code and self.interrupt_target is not None and self.interrupt_target == self.current:
+            raise KeyboardInterrupt
+
+    # --- main thread -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            header, signed, data = self._receive(self.work)
+            call_id = header["id"]
+            with self.state_lock:
+                # Ids grow; a cancel for an older call came after it ended.
+                self.cancelled = {c for c in self.cancelled if c >= call_id}
+                if call_id in self.cancelled:
+                    self.cancelled.discard(call_id)
+                    skipped = True
+                else:
+                    self.current = call_id
+                    skipped = False
+            if skipped:
+                self._send(
+                    {"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
+                     "summary": "interrupted before it started", "tb": ""}
+                )
+                continue
+            self.output.begin_call(call_id)
+            reply = self._run_job(header, signed, data)
+            with self.state_lock:
+                self.current = None
+                self.interrupt_target = None
+            self.output.end_call()
+            self._send(*reply)
+
+    def _run_job(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+        call_id = header["id"]
+        try:
+            try:
+                for filename, source in header.get("sources", {}).items():
+                    register_source(filename, source)
+                if header["op"] == "push":
+                    values = serialize.loads(signed[0], data)
+                    self.in_user_code = True
+                    self.executor.namespace.update(values)
+                    value = None
+                elif "code" in header:
+                    self.in_user_code = True
+                    value = self.executor.run_code(header["code"], header["filename"])
+                else:
+                    fn, args, kwargs = serialize.loads(signed[0], data)
+                    self.in_user_code = True
+                    value = self.executor.call(fn, args, kwargs)
+            finally:
+                self.in_user_code = False
+        except KeyboardInterrupt as exc:
+            return ({"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
+                     "summary": "interrupted", "where": user_location(exc)}, [], [])
+        except BaseException as exc:  # SystemExit too: the rank lives on
+            etype, summary, tb = format_user_traceback(exc)
+            return ({"op": "result", "id": call_id, "ok": False, "kind": "error",
+                     "etype": etype, "summary": summary, "tb": tb}, [], [])
+        if value is None:
+            return {"op": "result", "id": call_id, "ok": True}, [], []
+        try:
+            payload, bufs = serialize.dumps(value)
+        except Exception as exc:
+            return ({"op": "result", "id": call_id, "ok": False, "kind": "error", "etype": "TypeError",
+                     "summary": f"TypeError: the result ({type(value).__name__}) cannot be sent back "
+                                f"to the controller: {exc}. Return something picklable, or keep it on "
+                                "the rank (assign it to a variable).",
+                     "tb": ""}, [], [])
+        return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
+
+
+def _all_stacks() -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, str(ident))
+        if name.startswith("viceroy-"):
+            continue
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"Thread {name}:\n{stack}")
+    return "\n".join(parts)
+
+
+def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
+    """Entry point in a freshly forked process. Never returns."""
+    try:
+        hold_lifeline(lifeline_fd, lambda: die_now(0))
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        for k, v in cfg.get("env", {}).items():
+            os.environ[k] = str(v)
+        Rank(cfg).serve()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        die_now(1)

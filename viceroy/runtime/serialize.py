@@ -1,0 +1,97 @@
+"""Values to bytes and back: cloudpickle for code, raw out-of-band frames for array data.
+
+numpy arrays and torch CPU tensors are not copied into the pickle stream: their memory travels
+as separate buffers (pickle protocol 5), which ZeroMQ sends as frames without copying.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+# Buffers smaller than this stay in-band: a frame per tiny array costs more than the copy.
+OUT_OF_BAND_MIN = 16 * 1024
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu":
+            return _reduce_tensor(obj)
+        return super().reducer_override(obj)
+
+
+def _reduce_tensor(t: Any) -> Any:
+    import torch
+
+    if t.layout != torch.strided or t.is_quantized:
+        return NotImplemented
+    base = t.detach().contiguous()
+    dtype = base.dtype
+    if dtype == torch.bfloat16:
+        arr = base.view(torch.int16).numpy()
+    elif dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        arr = base.view(torch.uint8).numpy()
+    else:
+        try:
+            arr = base.numpy()
+        except (TypeError, RuntimeError):
+            return NotImplemented
+    return _rebuild_tensor, (arr, str(dtype).removeprefix("torch."), t.requires_grad)
+
+
+def _rebuild_tensor(arr: Any, dtype: str, requires_grad: bool) -> Any:
+    import torch
+
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
+    target = getattr(torch, dtype)
+    if t.dtype != target:
+        t = t.view(target)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """``obj`` -> (pickle stream, out-of-band buffers)."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes < OUT_OF_BAND_MIN:
+            return True  # in-band
+        buffers.append(buf)
+        return False
+
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    return f.getvalue(), buffers
+
+
+def loads(data: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    """Inverse of `dumps`. Buffers are made writable (one copy) so received arrays can be
+    modified in place, as users expect."""
+    return pickle.loads(data, buffers=[_writable(b) for b in buffers])
+
+
+def _writable(buf: Any) -> Any:
+    mv = memoryview(buf)
+    return mv if not mv.readonly else bytearray(mv)
+
+
+def check_picklable(values: dict[str, Any]) -> None:
+    """Raise a TypeError naming the first value that cannot be sent."""
+    for name, value in values.items():
+        try:
+            dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{name} ({type(value).__name__}) cannot be sent to the ranks: {exc}. "
+                "Create it on the ranks instead, or send something picklable."
+            ) from None

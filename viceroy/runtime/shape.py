@@ -1,0 +1,277 @@
+"""Named-dim shapes and the mesh algebra shared by `Mesh`, `ValueMesh` and actor meshes.
+
+A `Shape` is an ordered set of named dims (``{"hosts": 2, "gpus": 8}``) over a list of global
+rank ids laid out row-major. Every operation returns a new `Shape`; `ShapeOps` gives any class
+that holds a shape the same vocabulary (`slice`, `split`, `flatten`, `rename`, `size`, `dims`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+
+class Shape:
+    """Ordered named dims over global rank ids (row-major)."""
+
+    __slots__ = ("_dims", "_ranks")
+
+    def __init__(self, dims: Mapping[str, int], ranks: Sequence[int] | None = None) -> None:
+        dims = dict(dims)
+        for name, size in dims.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"dim names must be identifiers, got {name!r}")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"dim {name!r} must be a positive int, got {size!r}")
+        n = math.prod(dims.values())
+        ranks = tuple(range(n)) if ranks is None else tuple(ranks)
+        if len(ranks) != n:
+            raise ValueError(f"a shape of dims {dims} holds {n} ranks, got {len(ranks)}")
+        self._dims = dims
+        self._ranks = ranks
+
+    # --- reading -------------------------------------------------------------------------
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self._dims)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self._ranks
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shape) and (self._dims, self._ranks) == (other._dims, other._ranks)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self._dims.items()), self._ranks))
+
+    def __repr__(self) -> str:
+        return f"Shape({self.describe()})"
+
+    def describe(self) -> str:
+        """``hosts=2, gpus=8``"""
+        return ", ".join(f"{k}={v}" for k, v in self._dims.items()) or "scalar"
+
+    def size(self, dim: str | None = None) -> int:
+        if dim is None:
+            return len(self._ranks)
+        self._check_dim(dim)
+        return self._dims[dim]
+
+    def coords(self) -> Iterator[dict[str, int]]:
+        """The coordinates of each position, row-major (aligned with `ranks`)."""
+        names = list(self._dims)
+        for idx in itertools.product(*(range(s) for s in self._dims.values())):
+            yield dict(zip(names, idx, strict=True))
+
+    def position(self, **coords: int) -> int:
+        """Row-major position of the entry at `coords`; every dim must be named."""
+        for name in coords:
+            self._check_dim(name)
+        missing = [d for d in self._dims if d not in coords]
+        if missing:
+            raise ValueError(
+                f"give a coordinate for every dim: missing {', '.join(missing)} "
+                f"(dims are {self.describe()})"
+            )
+        pos = 0
+        for name, size in self._dims.items():
+            i = self._check_index(name, coords[name])
+            pos = pos * size + i
+        return pos
+
+    # --- algebra ---------------------------------------------------------------------------
+
+    def slice(self, **sel: int | slice) -> Shape:
+        """Select along dims: an int drops the dim, a slice keeps it."""
+        for name in sel:
+            self._check_dim(name)
+        ranges: list[range] = []
+        new_dims: dict[str, int] = {}
+        for name, size in self._dims.items():
+            if name not in sel:
+                ranges.append(range(size))
+                new_dims[name] = size
+                continue
+            s = sel[name]
+            if isinstance(s, slice):
+                r = range(size)[s]
+                if len(r) == 0:
+                    raise IndexError(
+                        f"{name}={_fmt_slice(s)} selects nothing: dim {name!r} has size {size}"
+                    )
+                ranges.append(r)
+                new_dims[name] = len(r)
+            else:
+                ranges.append(range(self._check_index(name, s), self._check_index(name, s) + 1))
+        strides = _strides(list(self._dims.values()))
+        ranks = [
+            self._ranks[sum(i * st for i, st in zip(idx, strides, strict=True))]
+            for idx in itertools.product(*ranges)
+        ]
+        return Shape(new_dims, ranks)
+
+    def split(self, **spec: Any) -> Shape:
+        """``split(gpus=("dp", "tp"), tp=2)``: replace dim gpus by dp × tp (one size may be left out)."""
+        targets = {k: v for k, v in spec.items() if isinstance(v, tuple | list)}
+        sizes = {k: v for k, v in spec.items() if k not in targets}
+        if len(targets) != 1:
+            raise ValueError(
+                'split takes one dim to split, e.g. split(gpus=("dp", "tp"), tp=2); '
+                f"got {spec!r}"
+            )
+        (old, new_names), = targets.items()
+        self._check_dim(old)
+        new_names = list(new_names)
+        if len(new_names) < 2 or len(set(new_names)) != len(new_names):
+            raise ValueError(f"split {old!r} into two or more distinct names, got {new_names}")
+        for name in new_names:
+            if name in self._dims and name != old:
+                raise ValueError(f"dim {name!r} already exists (dims are {self.describe()})")
+        unknown = [k for k in sizes if k not in new_names]
+        if unknown:
+            raise ValueError(f"sizes given for {unknown}, which are not among {new_names}")
+        total = self._dims[old]
+        free = [n for n in new_names if n not in sizes]
+        known = math.prod(int(v) for v in sizes.values())
+        if len(free) > 1:
+            raise ValueError(f"give sizes for all but one of {new_names}")
+        if total % known:
+            raise ValueError(f"dim {old!r} of size {total} cannot split into parts of {sizes}")
+        if free:
+            sizes[free[0]] = total // known
+        if math.prod(sizes.values()) != total:
+            raise ValueError(f"sizes {sizes} do not multiply to {old}={total}")
+        new_dims: dict[str, int] = {}
+        for name, size in self._dims.items():
+            if name == old:
+                new_dims.update({n: int(sizes[n]) for n in new_names})
+            else:
+                new_dims[name] = size
+        return Shape(new_dims, self._ranks)
+
+    def flatten(self, name: str) -> Shape:
+        """All dims into one named `name`."""
+        return Shape({name: len(self._ranks)}, self._ranks)
+
+    def rename(self, **names: str) -> Shape:
+        """``rename(gpus="dp")``"""
+        for old in names:
+            self._check_dim(old)
+        new_dims = {names.get(k, k): v for k, v in self._dims.items()}
+        if len(new_dims) != len(self._dims):
+            raise ValueError(f"renaming {names} makes two dims share a name")
+        return Shape(new_dims, self._ranks)
+
+    def select(self, ranks: Sequence[int], name: str = "ranks") -> Shape:
+        """A flat shape over a subset of this shape's ranks, in the order given."""
+        wanted = list(ranks)
+        have = set(self._ranks)
+        missing = [r for r in wanted if r not in have]
+        if missing:
+            raise IndexError(
+                f"rank(s) {_fmt_ranks(missing)} not in this mesh (its ranks are "
+                f"{_fmt_ranks(self._ranks)})"
+            )
+        if len(set(wanted)) != len(wanted) or not wanted:
+            raise ValueError(f"select needs distinct ranks, got {wanted}")
+        return Shape({name: len(wanted)}, wanted)
+
+    # --- checks ----------------------------------------------------------------------------
+
+    def _check_dim(self, name: str) -> None:
+        if name not in self._dims:
+            dims = ", ".join(self._dims) or "none"
+            raise ValueError(f"this mesh has no dim {name!r}; its dims are: {dims}")
+
+    def _check_index(self, name: str, i: object) -> int:
+        size = self._dims[name]
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"{name}= takes an int or a slice, got {i!r}")
+        j = i + size if i < 0 else i
+        if not 0 <= j < size:
+            raise IndexError(f"{name}={i} is out of range: dim {name!r} has size {size} (0..{size - 1})")
+        return j
+
+
+def _strides(sizes: list[int]) -> list[int]:
+    strides = [1] * len(sizes)
+    for k in range(len(sizes) - 2, -1, -1):
+        strides[k] = strides[k + 1] * sizes[k + 1]
+    return strides
+
+
+def _fmt_slice(s: slice) -> str:
+    return f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}" + (
+        f":{s.step}" if s.step is not None else ""
+    )
+
+
+def _fmt_ranks(ranks: Sequence[int]) -> str:
+    return format_rank_set(ranks)
+
+
+def format_rank_set(ranks: Sequence[int] | set[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``"""
+    rs = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+S = TypeVar("S", bound="ShapeOps")
+
+
+class ShapeOps:
+    """The mesh algebra for any class holding a `Shape`; subclasses define `_reshaped`."""
+
+    _shape: Shape
+
+    def _reshaped(self: S, shape: Shape) -> S:
+        raise NotImplementedError
+
+    @property
+    def dims(self) -> dict[str, int]:
+        """Named dims, in order: ``{"hosts": 2, "gpus": 8}``."""
+        return self._shape.dims
+
+    @property
+    def ranks(self) -> list[int]:
+        """Global rank ids covered, row-major."""
+        return list(self._shape.ranks)
+
+    def size(self, dim: str | None = None) -> int:
+        """Number of ranks, or the size of one dim."""
+        return self._shape.size(dim)
+
+    def slice(self: S, **sel: int | slice) -> S:
+        """``slice(gpus=0)`` drops the dim; ``slice(gpus=slice(0, 4))`` keeps it."""
+        return self._reshaped(self._shape.slice(**sel))
+
+    def split(self: S, **spec: Any) -> S:
+        """``split(gpus=("dp", "tp"), tp=2)``"""
+        return self._reshaped(self._shape.split(**spec))
+
+    def flatten(self: S, name: str) -> S:
+        """``flatten("ranks")``: one dim over every rank."""
+        return self._reshaped(self._shape.flatten(name))
+
+    def rename(self: S, **names: str) -> S:
+        """``rename(gpus="dp")``"""
+        return self._reshaped(self._shape.rename(**names))
+
+    def select(self: S, ranks: Sequence[int]) -> S:
+        """A flat view ``{"ranks": len(ranks)}`` over the given global ranks."""
+        return self._reshaped(self._shape.select(ranks))
