@@ -23,14 +23,14 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def load_ipython_extension(ipython):  # type: ignore[no-untyped-def]
+def load_ipython_extension(ipython: object) -> None:
     """`%load_ext viceroy`: the %mesh magics in any IPython kernel."""
     from viceroy.extension import load_ipython_extension as _load
 
     _load(ipython)
 
 
-def unload_ipython_extension(ipython):  # type: ignore[no-untyped-def]
+def unload_ipython_extension(ipython: object) -> None:
     from viceroy.extension import unload_ipython_extension as _unload
 
     _unload(ipython)

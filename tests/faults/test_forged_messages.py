@@ -11,7 +11,7 @@ from viceroy.runtime.wire import Signer, new_key
 def _forgeries(marker):
     code = f"open({str(marker)!r}, 'w').write('pwned')"
     forged = Signer(new_key()).pack({"op": "run", "id": 99, "ranks": [0, 1], "code": code, "filename": "<x>"})
-    unsigned = forged[1:]
+    unsigned = [forged[0][32:]]
     garbage = [b"\x00" * 5]
     return [forged, unsigned, garbage]
 
@@ -45,7 +45,7 @@ def test_forged_messages_to_the_controller_are_dropped_and_counted(start_mesh, t
         push.connect(mesh._controller._config["controller_out"])
         fake = Signer(new_key()).pack({"op": "rank_exit", "r": 0, "reason": "SIGKILL"})
         push.send_multipart(fake)
-        push.send_multipart(fake[1:])
+        push.send_multipart([fake[0][32:]])
         wait_until(lambda: mesh._controller.signer.dropped == 2, 5, "the controller to drop 2 messages")
         time.sleep(0.1)
         assert mesh.states() == {0: "idle"}  # the fake death was not believed

@@ -32,7 +32,7 @@ def test_one_rank_raising_fails_the_call_fast_and_interrupts_the_others(start_me
 def test_identical_failures_are_grouped_by_rank_set(start_mesh):
     mesh = start_mesh(gpus=4)
     with pytest.raises(vr.MeshError) as info:
-        mesh.run("1 / (rank - rank)")
+        mesh.run("1 / (rank - rank)", fail_fast=False)  # every rank gets to raise
     text = str(info.value)
     assert text.count("ZeroDivisionError: division by zero") == 2  # summary line + traceback tail, once
     assert "ranks 0-3: ZeroDivisionError" in text
@@ -70,7 +70,7 @@ def test_sigkilled_rank_fails_the_call_within_a_second_and_restarts_alone(start_
 
 def test_a_rank_exiting_by_itself_is_reported_with_its_code(start_mesh):
     mesh = start_mesh(gpus=2)
-    with pytest.raises(vr.MeshError, match="rank 1: died \\(exit code 3\\)"):
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(exit code 3\)"):
         mesh.run("import os\nif rank == 1: os._exit(3)")
 
 
@@ -101,7 +101,7 @@ def test_interrupt_gets_through_code_that_swallows_keyboard_interrupt(start_mesh
 def test_timeout_cancels_the_call(start_mesh):
     mesh = start_mesh(gpus=2)
     t0 = time.monotonic()
-    with pytest.raises(vr.MeshError, match="timed out after 0.5 s"):
+    with pytest.raises(vr.MeshError, match=r"timed out after 0\.5 s"):
         mesh.run("import time\ntime.sleep(30)", timeout=0.5)
     assert time.monotonic() - t0 < 2.0
 

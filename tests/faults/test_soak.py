@@ -25,7 +25,7 @@ def test_ten_thousand_small_calls_do_not_grow_memory_or_descriptors(start_mesh):
     ]
     rss0 = [p.memory_info().rss for p in procs]
     fds0 = [_fds(p.pid) for p in procs]
-    for i in range(5000):
+    for _ in range(5000):
         mesh.run("a = 1")
         mesh.run(f)
     rss1 = [p.memory_info().rss for p in procs]

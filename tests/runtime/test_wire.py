@@ -13,12 +13,13 @@ def test_a_signed_message_round_trips():
 @pytest.mark.parametrize(
     "tamper",
     [
-        lambda f: [b"\0" * 32, *f[1:]],  # forged signature
-        lambda f: f[1:],  # unsigned
-        lambda f: [f[0], f[1].replace(b'"id":3', b'"id":4'), *f[2:]],  # header changed
-        lambda f: [f[0], f[1], b"evil code", *f[3:]],  # signed payload changed
-        lambda f: [*f[:3], b"short"],  # data frame length changed
-        lambda f: [f[0], b"not json", *f[2:]],
+        lambda f: [b"\0" * 32 + f[0][32:], *f[1:]],  # forged signature
+        lambda f: [f[0][32:], *f[1:]],  # unsigned
+        lambda f: [f[0].replace(b'"id":3', b'"id":4'), *f[1:]],  # header changed
+        lambda f: [f[0], b"evil code", *f[2:]],  # signed payload changed
+        lambda f: [*f[:2], b"short"],  # data frame length changed
+        lambda f: [f[0][:32] + b"not json", *f[1:]],
+        lambda f: [b"tiny"],
     ],
 )
 def test_tampered_messages_are_dropped_and_counted(tamper):

@@ -81,6 +81,9 @@ class Agent:
         self.from_ranks.setsockopt(zmq.LINGER, 0)
         self.from_ranks.bind(f"ipc://{self.rundir}/out")
 
+        # One host alone on the controller's machine: ranks answer the controller directly.
+        # Otherwise they answer here and the agent sends one aggregate per call.
+        self.direct = bool(cfg.get("direct_results"))
         self.slots: dict[int, RankSlot] = {}
         gpus = visible_gpus()
         for rc in cfg["ranks"]:
@@ -95,7 +98,7 @@ class Agent:
                 "host": self.host,
                 "output_limit": cfg["output_limit"],
                 "agent_in": f"ipc://{self.rundir}/in",
-                "agent_out": f"ipc://{self.rundir}/out",
+                "outbox": cfg["controller_out"] if cfg.get("direct_results") else f"ipc://{self.rundir}/out",
                 "env": {**cfg.get("env", {}), **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
@@ -192,12 +195,14 @@ class Agent:
                 else:
                     call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",
                                        "signed": 0})
+            if self.direct:
+                call.ranks.clear()  # the ranks answer the controller themselves
             self.calls[header["id"]] = call
             self._maybe_flush(header["id"], force=bool(call.items))
         elif op == "cancel":
-            pending = self.calls.get(header["id"])
-            for r in pending.ranks if pending else ():
-                self._send_rank(r, frames, control=True)
+            for r in mine:
+                if self.slots[r].ready:
+                    self._send_rank(r, frames, control=True)
         elif op in ("stacks", "stats"):
             for r in mine:
                 if self.slots[r].ready:
@@ -221,17 +226,17 @@ class Agent:
         except BadMessage:
             return
         op = header.get("op")
-        if op == "result":
+        if op == "results":
             call = self.calls.get(header["id"])
-            r = header["r"]
+            (item,) = header["items"]
+            r = item["r"]
             if call is None or r not in call.ranks:
                 return
             call.ranks.discard(r)
-            header["signed"] = len(signed)
-            call.items.append(header)
+            call.items.append(item)
             call.signed.extend(signed)
             call.data.extend(data)
-            self._maybe_flush(header["id"], force=not header["ok"])
+            self._maybe_flush(header["id"], force=not item["ok"])
         else:  # out, pub, stacks, stats: already signed with the mesh key; pass through
             self.to_ctrl.send_multipart(frames, copy=False)
 
@@ -242,8 +247,7 @@ class Agent:
         if call is None or not (force or not call.ranks):
             return
         if call.items:
-            items = [{k: v for k, v in it.items() if k not in ("op", "id", "host")} for it in call.items]
-            self._to_controller({"op": "results", "id": call_id, "items": items}, call.signed, call.data)
+            self._to_controller({"op": "results", "id": call_id, "items": call.items}, call.signed, call.data)
             call.items, call.signed, call.data = [], [], []
         if not call.ranks:
             del self.calls[call_id]
@@ -254,7 +258,7 @@ class Agent:
         except BadMessage:
             return
         r = header.get("r")
-        slot = self.slots.get(r)  # type: ignore[arg-type]
+        slot = self.slots.get(r) if isinstance(r, int) else None
         if slot is None or frames[0].bytes not in (slot.work_ident, slot.control_ident):
             return
         slot.hellos += 1
@@ -262,8 +266,8 @@ class Agent:
             return
         slot.ready = True
         slot.pid = header["pid"]
-        self.by_pid[header["pid"]] = r
-        self._to_controller({"op": "rank_ready", "r": r, "pid": header["pid"]})
+        self.by_pid[header["pid"]] = slot.rank
+        self._to_controller({"op": "rank_ready", "r": slot.rank, "pid": header["pid"]})
 
     def _on_zygote_line(self, line: bytes) -> None:
         msg = json.loads(line)
@@ -302,12 +306,17 @@ class Agent:
             self._spawn(r)
 
     def _drain_ranks(self) -> None:
-        while True:
+        self._drain(self.from_ranks, self._on_rank_message)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket[Any], handle: Any, limit: int = 256) -> None:
+        """Handle what is queued on `sock` without going back to poll() for each message."""
+        for _ in range(limit):
             try:
-                frames = self.from_ranks.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._on_rank_message(frames)
+            handle(frames)
 
     # --- main loop -------------------------------------------------------------------------------
 
@@ -331,11 +340,11 @@ class Agent:
         while not self.stopping:
             for sock, _ in poller.poll():
                 if sock is self.from_ctrl:
-                    self._on_controller_message(self.from_ctrl.recv_multipart(copy=False))
+                    self._drain(self.from_ctrl, self._on_controller_message)
                 elif sock is self.from_ranks:
-                    self._on_rank_message(self.from_ranks.recv_multipart(copy=False))
+                    self._drain(self.from_ranks, self._on_rank_message)
                 elif sock is self.to_ranks:
-                    self._on_hello(self.to_ranks.recv_multipart(copy=False))
+                    self._drain(self.to_ranks, self._on_hello)
                 elif sock == self.deaths_r:
                     death_buf += os.read(self.deaths_r, 4096)
                     *lines, death_buf = death_buf.split(b"\n")

@@ -62,7 +62,7 @@ class Query:
 
     expected: set[Any]  # rank ids, and ("agent", host) for questions agents answer too
     deadline: float
-    replies: dict[int, Any] = field(default_factory=dict)
+    replies: dict[Any, Any] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -140,8 +140,10 @@ class Controller:
 
     def start(self, timeout: float) -> None:
         """Launch the agents; return when every rank has answered."""
-        for plan in self.launcher.plan(self.shape.dims):
-            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks}
+        plans = self.launcher.plan(self.shape.dims)
+        for plan in plans:
+            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks,
+                   "direct_results": self.launcher.same_host and len(plans) == 1}
             agent = self.launcher.start(plan, cfg)
             self._agents[plan.index] = agent
             for rc in plan.ranks:
@@ -378,10 +380,9 @@ class Controller:
                     self._tasks.popleft()()
             if self._pull in events:
                 for _ in range(1000):  # drain, bounded so deadlines still get checked
-                    try:
-                        frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
+                    if not int(self._pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                         break
+                    frames = self._pull.recv_multipart(copy=False)
                     try:
                         self._handle(frames)
                     except BadMessage:
@@ -389,13 +390,20 @@ class Controller:
             self._check_deadlines()
 
     def _next_deadline(self) -> float | None:
+        if not self._deadlines_possible():
+            return None
         now = time.monotonic()
         with self._lock:
             ds = [d for c in self._calls.values() for d in (c.deadline, c.stop_deadline) if d]
             ds += [q.deadline for q in self._queries.values()]
         return max(0.0, min(ds) - now) if ds else None
 
+    def _deadlines_possible(self) -> bool:
+        return bool(self._queries) or any(c.deadline or c.stop_deadline for c in self._calls.values())
+
     def _check_deadlines(self) -> None:
+        if not self._deadlines_possible():
+            return
         now = time.monotonic()
         done: list[Call] = []
         with self._lock:
@@ -535,6 +543,9 @@ class Controller:
             if self._calls.pop(call.id, None) is None:
                 return
         self.logs.flush()
+        self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
+        # Resolving the future wakes the caller: do it last, so this thread does not hold the
+        # GIL against it right after.
         if call.failures:
             hint = ""
             if any(f.kind == "died" for f in call.failures.values()):
@@ -542,7 +553,6 @@ class Controller:
             call.future._set_exception(MeshError(call.label, dict(call.failures), dict(call.results), hint))
         else:
             call.future._set_result(ValueMesh(call.shape, call.results))
-        self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
 
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):

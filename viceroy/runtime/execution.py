@@ -28,7 +28,8 @@ def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
     tree = ast.parse(source, filename, "exec", type_comments=False)
     last: CodeType | None = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        expr = ast.Expression(tree.body.pop().value)
+        expr = ast.Expression(tree.body[-1].value)
+        tree.body.pop()
         last = compile(expr, filename, "eval", flags=_TOP_LEVEL_AWAIT)
     body = compile(tree, filename, "exec", flags=_TOP_LEVEL_AWAIT)
     return body, last

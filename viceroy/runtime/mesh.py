@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import linecache
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal, overload
 
@@ -23,6 +24,17 @@ from viceroy.runtime.values import ValueMesh
 atexit.register(shutdown_all)
 
 _cell_ids = itertools.count(1)
+_cell_numbers: OrderedDict[str, int] = OrderedDict()
+
+
+def _cell_number(code: str) -> int:
+    """Tracebacks name code strings ``<mesh-cell-N>``; the same text keeps its number, so the
+    ranks' compile cache serves repeated calls."""
+    n = _cell_numbers.pop(code, None) or next(_cell_ids)
+    _cell_numbers[code] = n
+    if len(_cell_numbers) > 512:
+        _cell_numbers.popitem(last=False)
+    return n
 
 
 def _default_preload() -> list[str]:
@@ -134,7 +146,7 @@ class Mesh(ShapeOps):
         if isinstance(code, str):
             if args or kwargs:
                 raise TypeError("a code string takes no arguments; use push(...) or pass a function")
-            n = next(_cell_ids)
+            n = _cell_number(code)
             filename = f"<mesh-cell-{n}>" if label is None else f"<{label}>"
             check_syntax(code, filename)
             extra: dict[str, Any] = {"code": code, "filename": filename}
@@ -142,11 +154,15 @@ class Mesh(ShapeOps):
             data: list[Any] = []
             what = label or f"mesh.run (cell {n})"
         elif callable(code):
-            serialize.check_picklable(
-                {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
-                 **{f"argument {k!r}": v for k, v in kwargs.items()}}
-            )
-            payload, bufs = serialize.dumps((code, args, kwargs))
+            try:
+                payload, bufs = serialize.dumps((code, args, kwargs))
+            except Exception:
+                # Say which one cannot travel.
+                serialize.check_picklable(
+                    {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
+                     **{f"argument {k!r}": v for k, v in kwargs.items()}}
+                )
+                raise
             extra = {"sources": _sources_for(code)}
             signed, data = [payload], [b.raw() for b in bufs]
             what = label or f"mesh.run({getattr(code, '__name__', type(code).__name__)})"
@@ -161,8 +177,11 @@ class Mesh(ShapeOps):
         """Assign each value to a name in every rank's namespace: ``mesh.push(lr=0.1)``."""
         if not values:
             raise TypeError("push takes names and values: mesh.push(lr=0.1)")
-        serialize.check_picklable(values)
-        payload, bufs = serialize.dumps(values)
+        try:
+            payload, bufs = serialize.dumps(values)
+        except Exception:
+            serialize.check_picklable(values)
+            raise
         self._controller.submit(
             "push", self._shape, {}, [payload], [b.raw() for b in bufs], label=f"push {', '.join(values)}"
         ).get()
@@ -171,7 +190,7 @@ class Mesh(ShapeOps):
         """Each rank's value of a name in its namespace."""
         if not name.isidentifier():
             raise ValueError(f"pull takes a variable name, got {name!r}")
-        return self.run(name, label=f"pull {name}")  # type: ignore[return-value]
+        return self.run(name, label=f"pull {name}")
 
     # --- control --------------------------------------------------------------------------------
 

@@ -37,8 +37,8 @@ class OutputCapture:
             os.close(w)
             fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
             self._fds[r] = name
-        sys.stdout = sys.__stdout__ = _text_stream(1)
-        sys.stderr = sys.__stderr__ = _text_stream(2)
+        sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]
+        sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
         threading.Thread(target=self._reader, name="viceroy-output", daemon=True).start()
 
     def begin_call(self, call_id: int) -> None:
@@ -53,7 +53,8 @@ class OutputCapture:
             except (OSError, ValueError):
                 pass
         with self._lock:
-            for fd in self._fds:
+            pending, _, _ = select.select(list(self._fds), [], [], 0)
+            for fd in pending:
                 self._read_all(fd)
             if self._dropped:
                 self._notice(f"{self._dropped} more bytes of output dropped")

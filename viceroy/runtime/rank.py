@@ -20,7 +20,12 @@ import zmq
 
 from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize
-from viceroy.runtime.execution import Executor, format_user_traceback, register_source, user_location
+from viceroy.runtime.execution import (
+    Executor,
+    format_user_traceback,
+    register_source,
+    user_location,
+)
 from viceroy.runtime.output import OutputCapture
 from viceroy.runtime.procs import die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
@@ -39,7 +44,9 @@ class Rank:
         self.control = self._dealer(f"c{self.rank}", cfg["agent_in"])
         self.outbox = self.ctx.socket(zmq.PUSH)
         self.outbox.setsockopt(zmq.LINGER, 2000)
-        self.outbox.connect(cfg["agent_out"])
+        # Results, output and replies: to the controller itself when it is on this host and
+        # alone (one hop less), else to the agent, which aggregates per host.
+        self.outbox.connect(cfg["outbox"])
         self.send_lock = threading.Lock()
 
         self.state_lock = threading.Lock()
@@ -86,6 +93,16 @@ class Rank:
         frames = self.signer.pack(header, signed, data)
         with self.send_lock:
             self.outbox.send_multipart(frames, copy=False)
+
+    def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+        """One rank's answer to a call, in the same shape as an agent's aggregate."""
+        call_id = item.pop("id")
+        item.pop("op", None)
+        item["r"] = self.rank
+        item["signed"] = len(signed)
+        if data:
+            item["lens"] = [memoryview(d).nbytes for d in data]
+        self._send({"op": "results", "id": call_id, "items": [item]}, signed, data)
 
     def _send_output(self, stream: str, data: bytes, call: int | None) -> None:
         self._send({"op": "out", "s": stream, "id": call}, [data])
@@ -151,8 +168,8 @@ class Rank:
             header, signed, data = self._receive(self.work)
             call_id = header["id"]
             with self.state_lock:
-                # Ids grow; a cancel for an older call came after it ended.
-                self.cancelled = {c for c in self.cancelled if c >= call_id}
+                if self.cancelled:  # ids grow; a cancel for an older call came after it ended
+                    self.cancelled = {c for c in self.cancelled if c >= call_id}
                 if call_id in self.cancelled:
                     self.cancelled.discard(call_id)
                     skipped = True
@@ -160,9 +177,9 @@ class Rank:
                     self.current = call_id
                     skipped = False
             if skipped:
-                self._send(
+                self._send_result(
                     {"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
-                     "summary": "interrupted before it started", "tb": ""}
+                     "summary": "interrupted before it started", "tb": ""}, [], []
                 )
                 continue
             self.output.begin_call(call_id)
@@ -171,7 +188,7 @@ class Rank:
                 self.current = None
                 self.interrupt_target = None
             self.output.end_call()
-            self._send(*reply)
+            self._send_result(*reply)
 
     def _run_job(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
         call_id = header["id"]

@@ -1,10 +1,11 @@
-"""Signed multipart messages: ``[signature, header, *frames]``.
+"""Signed multipart messages: ``[signature + header, *signed frames, *data frames]``.
 
-The header is JSON. The first ``header["signed"]`` frames (pickle streams, code) are covered by
-the HMAC-SHA256 signature together with the header; any further frames are raw array data,
-length-checked against ``header["lens"]`` and only ever used as out-of-band buffers of a signed
-pickle stream, so they cannot carry code. A message that fails the check is dropped before
-anything in it is parsed or unpickled.
+The first frame is a 32-byte HMAC-SHA256 signature followed by the JSON header. The signature
+covers the header and the first ``header["signed"]`` frames after it (pickle streams, code,
+text). Any further frames are raw array data, length-checked against ``header["lens"]`` and
+only ever used as out-of-band buffers of a signed pickle stream, so they cannot carry code
+(and large arrays are not hashed at every hop). A message that fails the check is dropped
+before anything in it is parsed or unpickled, and counted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 Frame = Any  # bytes | memoryview | zmq.Frame | PickleBuffer
+
+_SIG = 32
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_loads = json.loads
 
 
 def new_key() -> bytes:
@@ -37,41 +42,41 @@ class Signer:
         self.dropped = 0
 
     def pack(self, header: dict[str, Any], signed: Sequence[Frame] = (), data: Sequence[Frame] = ()) -> list[Frame]:
-        header = dict(header)
         header["signed"] = len(signed)
         if data:
             header["lens"] = [memoryview(d).nbytes for d in data]
-        h = json.dumps(header, separators=(",", ":")).encode()
+        h = _dumps(header).encode()
         mac = hmac.new(self._key, h, hashlib.sha256)
         for f in signed:
             mac.update(f)
-        return [mac.digest(), h, *signed, *data]
+        return [mac.digest() + h, *signed, *data]
 
     def unpack(self, frames: Sequence[Frame]) -> tuple[dict[str, Any], list[Frame], list[Frame]]:
         """-> (header, signed frames, data frames); raises BadMessage (and counts it)."""
         try:
-            if len(frames) < 2:
-                raise BadMessage("too few frames")
-            views = [memoryview(f) for f in frames]
-            mac = hmac.new(self._key, views[1], hashlib.sha256)
-            header_bytes = bytes(views[1])
-            # The signed count is inside the header; a forged count cannot pass the MAC check
+            first = frames[0]
+            first = first.bytes if hasattr(first, "bytes") else bytes(first)
+            if len(first) <= _SIG:
+                raise BadMessage("no header")
+            h = first[_SIG:]
+            # The signed count sits inside the header; a forged count fails the MAC below
             # because the header itself is covered by it.
-            n_signed = _peek_signed(header_bytes)
-            if n_signed < 0 or 2 + n_signed > len(views):
+            n_signed = _peek_signed(h)
+            if 1 + n_signed > len(frames):
                 raise BadMessage("bad frame count")
-            for v in views[2 : 2 + n_signed]:
-                mac.update(v)
-            if not hmac.compare_digest(mac.digest(), bytes(views[0])):
+            mac = hmac.new(self._key, h, hashlib.sha256)
+            signed = list(frames[1 : 1 + n_signed])
+            for f in signed:
+                mac.update(f.buffer if hasattr(f, "buffer") else f)
+            if not hmac.compare_digest(mac.digest(), first[:_SIG]):
                 raise BadMessage("bad signature")
-            header = json.loads(header_bytes)
-            data = list(frames[2 + n_signed :])
-            lens = header.get("lens", [])
-            if len(lens) != len(data) or any(
-                memoryview(d).nbytes != n for d, n in zip(data, lens, strict=True)
-            ):
-                raise BadMessage("data frames do not match the signed lengths")
-            return header, list(frames[2 : 2 + n_signed]), data
+            header = _loads(h)
+            data = list(frames[1 + n_signed :])
+            if data or "lens" in header:
+                lens = header.get("lens", [])
+                if len(lens) != len(data) or any(_nbytes(d) != n for d, n in zip(data, lens, strict=True)):
+                    raise BadMessage("data frames do not match the signed lengths")
+            return header, signed, data
         except BadMessage:
             self.dropped += 1
             raise
@@ -80,16 +85,22 @@ class Signer:
             raise BadMessage(str(exc)) from None
 
 
+def _nbytes(f: Frame) -> int:
+    return f.buffer.nbytes if hasattr(f, "buffer") else memoryview(f).nbytes
+
+
 def _peek_signed(header: bytes) -> int:
-    # Cheap scan for '"signed":N' so the MAC can be checked before json.loads runs on
-    # untrusted input.
     i = header.rfind(b'"signed":')
     if i < 0:
         raise BadMessage("no signed count")
-    j = i + 9
-    k = j
+    j = k = i + 9
     while k < len(header) and 48 <= header[k] <= 57:
         k += 1
     if k == j:
         raise BadMessage("bad signed count")
     return int(header[j:k])
+
+
+def frame_bytes(f: Frame) -> bytes:
+    """The bytes of a received frame (zmq.Frame or buffer)."""
+    return f.bytes if hasattr(f, "bytes") else bytes(f)

@@ -1,0 +1,41 @@
+# Each target sets itself up: a fresh clone needs only Python 3.11, node 20 and the registries.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch lies on disk on machines without a GPU; an open requirement could pull
+# a multi-GB CUDA build, so the pin goes in first.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast lint bench lab clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+demo: $(STAMP)  ## the quickstart on a local 4-rank mesh, outputs printed
+	$(BIN)/python -m viceroy demo
+
+test: $(STAMP)  ## every tier, as CI runs it
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)  ## without the slow tier
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check viceroy tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## ratios against baselines measured in the same run
+	$(BIN)/python bench/bench_runtime.py
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/01-quickstart.ipynb
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

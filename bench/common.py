@@ -1,0 +1,76 @@
+"""Bench helpers: medians after warm-up, each framework in its own child process, ratios
+against baselines measured in the same run (the method of ../shared/reference/peers_bench.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+RESULT_TAG = "@@RESULT@@ "
+
+
+def timeit(fn: Callable[[], object], warmup: int, reps: int, budget_s: float | None = None) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out: list[float] = []
+    start = time.perf_counter()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+        if budget_s is not None and time.perf_counter() - start > budget_s and len(out) >= 30:
+            break
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def emit(key: str, value: float, **extra: object) -> None:
+    """Child -> parent: one measurement (seconds unless `unit` says otherwise)."""
+    print(RESULT_TAG + json.dumps({"key": key, "value": value, **extra}), flush=True)
+
+
+def run_child(module: str, func: str, *args: str, timeout: float = 300) -> dict[str, dict[str, object]]:
+    """Run `module.func(*args)` in a fresh interpreter; collect what it emits."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import {module}; {module}.{func}(*sys.argv[1:])"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            rec = json.loads(line[len(RESULT_TAG):])
+            results[rec["key"]] = rec
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module}.{func}{args} failed:\n{proc.stderr[-3000:]}")
+    return results
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
