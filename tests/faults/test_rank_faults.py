@@ -166,3 +166,20 @@ def test_killed_agent_marks_its_ranks_dead(start_mesh):
     with pytest.raises(vr.MeshError, match="agent on host 1 exited"):
         fut.get(timeout=5)
     wait_until(lambda: not live_pids([rank_pid]), 5, "the orphaned rank to exit via its lifeline")
+
+
+def test_cancelling_an_awaiting_task_interrupts_the_ranks(start_mesh):
+    import asyncio
+
+    mesh = start_mesh(gpus=2)
+
+    async def main():
+        task = asyncio.ensure_future(mesh.run("while True:\n    pass", block=False))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    wait_until(lambda: mesh.states() == {0: "idle", 1: "idle"}, 2, "the ranks to stop")
+    assert mesh.run("rank").values() == [0, 1]

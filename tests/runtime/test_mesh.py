@@ -212,3 +212,18 @@ def test_plain_script_can_drive_a_mesh_without_jupyter(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-2:] == ["[0, 2]", "[]"]
+
+
+def test_dims_may_be_given_as_a_dict_even_when_named_like_an_option(start_mesh):
+    mesh = vr.Mesh.local({"echo": 2}, preload=[], echo=False)
+    try:
+        assert mesh.dims == {"echo": 2}
+        assert mesh.run("coords").values() == [{"echo": 0}, {"echo": 1}]
+    finally:
+        mesh.shutdown()
+
+
+def test_stacks_show_only_user_frames(start_mesh):
+    mesh = start_mesh(gpus=1)
+    assert "(idle: waiting for work)" in mesh.stacks().item(gpus=0)
+    assert "viceroy/runtime" not in mesh.stacks().item(gpus=0)

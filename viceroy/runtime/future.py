@@ -58,8 +58,23 @@ class Future(Generic[T]):
         self._cf.add_done_callback(lambda _cf: fn(self))
 
     def __await__(self) -> Generator[Any, None, T]:
+        # Bridge by hand rather than with asyncio.wrap_future: its chaining would cancel our
+        # future when the awaiting task is cancelled, and then the ranks would never hear of it.
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
+
+        def copy(cf: concurrent.futures.Future[T]) -> None:
+            if waiter.done():
+                return
+            exc = cf.exception()
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(cf.result())
+
+        self._cf.add_done_callback(lambda cf: loop.call_soon_threadsafe(copy, cf))
         try:
-            return (yield from asyncio.wrap_future(self._cf).__await__())
+            return (yield from waiter.__await__())
         except (asyncio.CancelledError, KeyboardInterrupt):
             if self._on_interrupt is not None and not self._cf.done():
                 self._on_interrupt()

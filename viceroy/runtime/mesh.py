@@ -58,6 +58,8 @@ class Mesh(ShapeOps):
     @classmethod
     def local(
         cls,
+        dims: dict[str, int] | None = None,
+        /,
         *,
         echo: bool = True,
         interface: str = "127.0.0.1",
@@ -66,7 +68,7 @@ class Mesh(ShapeOps):
         startup_timeout: float = 120.0,
         env: dict[str, str] | None = None,
         launcher: Launcher | None = None,
-        **dims: int,
+        **named_dims: int,
     ) -> Mesh:
         """Start ranks on this machine, one per position of `dims` (e.g. ``gpus=4`` or
         ``dp=2, tp=2``); returns when every rank answers.
@@ -78,8 +80,12 @@ class Mesh(ShapeOps):
         output_limit: bytes of output forwarded per rank per call; the rest is dropped with a
             notice.
         A leading dim named ``hosts`` gets one agent per host index (the layout many-host
-        launchers use), even on one machine.
+        launchers use), even on one machine. Dims may also come as a dict,
+        ``Mesh.local({"gpus": 4})``, e.g. when a dim is named like one of the options above.
         """
+        if dims and named_dims:
+            raise TypeError("give dims either as a dict or as keywords, not both")
+        dims = dict(dims or named_dims)
         if not dims:
             raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
         shape = Shape(dims)  # validates names and sizes

@@ -31,6 +31,7 @@ from viceroy.runtime.procs import die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
 
 _RESEND_INTERRUPT_S = 0.2
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class Rank:
@@ -135,7 +136,7 @@ class Rank:
             if op == "cancel":
                 self._cancel(header["id"])
             elif op == "stacks":
-                self._send({"op": "stacks", "id": header["id"]}, [_all_stacks().encode()])
+                self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
             elif op == "stats":
                 self._send({"op": "stats", "id": header["id"], "dropped": self.signer.dropped})
 
@@ -230,16 +231,25 @@ class Rank:
         return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
 
 
-def _all_stacks() -> str:
+def _all_stacks(main_ident: int, main_busy: bool) -> str:
+    """The user's threads and frames; none of the runtime's own."""
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
         name = names.get(ident, str(ident))
         if name.startswith("viceroy-"):
             continue
-        stack = "".join(traceback.format_stack(frame))
+        if ident == main_ident and not main_busy:
+            parts.append(f"Thread {name}:\n  (idle: waiting for work)\n")
+            continue
+        frames = [f for f in traceback.extract_stack(frame) if not _is_runtime_file(f.filename)]
+        stack = "".join(traceback.format_list(frames)) or "  (idle)\n"
         parts.append(f"Thread {name}:\n{stack}")
     return "\n".join(parts)
+
+
+def _is_runtime_file(filename: str) -> bool:
+    return filename.startswith(_RUNTIME_DIR) or filename.startswith("<frozen ")
 
 
 def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
