@@ -75,15 +75,17 @@ class Agent:
         self.rundir = tempfile.mkdtemp(prefix="viceroy-agent-")  # mode 0700: ours alone
         self.to_ranks = self.ctx.socket(zmq.ROUTER)
         self.to_ranks.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.to_ranks.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.to_ranks.setsockopt(zmq.LINGER, 0)
         self.to_ranks.bind(f"ipc://{self.rundir}/in")
         self.from_ranks = self.ctx.socket(zmq.PULL)
         self.from_ranks.setsockopt(zmq.LINGER, 0)
         self.from_ranks.bind(f"ipc://{self.rundir}/out")
 
-        # One host alone on the controller's machine: ranks answer the controller directly.
-        # Otherwise they answer here and the agent sends one aggregate per call.
-        self.direct = bool(cfg.get("direct_results"))
+        # One host alone on the controller's machine: the ranks talk to the controller directly
+        # and this agent only spawns, reaps and reports. Otherwise it relays, and sends one
+        # aggregate of its ranks' results per call.
+        self.direct = bool(cfg.get("direct"))
         self.slots: dict[int, RankSlot] = {}
         gpus = visible_gpus()
         for rc in cfg["ranks"]:
@@ -97,8 +99,9 @@ class Agent:
                 "world_size": cfg["world_size"],
                 "host": self.host,
                 "output_limit": cfg["output_limit"],
-                "agent_in": f"ipc://{self.rundir}/in",
-                "outbox": cfg["controller_out"] if cfg.get("direct_results") else f"ipc://{self.rundir}/out",
+                "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
+                "outbox": cfg["controller_out"] if self.direct else f"ipc://{self.rundir}/out",
+                "direct": self.direct,
                 "env": {**cfg.get("env", {}), **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
@@ -195,8 +198,6 @@ class Agent:
                 else:
                     call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",
                                        "signed": 0})
-            if self.direct:
-                call.ranks.clear()  # the ranks answer the controller themselves
             self.calls[header["id"]] = call
             self._maybe_flush(header["id"], force=bool(call.items))
         elif op == "cancel":

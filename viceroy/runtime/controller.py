@@ -103,11 +103,15 @@ class Controller:
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted rank takes its identity back
         self._router.setsockopt(zmq.LINGER, 0)
         self._router_lock = threading.Lock()
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._rundir: str | None = None
+        # Direct mode: one host, the controller's own. Ranks then talk to the controller itself
+        # (no relay hop); the agent only spawns, reaps and reports.
+        self._direct = False
         if launcher.same_host:
             # Unix sockets in a private directory: faster than loopback TCP, and only this user
             # can connect at all.
@@ -141,9 +145,9 @@ class Controller:
     def start(self, timeout: float) -> None:
         """Launch the agents; return when every rank has answered."""
         plans = self.launcher.plan(self.shape.dims)
+        self._direct = self.launcher.same_host and len(plans) == 1
         for plan in plans:
-            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks,
-                   "direct_results": self.launcher.same_host and len(plans) == 1}
+            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks, "direct": self._direct}
             agent = self.launcher.start(plan, cfg)
             self._agents[plan.index] = agent
             for rc in plan.ranks:
@@ -230,7 +234,7 @@ class Controller:
                 self._busy[r].add(call_id)
         self._emit({"type": "call_started", "call": call_id, "ranks": list(shape.ranks), "label": label})
         frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **extra}, signed, data)
-        self._send_to_hosts({self._host_of[r] for r in shape.ranks}, frames)
+        self._to_ranks(shape.ranks, frames)
         if deadline:
             self._wake()
         return fut
@@ -288,7 +292,10 @@ class Controller:
                 expected |= {("agent", h) for h in hosts}
             q = Query(expected, time.monotonic() + timeout)
             self._queries[qid] = q
-        self._broadcast({"op": op, "id": qid, "ranks": live}, hosts=hosts)
+        frames = self.signer.pack({"op": op, "id": qid, "ranks": live})
+        self._to_ranks(live, frames, control=True)
+        if self._direct and op == "stats":
+            self._broadcast({"op": op, "id": qid, "ranks": []}, hosts=hosts)
         q.done.wait(timeout)
         with self._lock:
             self._queries.pop(qid, None)
@@ -324,12 +331,21 @@ class Controller:
             raise MeshClosedError("this mesh was shut down; start a new one with Mesh.local(...)")
 
     def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
+        """To agents (lifecycle: restart, shutdown, their own stats)."""
         frames = self.signer.pack(header)
-        self._send_to_hosts(set(self._agents) if hosts is None else hosts, frames)
+        self._send([f"agent-{h}".encode() for h in sorted(set(self._agents) if hosts is None else hosts)], frames)
 
-    def _send_to_hosts(self, hosts: set[int], frames: list[Any]) -> None:
-        for h in sorted(hosts):
-            ident = f"agent-{h}".encode()
+    def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
+        """Work (or control) for some ranks: straight to them in direct mode, else one copy per
+        host to its agent, which fans out."""
+        if self._direct:
+            kind = "c" if control else "w"
+            self._send([f"{kind}{r}".encode() for r in ranks], frames)
+        else:
+            self._send([f"agent-{h}".encode() for h in sorted({self._host_of[r] for r in ranks})], frames)
+
+    def _send(self, idents: list[bytes], frames: list[Any]) -> None:
+        for ident in idents:
             for attempt in range(200):
                 try:
                     with self._router_lock:
@@ -350,7 +366,7 @@ class Controller:
         missing = [r for r in call.missing() if self._state[r] != "dead"]
         if missing:
             frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": missing})
-            self._send_to_hosts({self._host_of[r] for r in missing}, frames)
+            self._to_ranks(missing, frames, control=True)
         self._wake()
 
     # --- internals: the IO thread --------------------------------------------------------------
@@ -445,7 +461,7 @@ class Controller:
                     q.replies[key] = bytes(signed[0]).decode() if op == "stacks" else header
                     if set(q.replies) >= q.expected:
                         q.done.set()
-        elif op == "rank_ready":
+        elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
             r = header["r"]
             with self._changed:
                 self._state[r] = "idle"

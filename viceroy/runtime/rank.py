@@ -41,8 +41,9 @@ class Rank:
         self.ctx = zmq.Context()
         # Work (run, push) is read by the main thread itself, control (cancel, stacks) by the
         # IO thread, so a busy rank still answers control and an idle one starts work at once.
-        self.work = self._dealer(f"w{self.rank}", cfg["agent_in"])
-        self.control = self._dealer(f"c{self.rank}", cfg["agent_in"])
+        self.work = self._dealer(f"w{self.rank}", cfg["inbox"])
+        self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
+        self.direct = bool(cfg.get("direct"))
         self.outbox = self.ctx.socket(zmq.PUSH)
         self.outbox.setsockopt(zmq.LINGER, 2000)
         # Results, output and replies: to the controller itself when it is on this host and
@@ -115,9 +116,12 @@ class Rank:
     # --- IO thread ---------------------------------------------------------------------------
 
     def serve(self) -> None:
-        hello = self.signer.pack({"op": "hello", "r": self.rank, "pid": os.getpid()})
-        self.control.send_multipart(hello)
-        self.work.send_multipart(hello)
+        if self.direct:  # the controller reads only the outbox
+            self._send({"op": "hello", "pid": os.getpid()})
+        else:  # the agent learns both identities from their hellos
+            hello = self.signer.pack({"op": "hello", "r": self.rank, "pid": os.getpid()})
+            self.control.send_multipart(hello)
+            self.work.send_multipart(hello)
         threading.Thread(target=self._control_loop, name="viceroy-io", daemon=True).start()
         self._work()
 
