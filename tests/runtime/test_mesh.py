@@ -69,10 +69,12 @@ def test_ranks_start_in_the_controllers_directory_with_its_path(start_mesh, tmp_
     ] * 2
 
 
-def test_rank_environment_names_rank_local_rank_and_world(start_mesh):
+def test_rank_environment_names_rank_local_rank_world_and_rendezvous(start_mesh):
     mesh = start_mesh(hosts=2, gpus=2)
     env = mesh.run("import os\n(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])")
     assert env.values() == [("0", "0", "4"), ("1", "1", "4"), ("2", "0", "4"), ("3", "1", "4")]
+    rdv = mesh.run("import os\n(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))").values()
+    assert len(set(rdv)) == 1 and rdv[0][0] == "127.0.0.1" and rdv[0][1] > 0
 
 
 def test_hosts_dim_gets_one_agent_per_host(start_mesh):

@@ -136,7 +136,7 @@ class Controller:
             "sys_path": [p or os.getcwd() for p in sys.path],
             "preload": list(preload),
             "output_limit": output_limit,
-            "env": dict(env or {}),
+            "env": {**_rendezvous_env(interface), **(env or {})},
         }
         _live.add(self)
 
@@ -576,6 +576,17 @@ class Controller:
                 listener(event)
             except Exception as exc:  # a broken listener must not break the mesh
                 print(f"viceroy: event listener {listener!r} raised {exc!r}", file=sys.__stderr__)
+
+
+def _rendezvous_env(interface: str) -> dict[str, str]:
+    """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a free port.
+    (Launchers for many hosts override MASTER_ADDR with host 0's address.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((interface, 0))
+        port = s.getsockname()[1]
+    return {"MASTER_ADDR": interface, "MASTER_PORT": str(port)}
 
 
 _live: weakref.WeakSet[Controller] = weakref.WeakSet()
