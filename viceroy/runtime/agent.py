@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from viceroy.runtime import shm
 from viceroy.runtime.procs import become_subreaper, describe_exit, die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
 
@@ -95,6 +96,7 @@ class Agent:
             rank_cfg = {
                 **rc,
                 "key": cfg["key"],
+                "token": cfg["token"],
                 "dims": cfg["dims"],
                 "world_size": cfg["world_size"],
                 "host": self.host,
@@ -166,6 +168,7 @@ class Agent:
         except OSError:
             pass
         shutil.rmtree(self.rundir, ignore_errors=True)
+        shm.discard_mesh(self.cfg["token"])
         die_now(0)
 
     # --- messages ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ class Context:
     world_size: int
     host: int
     namespace: dict[str, Any] = field(repr=False)
+    mesh_token: str = field(repr=False)
     _publish: Callable[[str, Any], None] = field(repr=False)
 
     def publish(self, kind: str, data: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import serialize
+from viceroy.runtime import serialize, shm
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.launcher import AgentProcess, Launcher
@@ -51,6 +52,7 @@ class Call:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     stop_reason: str | None = None
     stop_deadline: float | None = None
+    shm_paths: list[str] = field(default_factory=list)
 
     def missing(self) -> list[int]:
         return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]
@@ -81,6 +83,7 @@ class Controller:
         self.shape = Shape(dims)
         self.launcher = launcher
         self.signer = Signer(new_key())
+        self.token = secrets.token_hex(6)  # names this mesh (handles, shared-memory files)
         self.logs = RankLogs(echo)
         self._listeners: list[Listener] = []
         self._lock = threading.RLock()
@@ -128,6 +131,7 @@ class Controller:
 
         self._config = {
             "key": self.signer._key.hex(),
+            "token": self.token,
             "controller_in": addr_in,
             "controller_out": addr_out,
             "dims": self.shape.dims,
@@ -195,6 +199,7 @@ class Controller:
         os.close(self._wake_w)
         if self._rundir:
             shutil.rmtree(self._rundir, ignore_errors=True)
+        shm.discard_mesh(self.token)
         _live.discard(self)
 
     @property
@@ -229,6 +234,10 @@ class Controller:
                 return fut
             deadline = time.monotonic() + timeout if timeout else None
             call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout)
+            if self._direct and data:  # same host: big buffers through shared memory
+                data, entries, call.shm_paths = shm.offload(data, self.token)
+                if entries:
+                    extra = {**extra, "shm": entries}
             self._calls[call_id] = call
             for r in shape.ranks:
                 self._busy[r].add(call_id)
@@ -495,6 +504,8 @@ class Controller:
                     continue
                 if item["ok"]:
                     try:
+                        if "shm" in item:
+                            dat = shm.restore(dat, item["shm"], self.token, unlink=True)
                         call.results[r] = serialize.loads(sig[0], dat) if ns else None
                     except Exception as exc:
                         call.failures[r] = RankFailure(
@@ -558,6 +569,7 @@ class Controller:
         with self._lock:
             if self._calls.pop(call.id, None) is None:
                 return
+        shm.discard(call.shm_paths)  # every rank has mapped it, or never will
         self.logs.flush()
         self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
         # Resolving the future wakes the caller: do it last, so this thread does not hold the

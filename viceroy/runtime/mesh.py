@@ -9,14 +9,18 @@ import importlib.util
 import itertools
 import linecache
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal, overload
+
+import numpy as np
 
 from viceroy.runtime import serialize
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.future import Future
+from viceroy.runtime.handles import Ref
 from viceroy.runtime.launcher import Launcher, LocalLauncher
 from viceroy.runtime.shape import Shape, ShapeOps
 from viceroy.runtime.values import ValueMesh
@@ -150,27 +154,27 @@ class Mesh(ShapeOps):
         Raises `MeshError` when any rank fails; SyntaxError before anything is sent.
         """
         if isinstance(code, str):
-            if args or kwargs:
-                raise TypeError("a code string takes no arguments; use push(...) or pass a function")
+            if args:
+                raise TypeError(
+                    "a code string takes no positional arguments; bind names with keywords, "
+                    "mesh.run('y = x * 2', x=x), or pass a function"
+                )
             n = _cell_number(code)
             filename = f"<mesh-cell-{n}>" if label is None else f"<{label}>"
             check_syntax(code, filename)
             extra: dict[str, Any] = {"code": code, "filename": filename}
             signed: list[Any] = []
             data: list[Any] = []
+            if kwargs:  # names bound on every rank before the code runs
+                signed, data = self._pack(kwargs, {f"{k}=": v for k, v in kwargs.items()})
             what = label or f"mesh.run (cell {n})"
         elif callable(code):
-            try:
-                payload, bufs = serialize.dumps((code, args, kwargs))
-            except Exception:
-                # Say which one cannot travel.
-                serialize.check_picklable(
-                    {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
-                     **{f"argument {k!r}": v for k, v in kwargs.items()}}
-                )
-                raise
+            signed, data = self._pack(
+                (code, args, kwargs),
+                {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
+                 **{f"argument {k!r}": v for k, v in kwargs.items()}},
+            )
             extra = {"sources": _sources_for(code)}
-            signed, data = [payload], [b.raw() for b in bufs]
             what = label or f"mesh.run({getattr(code, '__name__', type(code).__name__)})"
         else:
             raise TypeError(f"run takes a code string or a function, got {type(code).__name__}")
@@ -179,24 +183,55 @@ class Mesh(ShapeOps):
         )
         return fut.get() if block else fut
 
+    def _pack(self, obj: Any, parts: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        """Pickle what goes to the ranks; name the part that cannot travel; check handles."""
+        refs: list[Any] = []
+        try:
+            payload, bufs = serialize.dumps(obj, seen_refs=refs)
+        except Exception:
+            serialize.check_picklable(parts)  # says which one
+            raise
+        for ref in refs:
+            ref.check_usable_on(self._controller, self._shape.describe())
+        return [payload], [b.raw() for b in bufs]
+
+    def ref(self, name: str) -> Ref:
+        """A handle to each rank's `name`; nothing moves. Passed back to the mesh (argument,
+        closure, or a keyword of a code string) it resolves to the rank's own value."""
+        self._controller._check_open()
+        return Ref(name, self._controller, self._shape.describe())
+
     def push(self, **values: Any) -> None:
-        """Assign each value to a name in every rank's namespace: ``mesh.push(lr=0.1)``."""
+        """Assign each value to a name in every rank's namespace: ``mesh.push(lr=0.1)``.
+        Arrays and tensors travel as raw buffers; on this host, through shared memory once
+        for all ranks."""
         if not values:
             raise TypeError("push takes names and values: mesh.push(lr=0.1)")
-        try:
-            payload, bufs = serialize.dumps(values)
-        except Exception:
-            serialize.check_picklable(values)
-            raise
-        self._controller.submit(
-            "push", self._shape, {}, [payload], [b.raw() for b in bufs], label=f"push {', '.join(values)}"
-        ).get()
+        signed, data = self._pack(values, values)
+        self._controller.submit("push", self._shape, {}, signed, data, label=f"push {', '.join(values)}").get()
 
     def pull(self, name: str) -> ValueMesh[Any]:
         """Each rank's value of a name in its namespace."""
         if not name.isidentifier():
             raise ValueError(f"pull takes a variable name, got {name!r}")
         return self.run(name, label=f"pull {name}")
+
+    def scatter(self, name: str, values: Any) -> None:
+        """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
+        rank (row-major), or an array/tensor split along its first axis into as many near-equal
+        chunks as there are ranks (like numpy.array_split)."""
+        n = len(self._shape)
+        parts = _split_for_ranks(values, n)
+        if len(parts) != n:
+            raise ValueError(f"scatter needs one value per rank: this mesh has {n} ranks, got {len(parts)} values")
+        by_rank = dict(zip(self._shape.ranks, parts, strict=True))
+        signed, data = self._pack(by_rank, {name: values})
+        self._controller.submit("push", self._shape, {"scatter": name}, signed, data, label=f"scatter {name}").get()
+
+    def gather(self, name: str) -> Any:
+        """Every rank's `name`, joined in rank order: arrays and tensors concatenated along
+        their first axis, lists chained, anything else as a list."""
+        return _join(self.pull(name).values())
 
     # --- control --------------------------------------------------------------------------------
 
@@ -263,6 +298,28 @@ class Mesh(ShapeOps):
         call_finished, rank_exit, rank_ready, publish), on the controller's IO thread; keep it
         quick and thread-safe. Returns a function that unsubscribes."""
         return self._controller.subscribe(listener)
+
+
+def _split_for_ranks(values: Any, n: int) -> list[Any]:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(values, torch.Tensor):
+        return list(torch.tensor_split(values, n))
+    if isinstance(values, np.ndarray):
+        return list(np.array_split(values, n))
+    if isinstance(values, list | tuple):
+        return list(values)
+    raise TypeError(f"scatter takes a list, tuple, numpy array or torch tensor, got {type(values).__name__}")
+
+
+def _join(values: list[Any]) -> Any:
+    torch = sys.modules.get("torch")
+    if values and torch is not None and all(isinstance(v, torch.Tensor) for v in values):
+        return torch.cat(values)
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values)
+    if values and all(isinstance(v, list) for v in values):
+        return [x for v in values for x in v]
+    return values
 
 
 def _sources_for(fn: Any) -> dict[str, str]:

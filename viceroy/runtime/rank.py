@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import serialize
+from viceroy.runtime import serialize, shm
 from viceroy.runtime.execution import (
     Executor,
     format_user_traceback,
@@ -44,6 +44,7 @@ class Rank:
         self.work = self._dealer(f"w{self.rank}", cfg["inbox"])
         self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
         self.direct = bool(cfg.get("direct"))
+        self.token: str = cfg["token"]
         self.outbox = self.ctx.socket(zmq.PUSH)
         self.outbox.setsockopt(zmq.LINGER, 2000)
         # Results, output and replies: to the controller itself when it is on this host and
@@ -75,6 +76,7 @@ class Rank:
                 world_size=cfg["world_size"],
                 host=cfg["host"],
                 namespace=namespace,
+                mesh_token=cfg["token"],
                 _publish=self._publish,
             )
         )
@@ -102,6 +104,10 @@ class Rank:
         item.pop("op", None)
         item["r"] = self.rank
         item["signed"] = len(signed)
+        if data and self.direct:  # big arrays back to the controller through shared memory
+            data, entries, _ = shm.offload(data, self.token)
+            if entries:
+                item["shm"] = entries
         if data:
             item["lens"] = [memoryview(d).nbytes for d in data]
         self._send({"op": "results", "id": call_id, "items": [item]}, signed, data)
@@ -201,12 +207,18 @@ class Rank:
             try:
                 for filename, source in header.get("sources", {}).items():
                     register_source(filename, source)
+                if "shm" in header:
+                    data = shm.restore(data, header["shm"], self.token, unlink=False)
                 if header["op"] == "push":
                     values = serialize.loads(signed[0], data)
+                    if "scatter" in header:  # one value per rank: keep ours
+                        values = {header["scatter"]: values[self.rank]}
                     self.in_user_code = True
                     self.executor.namespace.update(values)
                     value = None
                 elif "code" in header:
+                    if signed:  # names bound for this code (handles resolve to our values)
+                        self.executor.namespace.update(serialize.loads(signed[0], data))
                     self.in_user_code = True
                     value = self.executor.run_code(header["code"], header["filename"])
                 else:

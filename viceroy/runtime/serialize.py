@@ -19,10 +19,16 @@ OUT_OF_BAND_MIN = 16 * 1024
 
 
 class _Pickler(cloudpickle.CloudPickler):
+    def __init__(self, *args: Any, seen_refs: list[Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_refs = seen_refs
+
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu":
             return _reduce_tensor(obj)
+        if self.seen_refs is not None and type(obj).__name__ == "Ref" and type(obj).__module__ == "viceroy.runtime.handles":
+            self.seen_refs.append(obj)
         return super().reducer_override(obj)
 
 
@@ -59,8 +65,9 @@ def _rebuild_tensor(arr: Any, dtype: str, requires_grad: bool) -> Any:
     return t
 
 
-def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """``obj`` -> (pickle stream, out-of-band buffers)."""
+def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """``obj`` -> (pickle stream, out-of-band buffers). Handles met on the way are appended to
+    `seen_refs`, so the caller can check them before sending."""
     buffers: list[pickle.PickleBuffer] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:
@@ -70,7 +77,7 @@ def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         return False
 
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    _Pickler(f, protocol=5, buffer_callback=keep, seen_refs=seen_refs).dump(obj)
     return f.getvalue(), buffers
 
 

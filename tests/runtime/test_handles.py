@@ -1,0 +1,79 @@
+"""Handles: values stay on the ranks; a handle sent back resolves to each rank's own value."""
+
+import numpy as np
+import pytest
+
+import viceroy as vr
+
+
+def test_a_handle_in_a_code_keyword_binds_each_ranks_value(start_mesh):
+    mesh = start_mesh(gpus=3)
+    mesh.run("x = rank + 1")
+    x = mesh.ref("x")
+    assert mesh.run("y = x * 2\ny", x=x).values() == [2, 4, 6]
+    assert "'x'" in repr(x) and "gpus=3" in repr(x)
+
+
+def test_handles_resolve_in_arguments_and_closures(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.run("import numpy as np\nw = np.full(4, float(rank))")
+    w = mesh.ref("w")
+    assert mesh.run(lambda a: float(a.sum()), w).values() == [0.0, 4.0]
+    assert mesh.run(lambda: float(w.sum()) + 1).values() == [1.0, 5.0]
+    mesh.push(alias=w)
+    assert mesh.run("alias is w").values() == [True, True]  # no copy was made
+
+
+def test_plain_values_are_sent_only_when_asked(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.run("z = 'rank value'")
+    z = "controller value"  # noqa: F841 - a code string never sees controller names
+    assert mesh.run("z").values() == ["rank value"] * 2
+    assert mesh.run("z", z="sent").values() == ["sent"] * 2
+
+
+def test_a_handle_to_a_missing_name_says_which_rank(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.run("if rank == 0: only_on_zero = 1")
+    with pytest.raises(vr.MeshError, match=r"rank 1: NameError: handle 'only_on_zero': rank 1 has no variable"):
+        mesh.run("v = h", h=mesh.ref("only_on_zero"), fail_fast=False)
+
+
+def test_a_handle_from_another_mesh_is_refused_before_sending(start_mesh):
+    a = start_mesh(gpus=2)
+    b = start_mesh(gpus=1)
+    a.run("x = 1")
+    with pytest.raises(ValueError, match=r"handle 'x' belongs to mesh \(gpus=2\), not to this mesh \(gpus=1\)"):
+        b.run(lambda v: v, a.ref("x"))
+
+
+def test_a_handle_after_shutdown_is_refused(start_mesh):
+    a = start_mesh(gpus=1)
+    a.run("x = 1")
+    x = a.ref("x")
+    a.shutdown()
+    b = start_mesh(gpus=1)
+    with pytest.raises(ValueError, match="which was shut down"):
+        b.run("y = x", x=x)
+    with pytest.raises(RuntimeError, match="shut down"):
+        a.ref("x")
+
+
+def test_scatter_gives_each_rank_its_part_and_gather_joins_them(start_mesh):
+    mesh = start_mesh(gpus=3)
+    data = np.arange(10)
+    mesh.scatter("part", data)
+    assert [len(p) for p in mesh.pull("part").values()] == [4, 3, 3]
+    np.testing.assert_array_equal(mesh.gather("part"), data)
+    mesh.scatter("name", ["a", "b", "c"])
+    assert mesh.pull("name").values() == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="this mesh has 3 ranks, got 2 values"):
+        mesh.scatter("bad", [1, 2])
+
+
+def test_scatter_on_a_sub_mesh_uses_its_ranks(start_mesh):
+    mesh = start_mesh(gpus=4)
+    sub = mesh.slice(gpus=slice(2, 4))
+    sub.scatter("s", [10, 20])
+    assert sub.pull("s").values() == [10, 20]
+    assert sub.gather("s") == [10, 20]

@@ -1,0 +1,64 @@
+"""Handles: references to values that live on the ranks. Nothing moves until asked.
+
+    x = mesh.ref("x")
+    mesh.run("y = x * 2", x=x)        # each rank binds its own x
+    mesh.run(lambda v: v.sum(), x)    # in arguments and closures too
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from viceroy.runtime.context import context
+
+if TYPE_CHECKING:
+    from viceroy.runtime.controller import Controller
+
+
+class Ref:
+    """A handle to the value each rank holds under `name`. Sent to the mesh (as an argument,
+    in a closure, or bound to a name of a code string), it becomes that rank's own value."""
+
+    __slots__ = ("__weakref__", "_controller", "_describe", "_token", "name")
+
+    def __init__(self, name: str, controller: Controller, describe: str) -> None:
+        if not name.isidentifier():
+            raise ValueError(f"a handle names a variable on the ranks; {name!r} is not a name")
+        self.name = name
+        self._token = controller.token
+        self._controller = weakref.ref(controller)
+        self._describe = describe
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _resolve, (self.name, self._token, self._describe)
+
+    def __repr__(self) -> str:
+        return f"<viceroy.Ref {self.name!r} on mesh {self._describe}>"
+
+    def check_usable_on(self, controller: Controller, describe: str) -> None:
+        """Raise on the controller, before sending, if this handle cannot mean anything there."""
+        mine = self._controller()
+        if mine is None or mine.closed:
+            raise ValueError(
+                f"handle {self.name!r} belongs to mesh ({self._describe}), which was shut down; "
+                f"make a new handle with mesh.ref({self.name!r})"
+            )
+        if self._token != controller.token:
+            raise ValueError(
+                f"handle {self.name!r} belongs to mesh ({self._describe}), not to this mesh "
+                f"({describe}); values move between meshes only through the controller "
+                f"(pull, then push)"
+            )
+
+
+def _resolve(name: str, token: str, describe: str) -> Any:
+    ctx = context()
+    if ctx.mesh_token != token:
+        raise ValueError(f"handle {name!r} belongs to mesh ({describe}), not to this rank's mesh")
+    try:
+        return ctx.namespace[name]
+    except KeyError:
+        raise NameError(
+            f"handle {name!r}: rank {ctx.rank} has no variable {name!r} (define it on the ranks first)"
+        ) from None
