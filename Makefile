@@ -34,7 +34,8 @@ lint: $(STAMP)
 bench: $(STAMP)  ## ratios against baselines measured in the same run
 	$(BIN)/python bench/bench_runtime.py
 
-lab: $(STAMP)
+lab: $(STAMP)  ## JupyterLab on the quickstart, with the Viceroy kernel
+	$(BIN)/python -m pip install -q -e ".[lab]"
 	$(BIN)/jupyter lab notebooks/01-quickstart.ipynb
 
 clean:

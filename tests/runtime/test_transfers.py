@@ -7,6 +7,7 @@ import resource
 import numpy as np
 import pytest
 
+import viceroy as vr
 from tests.conftest import wait_until
 
 
@@ -42,7 +43,7 @@ def test_torch_tensors_travel_through_shared_memory(start_mesh):
 
 def test_a_failed_call_leaves_no_shared_memory_behind(start_mesh):
     mesh = start_mesh(gpus=2)
-    with pytest.raises(Exception):
+    with pytest.raises(vr.MeshError, match="ZeroDivisionError"):
         mesh.run(lambda a: 1 / 0, np.zeros(1 << 18))
     assert _shm_files(mesh) == []
 

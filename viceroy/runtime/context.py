@@ -21,8 +21,8 @@ class Context:
     world_size: int
     host: int
     namespace: dict[str, Any] = field(repr=False)
-    mesh_token: str = field(repr=False)
     _publish: Callable[[str, Any], None] = field(repr=False)
+    mesh_token: str = field(default="", repr=False)
 
     def publish(self, kind: str, data: Any) -> None:
         """Send an event ``{"type": "publish", "kind": kind, "data": data, ...}`` to the

@@ -1,0 +1,111 @@
+"""What users type after %mesh / %%mesh; mistakes are one-line UsageErrors."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+from viceroy.extension.args import (
+    parse_command,
+    parse_ranks,
+    parse_run_options,
+    parse_where,
+    split_assignments,
+    split_line_code,
+)
+
+
+def test_where_takes_an_index_or_a_range():
+    assert parse_where("gpus=0:2") == ("gpus", slice(0, 2))
+    assert parse_where("gpus=:2") == ("gpus", slice(None, 2))
+    assert parse_where("gpus=-1") == ("gpus", -1)
+
+
+@pytest.mark.parametrize("bad", ["gpus", "=1", "gpus=", "gpus=a:b", "gpus=1:2:3:4"])
+def test_bad_where_says_the_expected_form(bad: str):
+    with pytest.raises(UsageError, match="gpus=0:2"):
+        parse_where(bad)
+
+
+def test_ranks_take_lists_and_ranges():
+    assert parse_ranks("0,3,5-7") == [0, 3, 5, 6, 7]
+    with pytest.raises(UsageError, match="0-2,5"):
+        parse_ranks("zero")
+
+
+def test_run_options():
+    opts = parse_run_options(
+        "--where gpus=0:2 --where hosts=1 --ranks 0 --no-fail-fast --timeout 30"
+    )
+    assert opts.where == {"gpus": slice(0, 2), "hosts": 1}
+    assert opts.ranks == [0] and opts.fail_fast is False and opts.timeout == 30.0
+    assert parse_run_options("").fail_fast is True
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--bogus", "unknown option '--bogus'"),
+        ("print(1)", "code goes in the cell body"),
+        ("--timeout -1", "positive number of seconds"),
+        ("--timeout x", "--timeout"),
+        ("--where gpus=1 --where gpus=0", "names dim 'gpus' twice"),
+        ("--where 'gpus=1", "cannot parse"),
+    ],
+)
+def test_bad_run_options_are_one_line(line: str, message: str):
+    with pytest.raises(UsageError, match=message) as e:
+        parse_run_options(line)
+    assert "\n" not in str(e.value)
+
+
+def test_line_form_splits_options_from_code():
+    opts, code = split_line_code("--ranks 0 --where=gpus=0 print('a b', rank)")
+    assert opts.ranks == [0] and opts.where == {"gpus": 0}
+    assert code == "print('a b', rank)"
+    with pytest.raises(UsageError, match="give code"):
+        split_line_code("--ranks 0")
+
+
+def test_up_parses_dims_and_options():
+    cmd = parse_command("up hosts=2 gpus=4 --preload none")
+    assert cmd.name == "up" and cmd.dims == {"hosts": 2, "gpus": 4} and cmd.preload == []
+    assert parse_command("up gpus=2 --preload torch,numpy").preload == ["torch", "numpy"]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("up", "name the mesh dims"),
+        ("up gpus=0", "positive whole size"),
+        ("up gpus=2 gpus=3", "given twice"),
+        ("up 4", "NAME=SIZE"),
+        ("up gpus=2 --backend mpi", "invalid choice"),
+        ("restart --all", "unknown option"),
+        ("logs two", "invalid int value"),
+        ("pull", "give the names"),
+        ("push", "NAME=EXPRESSION"),
+        ("push 1x=2", "NAME=EXPRESSION"),
+        ("down now", "takes no arguments"),
+        ("frob", "unknown %mesh command 'frob'"),
+    ],
+)
+def test_bad_commands_are_one_line_usage_errors(line: str, message: str):
+    with pytest.raises(UsageError, match=message) as e:
+        parse_command(line)
+    assert "\n" not in str(e.value)
+
+
+def test_commands():
+    assert parse_command("").name == "status"
+    assert parse_command("restart --failed").failed_only is True
+    cmd = parse_command("logs 3 --tail 5")
+    assert (cmd.rank, cmd.tail) == (3, 5)
+    assert parse_command("pull a b,c").names == ["a", "b", "c"]
+    assert parse_command("auto on").on is True and parse_command("auto off").on is False
+
+
+def test_push_takes_expressions_with_spaces_and_bare_names():
+    cmd = parse_command("push lr=0.1 cfg=dict(a=1, b='x y') model")
+    assert cmd.assignments == [("lr", "0.1"), ("cfg", "dict(a=1, b='x y')"), ("model", "model")]
+    assert split_assignments("a = 1, b=[1, 2]") == ["a=1", "b=[1, 2]"]

@@ -1,0 +1,50 @@
+"""A failed mesh call renders as one error: grouped by rank set, no plumbing frames."""
+
+from __future__ import annotations
+
+from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
+from viceroy.runtime.errors import MeshError, RankFailure
+
+
+def test_mesh_errors_render_as_their_grouped_message():
+    err = MeshError(
+        "%%mesh",
+        {
+            0: RankFailure(
+                "error", "ZeroDivisionError: division by zero", "Traceback ...\n  1/0\n"
+            ),
+            1: RankFailure(
+                "error", "ZeroDivisionError: division by zero", "Traceback ...\n  1/0\n"
+            ),
+            2: RankFailure("died", "died (SIGKILL)"),
+        },
+        partial={3: None},
+        hint="Bring dead ranks back with mesh.restart(failed_only=True).",
+    )
+    lines = render_mesh_error(err)._render_traceback_()
+    plain = [
+        ln.replace("\x1b[0;31m", "").replace("\x1b[1m", "").replace("\x1b[0m", "") for ln in lines
+    ]
+    assert plain[0] == "MeshError: %%mesh failed on 3 of 4 ranks"
+    assert "ranks 0-1: ZeroDivisionError: division by zero" in plain
+    assert "rank 2: died (SIGKILL)" in plain
+    assert "      1/0" in plain
+    assert plain[-1] == "Bring dead ranks back with `%mesh restart --failed`."
+
+
+def test_interrupts_render_as_one_line():
+    exc = interrupted("0-3")
+    assert isinstance(exc, KeyboardInterrupt)
+    assert exc._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: interrupted the mesh call on ranks 0-3"
+    ]
+
+
+def test_syntax_errors_show_the_line_and_caret_without_frames():
+    try:
+        compile("def f(:\n  pass", "<%%mesh>", "exec")
+    except SyntaxError as e:
+        exc = syntax_error(e)
+    assert type(exc).__name__ == "SyntaxError"
+    text = "\n".join(exc._render_traceback_())
+    assert 'File "<%%mesh>", line 1' in text and "def f(:" in text and "^" in text

@@ -1,0 +1,114 @@
+"""LiveOutput turns one call's runtime events into what the cell shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from viceroy.extension.live import LiveOutput
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str]] = []
+        self.displays: list[tuple[dict, dict]] = []
+        self.progress_updates: list[str] = []
+
+    def write(self, stream: str, text: str) -> None:
+        self.writes.append((stream, text))
+
+    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self.displays.append((data, metadata))
+
+    def progress(self, text: str) -> None:
+        self.progress_updates.append(text)
+
+    def text(self, stream: str = "stdout") -> str:
+        return "".join(t for s, t in self.writes if s == stream)
+
+
+def out(rank: int, text: str, call: int | None = 1, stream: str = "stdout") -> dict:
+    return {"type": "output", "rank": rank, "stream": stream, "text": text, "call": call}
+
+
+def test_output_of_other_calls_is_not_shown_in_this_cell():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    live.handle(out(0, "mine\n"), now=0)
+    live.handle(out(0, "not mine\n", call=2), now=0)
+    live.handle(out(1, "background\n", call=None), now=0)
+    live.close()
+    assert sink.text() == "[0] mine\n[1] background\n"
+
+
+def test_lines_are_shown_when_their_window_passes_not_only_at_the_end():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink, window=0.1)
+    live.handle({"type": "rank_done", "call": 1, "rank": 1, "ok": True}, now=0)
+    live.handle(out(0, "early\n"), now=0)
+    assert sink.text() == ""
+    live.tick(now=0.2)
+    assert sink.text() == "[0] early\n"
+
+
+def test_a_display_keeps_its_place_among_lines_and_is_tagged_with_its_rank():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    order: list[str] = []
+    sink.write = lambda stream, text: order.append(text)  # type: ignore[method-assign]
+    sink.display = lambda data, md: order.append(f"display {md['viceroy']['rank']}")  # type: ignore[method-assign]
+    bundle = {"data": {"text/plain": "<Figure>"}, "metadata": {}}
+    for r in (1, 0):
+        live.handle(out(r, "before\n"), now=0)
+        live.handle(
+            {"type": "publish", "rank": r, "call": 1, "kind": "display", "data": bundle}, now=0
+        )
+    live.close()
+    assert order == ["[0-1] before\n", "display 0", "display 1"]
+
+
+def test_displays_are_tagged_with_their_rank():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    bundle = {"data": {"text/plain": "<Figure>", "image/png": "AAAA"}, "metadata": {}}
+    live.handle({"type": "publish", "rank": 1, "call": 1, "kind": "display", "data": bundle}, now=0)
+    live.close()
+    data, md = sink.displays[0]
+    assert md["viceroy"] == {"rank": 1}
+    assert data["text/plain"] == "[1] <Figure>" and data["image/png"] == "AAAA"
+
+
+def test_progress_updates_are_throttled_and_end_on_the_final_state():
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    for i in range(100):
+        live.handle(out(0, f"\r{i}%", stream="stderr"), now=i * 0.01)
+    live.handle(out(0, "\r100%\n", stream="stderr"), now=1.0)
+    live.close()
+    assert 2 <= len(sink.progress_updates) <= 8
+    assert sink.progress_updates[-1] == "[0] 100%"
+    assert sink.text("stderr") == ""
+
+
+def test_a_rank_exit_is_reported_as_it_happens():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    live.handle({"type": "rank_exit", "rank": 1, "reason": "SIGKILL"}, now=0)
+    assert sink.text("stderr") == "[1] rank exited (SIGKILL)\n"
+
+
+def test_a_flood_is_cut_with_a_pointer_to_the_logs():
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink, max_lines=10)
+    live.handle(out(0, "".join(f"line {i}\n" for i in range(1000))), now=0)
+    live.close()
+    assert sink.text().count("\n") == 10
+    assert "990 more lines not shown" in sink.text("stderr")
+    assert "%mesh logs" in sink.text("stderr")
+
+
+def test_call_finished_is_noticed():
+    live = LiveOutput([0], call_id=1, sink=FakeSink())
+    live.handle({"type": "call_finished", "call": 2, "ok": True}, now=0)
+    assert not live.finished
+    live.handle({"type": "call_finished", "call": 1, "ok": True}, now=0)
+    assert live.finished

@@ -1,0 +1,127 @@
+"""Rank output made readable: lines, progress, grouping by rank set, stable order."""
+
+from __future__ import annotations
+
+from viceroy.extension.output import (
+    LineGrouper,
+    RankStreams,
+    format_line,
+    format_progress,
+    format_rank_set,
+    terminal_line,
+)
+
+
+def lines_of(grouper_groups) -> list[str]:
+    return [format_line(g) for g in grouper_groups]
+
+
+def test_rank_sets_are_written_as_ranges():
+    assert format_rank_set([3, 0, 1, 2, 5]) == "0-3,5"
+    assert format_rank_set([4]) == "4"
+
+
+def test_chunks_are_reassembled_into_lines_per_rank_and_stream():
+    s = RankStreams()
+    assert s.feed(0, "stdout", "hel").lines == []
+    assert s.feed(1, "stdout", "other\n").lines == [("stdout", "other", False)]
+    assert s.feed(0, "stdout", "lo\nwor").lines == [("stdout", "hello", False)]
+    assert s.flush() == [(0, "stdout", "wor")]
+
+
+def test_carriage_returns_make_progress_not_lines():
+    s = RankStreams()
+    fed = s.feed(0, "stderr", "\r 10%|#   |")
+    assert fed.lines == [] and fed.progress == " 10%|#   |"
+    assert s.feed(0, "stderr", "\r 20%|##  |").progress == " 20%|##  |"
+    fed = s.feed(0, "stderr", "\r100%|####|\n")
+    assert fed.lines == [("stderr", "100%|####|", True)]
+
+
+def test_windows_line_endings_are_not_progress():
+    assert RankStreams().feed(0, "stdout", "hi\r\n").lines == [("stdout", "hi", False)]
+    assert terminal_line("abc\r") == "abc"
+
+
+def test_the_same_line_from_every_rank_is_released_at_once_as_one_group():
+    g = LineGrouper(ranks=[0, 1, 2, 3], window=10)
+    for r in (2, 0, 3, 1):
+        g.add(r, "stdout", "hello", now=0)
+    assert lines_of(g.ready(now=0)) == ["[0-3] hello"]
+
+
+def test_lines_wait_for_the_window_then_come_out_in_rank_order():
+    g = LineGrouper(ranks=[0, 1, 2], window=0.1)
+    g.add(2, "stdout", "from 2", now=0)
+    g.add(0, "stdout", "from 0", now=0.01)
+    g.add(1, "stdout", "from 0", now=0.02)
+    assert g.ready(now=0.05) == []
+    assert lines_of(g.ready(now=0.2)) == ["[0-1] from 0", "[2] from 2"]
+
+
+def test_a_ranks_own_lines_never_change_order():
+    g = LineGrouper(ranks=[0, 1], window=0.1)
+    for text in ("x", "a"):
+        g.add(0, "stdout", text, now=0)
+    for text in ("a", "x"):
+        g.add(1, "stdout", text, now=0)
+    out = lines_of(g.drain())
+    assert out.index("[0] x") < out.index("[0-1] a") < out.index("[1] x")
+
+
+def test_stdout_and_stderr_lines_do_not_merge():
+    g = LineGrouper(ranks=[0, 1], window=0.1)
+    g.add(0, "stdout", "same", now=0)
+    g.add(1, "stderr", "same", now=0)
+    assert [(x.stream, sorted(x.ranks)) for x in g.drain()] == [("stdout", [0]), ("stderr", [1])]
+
+
+def test_the_progress_block_groups_equal_progress():
+    assert format_progress({2: "10%", 0: "50%", 1: "50%"}) == "[0-1] 50%\n[2] 10%"
+
+
+def test_a_shared_line_after_different_lines_is_still_grouped():
+    g = LineGrouper(ranks=[0, 1], window=0.1)
+    g.add(0, "stdout", "api 0", now=0)
+    g.add(0, "stdout", "same", now=0)
+    g.add(1, "stdout", "api 1", now=0.01)
+    g.add(1, "stdout", "same", now=0.01)
+    assert lines_of(g.ready(now=0.2)) == ["[0] api 0", "[1] api 1", "[0-1] same"]
+
+
+def test_lines_arriving_within_one_window_are_ordered_by_rank():
+    g = LineGrouper(ranks=[0, 1], window=0.1)
+    g.add(1, "stdout", "from 1", now=0.0)
+    g.add(0, "stdout", "from 0", now=0.05)
+    assert lines_of(g.ready(now=0.1)) == ["[0] from 0", "[1] from 1"]
+
+
+def test_a_flood_of_lines_is_grouped_in_linear_time():
+    import time
+
+    g = LineGrouper(ranks=[0, 1, 2, 3], window=0.1)
+    t0 = time.perf_counter()
+    for r in range(4):
+        for i in range(5000):
+            g.add(r, "stdout", f"step {i}" if i % 2 else "loss: nan", now=0)
+    out = g.drain()
+    assert time.perf_counter() - t0 < 2
+    assert len(out) == 5000 and all(x.ranks == {0, 1, 2, 3} for x in out)
+    assert format_line(out[0]) == "[0-3] loss: nan"
+
+
+def test_lines_wait_longer_for_ranks_that_have_said_nothing_yet():
+    g = LineGrouper(ranks=[0, 1], window=0.1, silent_window=0.5)
+    g.add(0, "stdout", "hello", now=0)
+    assert g.ready(now=0.2) == [], "rank 1 may be late, not different"
+    g.add(1, "stdout", "hello", now=0.3)
+    assert lines_of(g.ready(now=0.3)) == ["[0-1] hello"]
+    g.add(0, "stdout", "alone", now=1)
+    assert lines_of(g.ready(now=1.2)) == ["[0] alone"], "both ranks spoke: the short window"
+
+
+def test_a_finished_rank_is_not_waited_for():
+    g = LineGrouper(ranks=[0, 1], window=0.1, silent_window=5)
+    g.rank_done(1)
+    g.add(0, "stdout", "solo", now=0)
+    assert lines_of(g.ready(now=0.2)) == ["[0] solo"]

@@ -1,0 +1,180 @@
+"""%%mesh cells in a real Viceroy kernel: live, grouped output; displays; one error output."""
+
+from __future__ import annotations
+
+import pytest
+from kernel_harness import Kernel, error_text
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_identical_lines_from_ranks_are_shown_once_with_their_rank_set(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok('%%mesh\nprint("hello")\nprint("from", rank)')
+    assert ex.stream() == "[0-1] hello\n[0] from 0\n[1] from 1\n"
+
+
+def test_rank_output_streams_while_the_cell_runs(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        '%%mesh\nimport time\nprint("first", flush=True)\ntime.sleep(1.5)\nprint("second")'
+    )
+    first_at = next(t for t, m in ex.messages if "first" in m["content"].get("text", ""))
+    assert ex.replied_at - first_at > 1.0, "the first line should arrive long before the reply"
+    assert ex.stream() == "[0-1] first\n[0-1] second\n"
+
+
+def test_trailing_expression_values_come_back_as_a_value_mesh(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok("%%mesh\nrank * 10")
+    (result,) = ex.of_type("execute_result")
+    assert "gpus=1: 10" in result["data"]["text/plain"]
+    assert mesh_kernel.ok("%%mesh\nx = 1").of_type("execute_result") == []
+
+
+def test_carriage_return_progress_renders_as_one_updating_block(mesh_kernel: Kernel):
+    code = (
+        "%%mesh\nimport sys, time\n"
+        "for i in range(101):\n"
+        "    sys.stderr.write(f'\\r{i:3d}%'); sys.stderr.flush(); time.sleep(0.005)\n"
+        "sys.stderr.write('\\n')\nprint('done')"
+    )
+    ex = mesh_kernel.ok(code)
+    assert ex.stream("stdout") == "[0-1] done\n"
+    assert ex.stream("stderr") == "", "progress frames must not flood the stream"
+    shown = ex.of_type("display_data")
+    updates = ex.of_type("update_display_data")
+    assert len(shown) == 1 and shown[0]["transient"]["display_id"]
+    assert len(updates) < 30, "progress updates are throttled"
+    final = (updates or shown)[-1]["data"]["text/plain"]
+    assert final == "[0-1] 100%"
+
+
+def test_rank_displays_arrive_as_display_data_tagged_with_their_rank(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom IPython.display import HTML, display\ndisplay(HTML(f'<b>rank {rank}</b>'))"
+    )
+    shown = {d["metadata"]["viceroy"]["rank"]: d["data"] for d in ex.of_type("display_data")}
+    assert sorted(shown) == [0, 1]
+    assert "<b>rank 1</b>" in shown[1]["text/html"]
+
+
+def test_a_failing_cell_gives_one_grouped_error_with_the_source_line(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute("%%mesh\nx = 1\n1 / (rank - rank)")
+    assert ex.status == "error"
+    assert len(ex.errors) == 1
+    err = ex.errors[0]
+    text = error_text(err)
+    assert err["ename"] == "MeshError"
+    assert "ranks 0-1: ZeroDivisionError" in text
+    assert "1 / (rank - rank)" in text, "the user's source line is shown"
+    assert "viceroy/extension" not in text and "interactiveshell" not in text
+    assert mesh_kernel.ok("1 + 1").of_type("execute_result")[0]["data"]["text/plain"] == "2"
+
+
+def test_fail_fast_interrupts_the_other_ranks(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute(
+        "%%mesh --timeout 30\nimport time\nif rank == 1: raise ValueError('bad input')\ntime.sleep(20)"
+    )
+    assert ex.status == "error" and ex.replied_at < 10
+    text = error_text(ex.errors[0])
+    assert "ValueError: bad input" in text and "rank 0" in text
+
+
+def test_no_fail_fast_lets_the_other_ranks_finish(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute(
+        "%%mesh --no-fail-fast\nimport time\nif rank == 1: raise ValueError('x')\n"
+        "time.sleep(0.5)\nprint('finished')"
+    )
+    assert ex.status == "error"
+    assert "[0] finished" in ex.stream()
+
+
+def test_where_and_ranks_select_the_ranks_that_run(mesh_kernel: Kernel):
+    assert mesh_kernel.ok("%%mesh --where gpus=1\nprint('here')").stream() == "[1] here\n"
+    assert mesh_kernel.ok("%%mesh --ranks 0\nprint('here')").stream() == "[0] here\n"
+    assert mesh_kernel.ok("%px print('px', rank)").stream() == "[0] px 0\n[1] px 1\n"
+
+
+def test_a_syntax_error_is_reported_before_anything_runs(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute("%%mesh\ndef broken(:\n    pass")
+    assert ex.status == "error" and len(ex.errors) == 1
+    assert ex.errors[0]["ename"] == "SyntaxError"
+    assert not any("site-packages" in line for line in ex.errors[0]["traceback"])
+
+
+def test_push_pull_logs_stacks_status(mesh_kernel: Kernel):
+    mesh_kernel.ok("%mesh push lr=0.5 names=['a', 'b']")
+    pulled = mesh_kernel.ok("%mesh pull lr").of_type("execute_result")[0]["data"]["text/plain"]
+    assert "all 0.5" in pulled
+    assert mesh_kernel.ok("%px print('logged', names)").stream() == "[0-1] logged ['a', 'b']\n"
+    assert "logged ['a', 'b']" in mesh_kernel.ok("%mesh logs 1").stream()
+    assert "--- ranks 0-1 ---" in mesh_kernel.ok("%mesh stacks").stream() or (
+        "--- rank 0 ---" in mesh_kernel.ok("%mesh stacks").stream()
+    )
+    assert mesh_kernel.ok("%mesh status").stream().startswith("mesh gpus=2: ranks 0-1 idle")
+
+
+def test_auto_mode_runs_plain_cells_on_the_ranks(mesh_kernel: Kernel):
+    mesh_kernel.ok("%mesh auto on")
+    try:
+        assert mesh_kernel.ok("print('auto', rank)").stream() == "[0] auto 0\n[1] auto 1\n"
+    finally:
+        mesh_kernel.ok("%mesh auto off")
+    assert mesh_kernel.ok("print('here')").stream() == "here\n"
+    mesh_kernel.ok("%autopx")
+    try:
+        assert mesh_kernel.ok("print('px')").stream() == "[0-1] px\n"
+    finally:
+        mesh_kernel.ok("%autopx")
+    assert mesh_kernel.ok("print('back')").stream() == "back\n"
+
+
+def test_comm_target_publishes_mesh_state(mesh_kernel: Kernel):
+    kc = mesh_kernel.kc
+    comm_id = "viceroy-test-comm"
+    kc.shell_channel.send(
+        kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}})
+    )
+
+    def state_msg(pred):
+        return lambda m: (
+            m["msg_type"] == "comm_msg"
+            and m["content"]["comm_id"] == comm_id
+            and m["content"]["data"].get("type") == "state"
+            and pred(m["content"]["data"])
+        )
+
+    first = mesh_kernel.iopub_until(state_msg(lambda d: True), 10, "the first snapshot")
+    snap = first["content"]["data"]
+    assert snap["dims"] == {"gpus": 2}
+    assert [r["coords"] for r in snap["ranks"]] == [{"gpus": 0}, {"gpus": 1}]
+
+    ex = mesh_kernel.ok("%%mesh\nimport time\nprint('busy', flush=True)\ntime.sleep(1)")
+    during = [m for _, m in ex.messages] + mesh_kernel.stray
+    is_running = state_msg(lambda d: any(r["state"] == "running" for r in d["ranks"]))
+    running = [m for m in during if is_running(m)]
+    assert running, "a snapshot showing running ranks was pushed while the cell ran"
+    mesh_kernel.iopub_until(
+        state_msg(
+            lambda d: (
+                all(r["state"] == "idle" for r in d["ranks"])
+                and any(r["last_line"] == "busy" for r in d["ranks"])
+            )
+        ),
+        10,
+        "an idle snapshot with each rank's last line",
+    )
+    kc.shell_channel.send(
+        kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"request": "logs", "rank": 0}})
+    )
+    logs = mesh_kernel.iopub_until(
+        lambda m: m["msg_type"] == "comm_msg" and m["content"]["data"].get("type") == "logs",
+        10,
+        "the logs reply",
+    )
+    assert "busy" in logs["content"]["data"]["text"]
+
+
+def test_python_api_calls_show_their_output_before_their_value(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok('mesh.run(\'print("api", rank); print("same")\')')
+    kinds = [m["msg_type"] for m in ex.outputs]
+    assert kinds[-1] == "execute_result"
+    assert ex.stream() == "[0] api 0\n[1] api 1\n[0-1] same\n"

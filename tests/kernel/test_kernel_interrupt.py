@@ -1,0 +1,114 @@
+"""The stop button stops the ranks running the cell within a second, sync and async."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from kernel_harness import Kernel, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+LOOP = """
+import time
+try:
+    print("started", flush=True)
+    while True:
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    raise
+"""
+
+
+def _ranks_printed(text: str, word: str) -> set[int]:
+    ranks: set[int] = set()
+    for m in re.finditer(rf"^\[([\d,\-]+)\] {word}$", text, re.M):
+        for part in m.group(1).split(","):
+            lo, _, hi = part.partition("-")
+            ranks.update(range(int(lo), int(hi or lo) + 1))
+    return ranks
+
+
+def test_interrupting_a_mesh_cell_stops_its_ranks_within_a_second(mesh_kernel: Kernel):
+    seen: list[str] = []
+    interrupted_at: list[float] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+            if not interrupted_at and _ranks_printed("".join(seen), "started") == {0, 1}:
+                interrupted_at.append(time.monotonic())
+                mesh_kernel.km.interrupt_kernel()
+
+    ex = mesh_kernel.execute("%%mesh" + LOOP, timeout=60, hook=hook)
+    assert interrupted_at, "the ranks never started"
+    latency = time.monotonic() - interrupted_at[0]
+    assert ex.status == "error" and ex.reply["ename"] == "KeyboardInterrupt"
+    assert len(ex.errors) == 1
+    assert not any("site-packages" in line for line in ex.errors[0]["traceback"])
+    assert _ranks_printed(ex.stream(), "stopped") == {0, 1}, "each rank got the interrupt"
+    assert latency < 1.0, f"interrupt took {latency:.2f} s"
+    after = mesh_kernel.ok("%%mesh\nprint('alive', rank)")
+    assert after.stream() == "[0] alive 0\n[1] alive 1\n"
+
+
+def test_interrupting_an_async_cell_that_awaits_the_mesh_stops_the_ranks(
+    mesh_kernel: Kernel, tmp_path: Path
+):
+    code = (
+        "fut = mesh.run('''\n"
+        "import time, pathlib\n"
+        f"pathlib.Path(r'{tmp_path}', f'started-{{rank}}').touch()\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+        "''', block=False)\n"
+        "await fut"
+    )
+    interrupted_at: list[float] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
+            wait_until(
+                lambda: len(list(tmp_path.glob("started-*"))) == 2, 30, "both ranks to start"
+            )
+            interrupted_at.append(time.monotonic())
+            mesh_kernel.km.interrupt_kernel()
+
+    ex = mesh_kernel.execute(code, timeout=60, hook=hook)
+    latency = time.monotonic() - interrupted_at[0]
+    assert ex.status == "error"
+    assert latency < 1.0, f"interrupt of an async cell took {latency:.2f} s"
+    assert not any("viceroy/runtime" in line for line in ex.errors[0]["traceback"])
+    ex = mesh_kernel.ok("mesh.run('rank'), mesh.states()", timeout=20)
+    assert "{0: 'idle', 1: 'idle'}" in ex.of_type("execute_result")[0]["data"]["text/plain"]
+
+
+def test_interrupting_a_blocking_mesh_run_stops_the_ranks(mesh_kernel: Kernel, tmp_path: Path):
+    code = (
+        "mesh.run('''\n"
+        "import time, pathlib\n"
+        f"pathlib.Path(r'{tmp_path}', f'started-{{rank}}').touch()\n"
+        "while True:\n"
+        "    time.sleep(0.01)\n"
+        "''')"
+    )
+    interrupted_at: list[float] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
+            wait_until(
+                lambda: len(list(tmp_path.glob("started-*"))) == 2, 30, "both ranks to start"
+            )
+            interrupted_at.append(time.monotonic())
+            mesh_kernel.km.interrupt_kernel()
+
+    ex = mesh_kernel.execute(code, timeout=60, hook=hook)
+    latency = time.monotonic() - interrupted_at[0]
+    assert ex.status == "error" and ex.reply["ename"] == "KeyboardInterrupt"
+    assert not any("viceroy/runtime" in line for line in ex.errors[0]["traceback"])
+    assert latency < 1.0, f"interrupt of a blocking mesh.run took {latency:.2f} s"
+    ex = mesh_kernel.ok("mesh.states()")
+    assert ex.of_type("execute_result")[0]["data"]["text/plain"] == "{0: 'idle', 1: 'idle'}"

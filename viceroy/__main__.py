@@ -1,0 +1,89 @@
+"""The ``viceroy`` command.
+
+    viceroy install [--user | --sys-prefix | --prefix P] [--name N] [--display-name D]
+    viceroy demo [NOTEBOOK]        run the quickstart notebook headlessly and print its outputs
+    viceroy agent                  a host agent (started by launchers, not by hand)
+
+Each subcommand is one entry in `COMMANDS`: ``name: (help, add_arguments, run)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+# --- install ---------------------------------------------------------------------------------
+
+
+def _install_args(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument(
+        "--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})"
+    )
+    where.add_argument("--prefix", help="install into PREFIX/share/jupyter/kernels")
+    p.add_argument("--name", default="viceroy", help="kernelspec name (default: viceroy)")
+    p.add_argument("--display-name", default="Viceroy", help="name shown in launchers")
+
+
+def _install(ns: argparse.Namespace) -> int:
+    from viceroy.kernel.kernelspec import install
+
+    prefix = sys.prefix if ns.sys_prefix else ns.prefix
+    dest = install(user=ns.user, prefix=prefix, kernel_name=ns.name, display_name=ns.display_name)
+    print(f"installed kernelspec {ns.name!r} in {dest}")
+    return 0
+
+
+# --- demo ------------------------------------------------------------------------------------
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebook", nargs="?", help="notebook to run (default: the quickstart)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per cell (default 300)")
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from viceroy.kernel.demo import run_demo
+
+    return run_demo(ns.notebook, timeout=ns.timeout)
+
+
+# --- agent -----------------------------------------------------------------------------------
+
+
+def _agent(ns: argparse.Namespace) -> int:
+    from viceroy.runtime.agent import main as agent_main
+
+    agent_main()
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
+    "install": ("install the Viceroy kernelspec for Jupyter", _install_args, _install),
+    "demo": ("run the quickstart notebook headlessly and print its outputs", _demo_args, _demo),
+    "agent": ("run a host agent (launchers start it; not for hand use)", _no_arguments, _agent),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``viceroy`` script."""
+    parser = argparse.ArgumentParser(prog="viceroy", description="Viceroy: a notebook rules a mesh")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, add_arguments, _) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    ns = parser.parse_args(argv)
+    return COMMANDS[ns.command][2](ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The IPython extension: ``%load_ext viceroy`` gives any IPython kernel the %mesh magics.
+
+%load_ext viceroy
+%mesh up gpus=2
+%%mesh
+print("hello from", rank)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SESSIONS: dict[int, Any] = {}
+
+
+def session_for(shell: Any) -> Any:
+    """The `MeshSession` of ``shell`` (created on first use)."""
+    from viceroy.extension.session import MeshSession
+
+    key = id(shell)
+    if key not in _SESSIONS:
+        _SESSIONS[key] = MeshSession(shell)
+    return _SESSIONS[key]
+
+
+def current_session(shell: Any) -> Any:
+    """The `MeshSession` of ``shell`` if the extension is loaded there, else None."""
+    return _SESSIONS.get(id(shell))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics, the auto-mode transformer and the ``viceroy.mesh`` comm target."""
+    from viceroy.extension.comm import StateChannel
+    from viceroy.extension.magics import MeshMagics, auto_transformer
+
+    session = session_for(ipython)
+    if getattr(session, "_loaded", False):
+        return
+    ipython.register_magics(MeshMagics(ipython, session))
+    transform = auto_transformer(session)
+    ipython.input_transformers_cleanup.append(transform)
+    channel = StateChannel(session)
+    channel.register()
+    session._loaded = True
+    session._unload = (transform, channel)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Stop the mesh and remove what `load_ipython_extension` added."""
+    session = _SESSIONS.pop(id(ipython), None)
+    if session is None:
+        return
+    transform, channel = session._unload
+    session.close()
+    channel.unregister()
+    if transform in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(transform)
+    for kind in ("line", "cell"):
+        for name in ("mesh", "px", "autopx"):
+            ipython.magics_manager.magics[kind].pop(name, None)

@@ -1,0 +1,323 @@
+"""Parsing what users type after ``%mesh`` / ``%%mesh``; every mistake is a one-line UsageError.
+
+>>> parse_run_options("--where gpus=0:2 --timeout 30").where
+{'gpus': slice(0, 2, None)}
+>>> parse_command("up gpus=4").dims
+{'gpus': 4}
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from IPython.core.error import UsageError
+
+COMMANDS = (
+    "up",
+    "down",
+    "status",
+    "restart",
+    "interrupt",
+    "logs",
+    "stacks",
+    "push",
+    "pull",
+    "auto",
+)
+RUN_OPTIONS_HELP = (
+    "options: --where DIM=A:B (repeatable), --ranks 0,3, --no-fail-fast, --timeout SECONDS"
+)
+_NAME = re.compile(r"^[A-Za-z_]\w*$")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a one-line UsageError instead of printing and exiting."""
+
+    def __init__(self, prog: str, hint: str) -> None:
+        super().__init__(prog=prog, add_help=False, exit_on_error=False)
+        self.hint = hint
+
+    def error(self, message: str) -> NoReturn:
+        message = message.replace("unrecognized arguments", "unknown option(s)")
+        raise UsageError(f"{self.prog}: {message}; {self.hint}")
+
+
+def _split(line: str, prog: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as e:  # unbalanced quotes
+        raise UsageError(f"{prog}: cannot parse {line!r}: {e}") from None
+
+
+# --- selecting ranks ---------------------------------------------------------------------------
+
+
+def parse_where(text: str) -> tuple[str, int | slice]:
+    """``gpus=0:2`` -> ``("gpus", slice(0, 2))``; ``gpus=1`` -> ``("gpus", 1)``."""
+    dim, eq, sel = text.partition("=")
+    dim, sel = dim.strip(), sel.strip()
+    if not eq or not _NAME.match(dim) or not sel:
+        raise UsageError(
+            f"--where takes DIM=INDEX or DIM=START:STOP (e.g. --where gpus=0:2), got {text!r}"
+        )
+    try:
+        if ":" not in sel:
+            return dim, int(sel)
+        parts = sel.split(":")
+        if len(parts) > 3:
+            raise ValueError
+        nums = [int(p) if p.strip() else None for p in parts]
+        return dim, slice(*nums)
+    except ValueError:
+        raise UsageError(
+            f"--where {text}: {sel!r} is not an index or START:STOP range of ints (e.g. gpus=0:2)"
+        ) from None
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]``."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, dash, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    except ValueError:
+        raise UsageError(f"--ranks takes rank numbers like 0,3 or 0-2,5, got {text!r}") from None
+    if not out:
+        raise UsageError(f"--ranks takes rank numbers like 0,3 or 0-2,5, got {text!r}")
+    return out
+
+
+@dataclass
+class RunOptions:
+    """Which ranks run a cell, and how."""
+
+    where: dict[str, int | slice] = field(default_factory=dict)
+    ranks: list[int] | None = None
+    fail_fast: bool = True
+    timeout: float | None = None
+
+
+def _run_parser(prog: str) -> _Parser:
+    p = _Parser(prog, RUN_OPTIONS_HELP)
+    p.add_argument("--where", action="append", default=[])
+    p.add_argument("--ranks")
+    p.add_argument("--no-fail-fast", dest="fail_fast", action="store_false")
+    p.add_argument("--timeout", type=float)
+    return p
+
+
+def _to_run_options(ns: argparse.Namespace, prog: str) -> RunOptions:
+    opts = RunOptions(fail_fast=ns.fail_fast, timeout=ns.timeout)
+    for w in ns.where:
+        for item in w.split(","):
+            dim, sel = parse_where(item)
+            if dim in opts.where:
+                raise UsageError(f"{prog}: --where names dim {dim!r} twice")
+            opts.where[dim] = sel
+    if ns.ranks is not None:
+        opts.ranks = parse_ranks(ns.ranks)
+    if opts.timeout is not None and opts.timeout <= 0:
+        raise UsageError(f"{prog}: --timeout must be a positive number of seconds")
+    return opts
+
+
+def parse_run_options(line: str, prog: str = "%%mesh") -> RunOptions:
+    """The options on a ``%%mesh`` line."""
+    tokens = _split(line, prog)
+    if any(t in ("-h", "--help") for t in tokens):
+        raise UsageError(f"{prog} [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]")
+    p = _run_parser(prog)
+    try:
+        ns, extra = p.parse_known_args(tokens)
+    except argparse.ArgumentError as e:
+        p.error(str(e))
+    if extra:
+        bad = extra[0]
+        if not bad.startswith("-"):
+            raise UsageError(
+                f"{prog}: unexpected {bad!r} on the magic line; code goes in the cell body "
+                f"({RUN_OPTIONS_HELP})"
+            )
+        raise UsageError(f"{prog}: unknown option {bad!r}; {RUN_OPTIONS_HELP}")
+    return _to_run_options(ns, prog)
+
+
+def split_line_code(line: str, prog: str = "%px") -> tuple[RunOptions, str]:
+    """``%px --ranks 0 print(rank)`` -> the options, and the code after them."""
+    rest = line.lstrip()
+    opt_text = []
+    takes_value = {"--where", "--ranks", "--timeout"}
+    while rest.startswith("--"):
+        m = re.match(r"(--[\w-]+)(=\S+)?\s*", rest)
+        assert m is not None
+        opt_text.append(m.group(0).strip())
+        rest = rest[m.end() :]
+        if m.group(1) in takes_value and not m.group(2):
+            v = re.match(r"(\S+)\s*", rest)
+            if v is None:
+                raise UsageError(f"{prog}: {m.group(1)} needs a value; {RUN_OPTIONS_HELP}")
+            opt_text.append(v.group(1))
+            rest = rest[v.end() :]
+    opts = parse_run_options(" ".join(shlex.quote(t) for t in opt_text), prog)
+    if not rest.strip():
+        raise UsageError(f"{prog}: give code to run on the ranks, e.g. {prog} print(rank)")
+    return opts, rest
+
+
+# --- %mesh subcommands -------------------------------------------------------------------------
+
+
+@dataclass
+class Command:
+    """One parsed ``%mesh`` line."""
+
+    name: str
+    dims: dict[str, int] = field(default_factory=dict)
+    launcher: str = "local"
+    backend: str | None = None
+    preload: list[str] | None = None
+    failed_only: bool = False
+    rank: int | None = None
+    tail: int = 200
+    names: list[str] = field(default_factory=list)
+    assignments: list[tuple[str, str]] = field(default_factory=list)  # (name, expression)
+    on: bool | None = None
+
+
+def parse_dims(tokens: list[str], prog: str = "%mesh up") -> dict[str, int]:
+    """``["gpus=4", "hosts=2"]`` -> ``{"gpus": 4, "hosts": 2}``."""
+    dims: dict[str, int] = {}
+    for tok in tokens:
+        name, eq, size = tok.partition("=")
+        if not eq or not _NAME.match(name):
+            raise UsageError(f"{prog}: dims are NAME=SIZE, e.g. `%mesh up gpus=4`; got {tok!r}")
+        try:
+            n = int(size)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UsageError(
+                f"{prog}: {name} needs a positive whole size, e.g. {name}=4; got {tok!r}"
+            )
+        if name in dims:
+            raise UsageError(f"{prog}: dim {name!r} given twice")
+        dims[name] = n
+    if not dims:
+        raise UsageError(
+            f"{prog}: name the mesh dims, e.g. `%mesh up gpus=4` or `%mesh up hosts=2 gpus=4`"
+        )
+    return dims
+
+
+def split_assignments(text: str) -> list[str]:
+    """Split ``a=1 b=f(1, 2), c`` at top-level spaces and commas (not inside brackets/quotes)."""
+    items: list[str] = []
+    buf: list[str] = []
+    depth = 0
+    quote: str | None = None
+    for ch in text:
+        if quote:
+            buf.append(ch)
+            if ch == quote:
+                quote = None
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (ch.isspace() or ch == ","):
+            if buf:
+                items.append("".join(buf))
+                buf = []
+            continue
+        buf.append(ch)
+    if buf:
+        items.append("".join(buf))
+    # "a = 1" written with spaces: glue "=" back to its neighbours
+    glued: list[str] = []
+    for item in items:
+        if glued and (item.startswith("=") or glued[-1].endswith("=")):
+            glued[-1] += item
+        else:
+            glued.append(item)
+    return glued
+
+
+def parse_command(line: str) -> Command:
+    """Parse a ``%mesh`` line (``up gpus=4``, ``restart --failed``, ``logs 2``, ...)."""
+    word, _, rest = line.strip().partition(" ")
+    word = word or "status"
+    if word not in COMMANDS:
+        raise UsageError(
+            f"unknown %mesh command {word!r}; commands: {', '.join(COMMANDS)}. "
+            "To run code on the ranks use %px CODE or a %%mesh cell"
+        )
+    prog = f"%mesh {word}"
+    cmd = Command(word)
+    if word == "push":
+        for item in split_assignments(rest):
+            name, eq, expr = item.partition("=")
+            if not _NAME.match(name) or (eq and not expr):
+                raise UsageError(
+                    f"{prog}: give NAME=EXPRESSION or NAME, e.g. `%mesh push lr=0.1`; got {item!r}"
+                )
+            cmd.assignments.append((name, expr if eq else name))
+        if not cmd.assignments:
+            raise UsageError(f"{prog}: give NAME=EXPRESSION or NAME, e.g. `%mesh push lr=0.1`")
+        return cmd
+    tokens = _split(rest, prog)
+    if word == "up":
+        p = _Parser(
+            prog,
+            "usage: %mesh up DIM=SIZE... [--launcher local] [--backend gloo|nccl] "
+            "[--preload MOD,MOD|none]",
+        )
+        p.add_argument("--launcher", default="local")
+        p.add_argument("--backend", choices=["gloo", "nccl"])
+        p.add_argument("--preload")
+        p.add_argument("dims", nargs="*")
+        ns = _parse(p, tokens)
+        cmd.launcher, cmd.backend = ns.launcher, ns.backend
+        if ns.preload is not None:
+            mods = [m for m in ns.preload.split(",") if m.strip()]
+            cmd.preload = [] if mods == ["none"] else mods
+        cmd.dims = parse_dims(ns.dims, prog)
+    elif word == "restart":
+        p = _Parser(prog, "usage: %mesh restart [--failed]")
+        p.add_argument("--failed", action="store_true")
+        cmd.failed_only = _parse(p, tokens).failed
+    elif word == "logs":
+        p = _Parser(prog, "usage: %mesh logs RANK [--tail N], e.g. `%mesh logs 2`")
+        p.add_argument("rank", type=int)
+        p.add_argument("--tail", type=int, default=200)
+        ns = _parse(p, tokens)
+        cmd.rank, cmd.tail = ns.rank, ns.tail
+    elif word == "pull":
+        cmd.names = [n for n in tokens for n in n.split(",") if n]
+        bad = [n for n in cmd.names if not _NAME.match(n)]
+        if bad or not cmd.names:
+            raise UsageError(f"{prog}: give the names to fetch, e.g. `%mesh pull t`")
+    elif word == "auto":
+        if tokens not in (["on"], ["off"]):
+            raise UsageError("%mesh auto: say `%mesh auto on` or `%mesh auto off`")
+        cmd.on = tokens == ["on"]
+    elif tokens:
+        raise UsageError(f"{prog} takes no arguments, got {' '.join(tokens)!r}")
+    return cmd
+
+
+def _parse(p: _Parser, tokens: list[str]) -> argparse.Namespace:
+    try:
+        return p.parse_args(tokens)
+    except argparse.ArgumentError as e:
+        p.error(str(e))

@@ -1,0 +1,95 @@
+"""Rank side: turn ``display(...)`` and matplotlib figures into ``publish("display", ...)`` events.
+
+The notebook runs `install` on every rank when a mesh comes up (``mesh.run(install)``). After that,
+``display(obj)`` on a rank (the predefined name, or ``from IPython.display import display``) and
+``plt.show()`` send a MIME bundle to the controller, which shows it in the running cell tagged
+with the rank.
+
+>>> mesh.run(install)                                    # done by %mesh up
+>>> mesh.run("from IPython.display import HTML; display(HTML('<b>hi</b>'))")
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from typing import Any
+
+MPL_BACKEND = "module://viceroy.extension.mpl_backend"
+
+
+def publish_bundle(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
+    """Send one MIME bundle to the controller as a display event."""
+    from viceroy import context
+
+    context().publish("display", {"data": data, "metadata": metadata or {}})
+
+
+def mimebundle(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """IPython's formatting of ``obj`` (``_repr_html_``, ``_repr_png_``, ...) without a shell."""
+    from IPython.core.formatters import DisplayFormatter
+
+    data, md = DisplayFormatter().format(obj)
+    return data, md
+
+
+def display(
+    *objs: Any, raw: bool = False, metadata: dict[str, Any] | None = None, **_: Any
+) -> None:
+    """Rank-side stand-in for ``IPython.display.display``."""
+    for obj in objs:
+        md: dict[str, Any] = {}
+        if raw:
+            data = obj
+        else:
+            data, md = mimebundle(obj)
+        if not data:
+            continue
+        publish_bundle(data, {**md, **(metadata or {})})
+
+
+_DISPLAY_MODULE = "IPython.core.display_functions"  # IPython.display re-exports from here
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Swap in our `display` when IPython's display module is first imported.
+
+    Importing IPython costs ~0.2 s of CPU per rank, so `install` does not import it eagerly.
+    """
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _DISPLAY_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            module.display = display
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> bool:
+    """Route this rank's displays and matplotlib figures to the notebook. Idempotent."""
+    from viceroy import context
+
+    context().namespace["display"] = display
+    if _DISPLAY_MODULE in sys.modules:
+        sys.modules[_DISPLAY_MODULE].display = display  # type: ignore[attr-defined]
+        if "IPython.display" in sys.modules:
+            sys.modules["IPython.display"].display = display  # type: ignore[attr-defined]
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+    os.environ["MPLBACKEND"] = MPL_BACKEND
+    if "matplotlib" in sys.modules:
+        import matplotlib
+
+        matplotlib.use(MPL_BACKEND)
+    return True

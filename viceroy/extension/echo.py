@@ -1,0 +1,96 @@
+"""Output of mesh calls made from Python (``mesh.run(...)`` in an ordinary cell).
+
+``%%mesh`` cells render their own call's output on the main thread. A call made through the
+Python API blocks the main thread (or runs in the background), so its events are rendered as
+they arrive, on the runtime's IO thread, with the same grouping. Writing to the kernel's output
+streams only buffers (no flush here), and ipykernel flushes them before it shows a cell's
+result, so a call's lines come before its value. A small timer thread releases lines whose
+grouping window has passed.
+
+>>> echo = ApiEcho()
+>>> echo.put({"type": "call_started", "call": 3, "ranks": [0, 1], "label": ""})
+>>> echo.put({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 3})
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from viceroy.extension.live import CellSink, LiveOutput, Sink
+
+IDLE_CLOSE_S = 1.0  # a call with no event for this long has its partial lines flushed
+
+
+class ApiEcho:
+    """Renders events of calls not owned by a running ``%%mesh`` cell."""
+
+    def __init__(
+        self,
+        all_ranks: Callable[[], Sequence[int]] = list,
+        sink_factory: Callable[[], Sink] = lambda: CellSink(flush=False),
+    ) -> None:
+        self._all_ranks = all_ranks
+        self._sink_factory = sink_factory
+        self._calls: dict[Any, list[Any]] = {}  # call -> [LiveOutput, time of its last event]
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def put(self, ev: dict[str, Any]) -> None:
+        """Render one runtime event (called on the runtime's IO thread)."""
+        with self._lock:
+            self._handle(ev, time.monotonic())
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._timer, name="viceroy-echo", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Flush everything and end the timer thread."""
+        with self._lock:
+            self._stopped = True
+            for live, _ in self._calls.values():
+                live.close()
+            self._calls.clear()
+        self._wake.set()
+
+    def _live(self, call: Any, ranks: Sequence[int] | None = None) -> LiveOutput:
+        entry = self._calls.get(call)
+        if entry is None:
+            live = LiveOutput(list(ranks or self._all_ranks()), call, self._sink_factory())
+            entry = self._calls[call] = [live, 0.0]
+        entry[1] = time.monotonic()
+        return entry[0]
+
+    def _handle(self, ev: dict[str, Any], now: float) -> None:
+        kind = ev.get("type")
+        if kind == "call_started":
+            self._live(ev["call"], ev.get("ranks"))
+        elif kind in ("output", "publish", "rank_done") and (
+            kind != "rank_done" or ev.get("call") in self._calls
+        ):
+            self._live(ev.get("call")).handle(ev, now)
+        elif kind == "call_finished" and ev.get("call") in self._calls:
+            live, _ = self._calls.pop(ev["call"])
+            live.close()
+
+    def _timer(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                for call, (live, last) in list(self._calls.items()):
+                    live.tick(now)
+                    if now - last > IDLE_CLOSE_S:
+                        live.close()
+                        del self._calls[call]
+                waits = [live.next_wakeup(now) for live, _ in self._calls.values()]
+            self._wake.wait(timeout=min(waits, default=None))
+            self._wake.clear()

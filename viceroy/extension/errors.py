@@ -1,0 +1,80 @@
+"""How a failed mesh call looks in a notebook: one error output, grouped by rank set.
+
+IPython shows an exception's ``_render_traceback_()`` lines instead of a Python traceback, so a
+failing ``%%mesh`` cell shows the ranks' grouped tracebacks and none of our plumbing.
+
+>>> lines = render_message("cell failed on 1 of 2 ranks\\nrank 1: ZeroDivisionError: division by zero")
+>>> lines[1]
+'\\x1b[1mrank 1\\x1b[0m: ZeroDivisionError: division by zero'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+RED = "\x1b[0;31m"
+BOLD = "\x1b[1m"
+RESET = "\x1b[0m"
+_RANK_LABEL = re.compile(r"^(ranks? [\d,\-]+)(:)")
+
+E = TypeVar("E", bound=BaseException)
+
+
+def render_message(message: str, ename: str = "MeshError") -> list[str]:
+    """Traceback lines for a grouped message: a red header, then rank labels in bold."""
+    first, _, rest = message.partition("\n")
+    lines = [f"{RED}{ename}{RESET}: {first}"]
+    for line in rest.splitlines():
+        lines.append(_RANK_LABEL.sub(lambda m: f"{BOLD}{m.group(1)}{RESET}{m.group(2)}", line))
+    return lines
+
+
+def with_rendering(exc: E, lines: list[str]) -> E:
+    """Make IPython show ``lines`` (and only them) for ``exc``."""
+    exc._render_traceback_ = lambda: list(lines)  # type: ignore[attr-defined]
+    return exc
+
+
+# The runtime's hints name the Python API; in a magic cell, name the magic.
+_MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`"}
+
+
+def render_mesh_error(err: E) -> E:
+    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``)."""
+    message = str(err)
+    for api, magic in _MAGIC_WORDING.items():
+        message = message.replace(api, magic)
+    return with_rendering(err, render_message(message, type(err).__name__))
+
+
+def interrupted(ranks: str, still_running: bool = False) -> KeyboardInterrupt:
+    """The exception a ``%%mesh`` cell ends with when the user interrupts it."""
+    msg = f"interrupted the mesh call on ranks {ranks}"
+    if still_running:
+        msg += "; some ranks have not stopped yet: %mesh stacks shows where they are"
+    exc = KeyboardInterrupt(msg)
+    return with_rendering(exc, [f"{RED}KeyboardInterrupt{RESET}: {msg}"])
+
+
+class CellSyntaxError(Exception):
+    """A syntax error in code meant for the ranks; nothing was sent.
+
+    Deliberately not a SyntaxError subclass: IPython would then print the frames of our magic.
+    Its name reads "SyntaxError" in the notebook.
+    """
+
+
+CellSyntaxError.__name__ = CellSyntaxError.__qualname__ = "SyntaxError"
+
+
+def syntax_error(err: SyntaxError) -> CellSyntaxError:
+    """The one-output form of a SyntaxError found in a ``%%mesh`` cell."""
+    import traceback
+
+    lines = traceback.format_exception_only(type(err), err)
+    text = "".join(lines).rstrip("\n")
+    body, _, last = text.rpartition("\n")
+    rendered = [*body.splitlines(), f"{RED}SyntaxError{RESET}: {last.partition(': ')[2] or last}"]
+    exc = CellSyntaxError(last.partition(": ")[2] or last)
+    return with_rendering(exc, rendered)

@@ -1,0 +1,209 @@
+"""Shows a running mesh call in the cell: grouped lines, one progress block, rank displays.
+
+`LiveOutput` takes runtime events (on the main thread) and writes to a `Sink`; `CellSink` is the
+one that writes into the current notebook cell.
+
+>>> live = LiveOutput(ranks=[0, 1], call_id=7, sink=CellSink())
+>>> live.handle({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 7}, now=0)
+>>> live.close()            # prints "[0] hi"
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from viceroy.extension.output import (
+    LineGrouper,
+    RankStreams,
+    format_line,
+    format_progress,
+    format_rank_set,
+)
+
+PROGRESS_INTERVAL = 0.2  # seconds between progress block updates
+MAX_LINES = 5000  # per cell; beyond this lines are counted, not shown (logs keep them)
+GROUP_WINDOW = 0.15  # seconds a line waits for the same line from other ranks
+
+
+class Sink(Protocol):
+    """Where a cell's mesh output goes."""
+
+    def write(self, stream: str, text: str) -> None: ...
+    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
+    def progress(self, text: str) -> None: ...
+
+
+class CellSink:
+    """Writes into the running notebook cell (stdout/stderr streams, display_data)."""
+
+    def __init__(self, flush: bool = True) -> None:
+        self._handle: Any = None
+        self._flush = flush  # off the main thread, only buffer: flushing waits on iopub
+
+    def write(self, stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(text)
+        if self._flush:
+            out.flush()
+
+    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        from IPython.display import publish_display_data
+
+        if self._flush:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        publish_display_data(data=data, metadata=metadata)
+
+    def progress(self, text: str) -> None:
+        from IPython.display import display
+
+        bundle = {"text/plain": text}
+        if self._handle is None:
+            if self._flush:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+
+def tag_display(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict, dict]:
+    """Mark a rank's display with its rank (metadata, and the text/plain and HTML forms)."""
+    data = dict(data)
+    if "text/plain" in data:
+        data["text/plain"] = f"[{rank}] {data['text/plain']}"
+    if "text/html" in data:
+        label = f'<div class="viceroy-rank" style="font-family:monospace;opacity:.7">[{rank}]</div>'
+        data["text/html"] = label + str(data["text/html"])
+    return data, {**metadata, "viceroy": {"rank": rank}}
+
+
+class LiveOutput:
+    """Renders one call's events: lines grouped by rank set, progress, displays, exits."""
+
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        call_id: int | None,
+        sink: Sink,
+        window: float = GROUP_WINDOW,
+        max_lines: int = MAX_LINES,
+    ) -> None:
+        self.call_id = call_id
+        self.sink = sink
+        self.max_lines = max_lines
+        self.finished = False  # the runtime said the call finished
+        self._streams = RankStreams()
+        self._grouper = LineGrouper(ranks, window)
+        self._progress: dict[int, str] = {}
+        self._progress_dirty = False
+        self._progress_at = float("-inf")
+        self._shown = 0
+        self._hidden = 0
+
+    # --- events ------------------------------------------------------------------------------
+
+    def handle(self, ev: dict[str, Any], now: float) -> None:
+        kind = ev.get("type")
+        if kind in ("output", "publish", "rank_done", "call_finished") and ev.get("call") not in (
+            None,
+            self.call_id,
+        ):
+            return
+        if kind == "output":
+            self._output(ev["rank"], ev.get("stream", "stdout"), ev.get("text", ""), now)
+        elif kind == "publish" and ev.get("kind") == "display":
+            # queued with the rank's lines, so it keeps its place among them
+            payload = ev.get("data") or {}
+            self._grouper.add(ev["rank"], "display", "", now, payload=payload)
+        elif kind == "rank_exit":
+            self._flush_lines()
+            self._emit("stderr", f"[{ev['rank']}] rank exited ({ev.get('reason', 'unknown')})")
+        elif kind == "rank_done":
+            self._grouper.rank_done(ev["rank"])
+        elif kind == "call_finished":
+            self.finished = True
+        self.tick(now)
+
+    def _output(self, rank: int, stream: str, text: str, now: float) -> None:
+        fed = self._streams.feed(rank, stream, text)
+        for s, line, was_progress in fed.lines:
+            if was_progress:
+                self._progress[rank] = line  # a finished bar stays in the progress block
+                self._progress_dirty = True
+            else:
+                self._grouper.add(rank, s, line, now)
+        if fed.progress is not None:
+            self._progress[rank] = fed.progress
+            self._progress_dirty = True
+
+    # --- time --------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Emit what is due at ``now``."""
+        self._write_groups(self._grouper.ready(now))
+        if self._progress_dirty and now - self._progress_at >= PROGRESS_INTERVAL:
+            self._show_progress(now)
+
+    def next_wakeup(self, now: float) -> float:
+        """Seconds until something is due (capped, so interrupts and completion are seen)."""
+        due = [0.05]
+        deadline = self._grouper.next_deadline()
+        if deadline is not None:
+            due.append(deadline - now)
+        if self._progress_dirty:
+            due.append(self._progress_at + PROGRESS_INTERVAL - now)
+        return max(0.0, min(due))
+
+    def close(self) -> None:
+        """The call is over: show everything still pending."""
+        self._flush_lines()
+        for rank, stream, text in self._streams.flush():
+            if rank in self._progress and text == self._progress[rank]:
+                continue
+            self._grouper.add(rank, stream, text, 0.0)
+        self._flush_lines()
+        if self._progress_dirty:
+            self._show_progress(float("inf"))
+        if self._hidden:
+            self.sink.write(
+                "stderr",
+                f"[viceroy] {self._hidden} more lines not shown; "
+                "`%mesh logs RANK` shows a rank's recent output\n",
+            )
+            self._hidden = 0
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def _flush_lines(self) -> None:
+        self._write_groups(self._grouper.drain())
+
+    def _write_groups(self, groups: list[Any]) -> None:
+        for g in groups:
+            if g.payload is not None:
+                (rank,) = g.ranks
+                data, md = tag_display(
+                    rank, g.payload.get("data", {}), g.payload.get("metadata", {})
+                )
+                self.sink.display(data, md)
+            else:
+                self._emit(g.stream, format_line(g))
+
+    def _emit(self, stream: str, line: str) -> None:
+        if self._shown >= self.max_lines:
+            self._hidden += 1
+            return
+        self._shown += 1
+        self.sink.write(stream, line + "\n")
+
+    def _show_progress(self, now: float) -> None:
+        self.sink.progress(format_progress(self._progress))
+        self._progress_dirty = False
+        self._progress_at = now
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """``"rank 3"`` or ``"ranks 0-3"``."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)

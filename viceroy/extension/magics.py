@@ -1,0 +1,204 @@
+"""``%mesh`` / ``%%mesh`` and the ipyparallel-style aliases ``%px``, ``%%px``, ``%autopx``.
+
+%mesh up gpus=4            start a local mesh (any NAME=SIZE dims); binds `mesh`
+%%mesh [--where gpus=0:2] [--ranks 0,3] [--no-fail-fast] [--timeout S]
+                           run the cell on the ranks, output streamed live
+%mesh status | down | restart [--failed] | interrupt | logs RANK | stacks
+%mesh push lr=0.1 | pull t | auto on|off
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
+
+from viceroy.extension.args import Command, RunOptions, parse_command, parse_run_options
+from viceroy.extension.args import split_line_code as _split_line_code
+from viceroy.extension.errors import render_mesh_error
+from viceroy.extension.output import format_rank_set, terminal_line
+from viceroy.extension.session import MeshSession, describe_dims
+
+
+def _closed_mesh_guard(fn: Any) -> Any:
+    """Turn runtime errors that mean "you asked for something impossible" into one line."""
+
+    def wrapper(self: MeshMagics, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except UsageError:
+            raise
+        except Exception as e:
+            if hasattr(e, "failures"):
+                raise render_mesh_error(e) from None
+            if type(e).__name__ == "MeshClosedError":
+                raise UsageError(f"the mesh was shut down ({e}); start one with %mesh up") from None
+            raise
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
+@magics_class
+class MeshMagics(Magics):
+    """The notebook's handle on its mesh; all state lives in a `MeshSession`."""
+
+    def __init__(self, shell: Any, session: MeshSession) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    # --- %mesh / %%mesh ----------------------------------------------------------------------
+
+    @no_var_expand
+    @line_cell_magic
+    @_closed_mesh_guard
+    def mesh(self, line: str, cell: str | None = None) -> Any:
+        """Drive the mesh.
+
+        Line: ``%mesh up gpus=4`` · ``down`` · ``status`` · ``restart [--failed]`` ·
+        ``interrupt`` · ``logs RANK [--tail N]`` · ``stacks`` · ``push NAME=EXPR ...`` ·
+        ``pull NAME ...`` · ``auto on|off``.
+
+        Cell: ``%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]`` runs
+        the cell on the ranks, streams their output, and returns the ranks' values of the
+        trailing expression as a ValueMesh.
+        """
+        if cell is not None:
+            return self._run(cell, parse_run_options(line, "%%mesh"), "%%mesh")
+        cmd = parse_command(line)
+        return getattr(self, f"_cmd_{cmd.name}")(cmd)
+
+    @no_var_expand
+    @line_cell_magic
+    @_closed_mesh_guard
+    def px(self, line: str, cell: str | None = None) -> Any:
+        """ipyparallel habit: ``%px CODE`` / ``%%px`` run code on the ranks (same options)."""
+        if cell is None:
+            opts, code = _split_line_code(line, "%px")
+            return self._run(code, opts, "%px")
+        return self._run(cell, parse_run_options(line, "%%px"), "%%px")
+
+    @line_magic
+    def autopx(self, line: str) -> None:
+        """ipyparallel habit: toggle running every cell on the ranks (``%mesh auto on|off``)."""
+        if line.strip():
+            raise UsageError("%autopx takes no arguments; it toggles auto mode")
+        self._cmd_auto(Command("auto", on=not self.session.auto))
+
+    def _run(self, code: str, opts: RunOptions, label: str) -> Any:
+        if not code.strip():
+            return None
+        return self.session.run_cell(code, opts, label=label)
+
+    # --- subcommands -------------------------------------------------------------------------
+
+    def _cmd_up(self, cmd: Command) -> None:
+        mesh = self.session.up(
+            cmd.dims, launcher=cmd.launcher, backend=cmd.backend, preload=cmd.preload
+        )
+        print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
+
+    def _cmd_down(self, cmd: Command) -> None:
+        print("mesh stopped" if self.session.down() else "no mesh was up")
+
+    def _cmd_status(self, cmd: Command) -> None:
+        print(self.status_text())
+
+    def status_text(self) -> str:
+        """``mesh gpus=4: ranks 0-2 idle, rank 3 dead (SIGKILL)``"""
+        snap = self.session.state.snapshot()
+        if snap["dims"] is None:
+            return "no mesh is up; start one with `%mesh up gpus=4`"
+        groups: dict[str, list[int]] = {}
+        for r in snap["ranks"]:
+            key = r["state"] + (f" ({r['exit']})" if r["state"] == "dead" and r["exit"] else "")
+            groups.setdefault(key, []).append(r["rank"])
+        parts = [
+            f"{'rank' if len(rs) == 1 else 'ranks'} {format_rank_set(rs)} {key}"
+            for key, rs in groups.items()
+        ]
+        text = f"mesh {describe_dims(snap['dims'])}: " + ", ".join(parts)
+        if any(r["state"] == "dead" for r in snap["ranks"]):
+            text += "\n`%mesh restart --failed` brings back only the dead ranks"
+        if snap["auto"]:
+            text += "\nauto on: cells run on the ranks (`%mesh auto off` to stop)"
+        return text
+
+    def _cmd_restart(self, cmd: Command) -> None:
+        self.session.restart(failed_only=cmd.failed_only)
+        print(self.status_text())
+
+    def _cmd_interrupt(self, cmd: Command) -> None:
+        mesh = self.session.require()
+        mesh.interrupt()
+        print(f"interrupted whatever was running on ranks {format_rank_set(mesh.ranks)}")
+
+    def _cmd_logs(self, cmd: Command) -> None:
+        mesh = self.session.require()
+        assert cmd.rank is not None
+        if cmd.rank not in mesh.ranks:
+            raise UsageError(
+                f"%mesh logs: no rank {cmd.rank}; this mesh has ranks {format_rank_set(mesh.ranks)}"
+            )
+        text = mesh.logs(cmd.rank, tail=cmd.tail)
+        if not text.strip():
+            print(f"(rank {cmd.rank} has written nothing yet)")
+            return
+        # progress bars drawn with \r show their final state, as a terminal would
+        print("\n".join(terminal_line(line) for line in text.rstrip("\n").split("\n")))
+
+    def _cmd_stacks(self, cmd: Command) -> None:
+        stacks = self.session.require().stacks()
+        groups: dict[str, list[int]] = {}
+        for r, text in stacks.by_rank().items():
+            groups.setdefault(str(text).rstrip(), []).append(r)
+        for text, ranks in groups.items():
+            label = "rank" if len(ranks) == 1 else "ranks"
+            print(f"--- {label} {format_rank_set(ranks)} ---\n{text}")
+
+    def _cmd_push(self, cmd: Command) -> None:
+        mesh = self.session.require()
+        shell = self.shell
+        assert shell is not None
+        values: dict[str, Any] = {}
+        for name, expr in cmd.assignments:
+            try:
+                values[name] = eval(expr, shell.user_global_ns, shell.user_ns)
+            except Exception as e:
+                raise UsageError(
+                    f"%mesh push: cannot evaluate {name}={expr} here: {type(e).__name__}: {e}"
+                ) from None
+        mesh.push(**values)
+        print(f"pushed {', '.join(values)} to ranks {format_rank_set(mesh.ranks)}")
+
+    def _cmd_pull(self, cmd: Command) -> Any:
+        mesh = self.session.require()
+        pulled = {name: mesh.pull(name) for name in cmd.names}
+        return pulled[cmd.names[0]] if len(pulled) == 1 else pulled
+
+    def _cmd_auto(self, cmd: Command) -> None:
+        if cmd.on:
+            self.session.require()
+        self.session.auto = bool(cmd.on)
+        print(
+            "auto on: every cell now runs on the ranks; cells starting with a %magic run here. "
+            "`%mesh auto off` to stop"
+            if cmd.on
+            else "auto off: cells run on the controller again"
+        )
+
+
+def auto_transformer(session: MeshSession) -> Any:
+    """An input transformer that, in auto mode, turns a plain cell into a ``%%mesh`` cell."""
+
+    def transform(lines: list[str]) -> list[str]:
+        if not session.auto:
+            return lines
+        first = next((ln for ln in lines if ln.strip()), None)
+        if first is None or first.lstrip().startswith(("%", "!")):
+            return lines
+        return ["%%mesh\n", *lines]
+
+    transform.has_side_effects = True  # type: ignore[attr-defined]  # skip in is_complete checks
+    return transform

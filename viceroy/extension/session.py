@@ -1,0 +1,304 @@
+"""The notebook's mesh: starting and stopping it, and running one cell on it with live output.
+
+One `MeshSession` per IPython shell; the magics, the comm and the kernel all go through it.
+
+>>> session = MeshSession(get_ipython())
+>>> session.up({"gpus": 2})
+>>> session.run_cell("print('hi', rank)", RunOptions())    # streams "[0] hi 0", "[1] hi 1"
+>>> session.down()
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from viceroy.extension import display_hook
+from viceroy.extension.args import RunOptions, parse_dims
+from viceroy.extension.echo import ApiEcho
+from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
+from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
+from viceroy.extension.output import format_rank_set
+from viceroy.extension.state import MeshState
+
+if TYPE_CHECKING:
+    from viceroy import Mesh
+
+AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
+NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
+SETTLE_S = 0.3  # after a call's value arrives, how long to wait for its last output events
+INTERRUPT_GRACE_S = 2.0  # how long an interrupted cell waits for its ranks to stop
+
+
+def describe_dims(dims: dict[str, int]) -> str:
+    """``{"hosts": 2, "gpus": 4}`` -> ``"hosts=2 gpus=4"``."""
+    return " ".join(f"{k}={v}" for k, v in dims.items())
+
+
+class MeshSession:
+    """Owns at most one mesh for a shell and turns runtime events into cell output and state."""
+
+    def __init__(self, shell: Any = None) -> None:
+        self.shell = shell
+        self.mesh: Mesh | None = None
+        self.state = MeshState()
+        self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._unsubscribe: Callable[[], Any] | None = None
+        self._cell_active = False
+        self._listeners: list[Callable[[], None]] = []
+        self._echo = ApiEcho(all_ranks=lambda: self.mesh.ranks if self.mesh is not None else [])
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def auto(self) -> bool:
+        return self.state.auto
+
+    @auto.setter
+    def auto(self, on: bool) -> None:
+        self.state.auto = on
+        self._notify()
+
+    def up(
+        self,
+        dims: dict[str, int],
+        launcher: str = "local",
+        backend: str | None = None,
+        preload: list[str] | None = None,
+    ) -> Mesh:
+        """Start a local mesh with these dims (stopping the previous one) and bind ``mesh``.
+
+        ``preload``: modules the ranks import once before starting (runtime default if None).
+        """
+        import viceroy as vr
+
+        if launcher != "local":
+            raise UsageError(
+                f"%mesh up: --launcher {launcher} is not available yet; use --launcher local"
+            )
+        params = inspect.signature(vr.Mesh.local).parameters
+        reserved = sorted(d for d in dims if d in params)
+        if reserved:
+            raise UsageError(
+                f"%mesh up: {', '.join(reserved)} cannot name a dim (it is an option of "
+                "Mesh.local); pick another name, e.g. gpus"
+            )
+        kwargs: dict[str, Any] = {"echo": False, **dims}
+        if preload is not None:
+            kwargs["preload"] = preload
+        if backend is not None:
+            if "backend" not in params:
+                raise UsageError("%mesh up: this runtime has no --backend choice yet; leave it out")
+            kwargs["backend"] = backend
+        if self.mesh is not None:
+            old = describe_dims(self.mesh.dims)
+            self.down()
+            print(f"stopped the previous mesh ({old})")
+        mesh = vr.Mesh.local(**kwargs)
+        self._attach(mesh)
+        mesh.run(display_hook.install)
+        if self.shell is not None:
+            self.shell.user_ns["mesh"] = mesh
+        return mesh
+
+    def _attach(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self._unsubscribe = mesh.subscribe(self._on_event)
+        self.state.reset(mesh.dims, mesh.states())
+        self._notify()
+
+    def down(self) -> bool:
+        """Stop the mesh (if any) and every process of it. True if one was running."""
+        mesh, self.mesh = self.mesh, None
+        if mesh is None:
+            return False
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        try:
+            mesh.shutdown()
+        finally:
+            self.state.reset(None)
+            self._notify()
+            if self.shell is not None and self.shell.user_ns.get("mesh") is mesh:
+                del self.shell.user_ns["mesh"]
+        return True
+
+    def restart(self, failed_only: bool = False) -> None:
+        mesh = self.require()
+        mesh.restart(failed_only=failed_only)
+        mesh.run(display_hook.install)
+        self.state.set_states(mesh.states())
+        self._notify()
+
+    def require(self) -> Mesh:
+        """The running mesh; starts ``$VICEROY_MESH`` if set and none is up."""
+        if self.mesh is None:
+            spec = os.environ.get(AUTO_MESH_ENV, "").strip()
+            if not spec:
+                raise UsageError(NO_MESH)
+            self.up(parse_dims(spec.split(), prog=f"${AUTO_MESH_ENV}"))
+        assert self.mesh is not None
+        return self.mesh
+
+    # --- state listeners (the comm) ----------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` is called, on any thread, whenever the state snapshot may have changed."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            fn()
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        # Runs on the runtime's IO thread: record and enqueue, nothing else.
+        if self.state.apply(ev):
+            self._notify()
+        kind = ev.get("type")
+        if self._cell_active or kind == "rank_exit":
+            self._events.put(ev)
+        elif kind in ("call_started", "output", "publish", "rank_done", "call_finished"):
+            self._echo.put(ev)  # a call made through the Python API
+
+    # --- running a cell ----------------------------------------------------------------------
+
+    def view(self, opts: RunOptions) -> Mesh:
+        """The part of the mesh a cell's ``--where`` / ``--ranks`` selects."""
+        view = self.require()
+        if opts.where:
+            try:
+                view = view.slice(**opts.where)
+            except (ValueError, IndexError, TypeError) as e:
+                raise UsageError(f"--where: {e}") from None
+        if opts.ranks is not None:
+            try:
+                view = view.select(opts.ranks)
+            except (ValueError, IndexError) as e:
+                raise UsageError(f"--ranks: {e}") from None
+        return view
+
+    def run_cell(
+        self, code: str, opts: RunOptions, label: str = "%%mesh", sink: Sink | None = None
+    ) -> Any:
+        """Run ``code`` on the selected ranks, streaming their output into the cell.
+
+        Returns the ValueMesh of trailing-expression values, or None when every rank gave None.
+        Raises a rendered `viceroy.MeshError` when ranks fail, and KeyboardInterrupt (after
+        interrupting the ranks) when the user interrupts.
+        """
+        view = self.view(opts)
+        sink = sink or CellSink()
+        self._report_exits_since_last_cell(sink)
+        self._cell_active = True
+        try:
+            try:
+                fut = view.run(
+                    code, block=False, timeout=opts.timeout, fail_fast=opts.fail_fast, label=label
+                )
+            except SyntaxError as e:
+                raise syntax_error(e) from None
+            live = LiveOutput(view.ranks, fut.call_id, sink)
+            try:
+                self._pump(live, fut)
+            except KeyboardInterrupt:
+                self._stop(view, live, fut)
+            finally:
+                live.close()
+        finally:
+            self._cell_active = False
+        try:
+            value = fut.get()
+        except Exception as e:
+            if hasattr(e, "failures"):  # a MeshError: show it grouped, without our frames
+                raise render_mesh_error(e) from None
+            raise
+        values = value.values() if hasattr(value, "values") else [value]
+        return None if all(v is None for v in values) else value
+
+    def _pump(self, live: LiveOutput, fut: Any) -> None:
+        done_at: float | None = None
+        while True:
+            now = time.monotonic()
+            self._drain(live, timeout=live.next_wakeup(now))
+            if fut.done():
+                done_at = done_at if done_at is not None else now
+                if live.finished or now - done_at > SETTLE_S:
+                    self._drain(live, timeout=0)
+                    return
+
+    def _drain(self, live: LiveOutput, timeout: float, limit: int = 2000) -> None:
+        """Handle queued events (waiting up to ``timeout`` for the first), then emit what is due."""
+        try:
+            ev = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
+        except queue.Empty:
+            live.tick(time.monotonic())
+            return
+        live.handle(ev, time.monotonic())
+        for _ in range(limit):  # bounded, so a flood cannot starve the ticks
+            try:
+                ev = self._events.get_nowait()
+            except queue.Empty:
+                break
+            live.handle(ev, time.monotonic())
+        live.tick(time.monotonic())
+
+    def _stop(self, view: Mesh, live: LiveOutput, fut: Any) -> None:
+        ranks = format_rank_set(view.ranks)
+        try:
+            view.interrupt()
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            while not fut.done() and time.monotonic() < deadline:
+                self._drain(live, timeout=0.05)
+            self._drain(live, timeout=0)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, report what we know
+        raise interrupted(ranks, still_running=not fut.done()) from None
+
+    def interrupt_running(self) -> None:
+        """Interrupt every call in flight on the mesh (safe to call from any thread)."""
+        mesh = self.mesh
+        if mesh is not None and "running" in self.state.states().values():
+            try:
+                mesh.interrupt()
+            except Exception as e:  # interrupting must never take the kernel down
+                print(f"viceroy: interrupting the mesh failed: {e}", file=sys.stderr)
+
+    def _report_exits_since_last_cell(self, sink: Sink) -> None:
+        exits: dict[int, str] = {}
+        while True:
+            try:
+                ev = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if ev.get("type") == "rank_exit":
+                exits[ev["rank"]] = ev.get("reason", "unknown")
+        for reason in sorted(set(exits.values())):
+            ranks = sorted(r for r, why in exits.items() if why == reason)
+            sink.write(
+                "stderr",
+                f"[viceroy] {describe_ranks(ranks)} exited ({reason}) since the last cell; "
+                "`%mesh restart --failed` brings back only the dead ranks\n",
+            )
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the mesh; used by kernel shutdown and extension unload."""
+        try:
+            self.down()
+        except Exception as e:  # shutting down must not fail the kernel's own shutdown
+            print(f"viceroy: stopping the mesh failed: {e}", file=sys.stderr)
+        finally:
+            self._echo.stop()

@@ -1,0 +1,89 @@
+"""`ViceroyKernel`: ipykernel's IPython kernel, plus the %mesh magics and a mesh to drive.
+
+Ordinary cells run on the controller exactly as in the stock Python kernel. The kernel loads the
+Viceroy extension at start (no mesh until ``%mesh up``), stops the mesh when it shuts down or
+restarts, and makes interrupts reach the ranks quickly in async cells too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import inspect
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+import viceroy
+from viceroy.extension import current_session, session_for
+from viceroy.extension.session import MeshSession
+from viceroy.kernel.tracebacks import install_mesh_error_rendering
+
+
+async def _maybe_await(x: Any) -> Any:
+    return await x if inspect.isawaitable(x) else x
+
+
+class ViceroyKernel(IPythonKernel):
+    """The notebook's kernel is the mesh controller."""
+
+    implementation = "viceroy"
+    implementation_version = viceroy.__version__
+    banner = (
+        f"Viceroy {viceroy.__version__}: Python runs here, on the controller.\n"
+        "`%mesh up gpus=4` starts a mesh; a `%%mesh` cell runs on its ranks."
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert self.shell is not None
+        self.shell.extension_manager.load_extension("viceroy")
+        install_mesh_error_rendering(self.shell)
+        atexit.register(self._close_mesh)
+
+    @property
+    def mesh_session(self) -> MeshSession:
+        """The session holding this kernel's mesh (a new one after ``%reload_ext viceroy``)."""
+        return session_for(self.shell)
+
+    def _close_mesh(self) -> None:
+        session = current_session(self.shell)
+        if session is not None:
+            session.close()
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """Shutdown and restart both stop the mesh and every process of it."""
+        self._close_mesh()
+        return await _maybe_await(super().do_shutdown(restart))
+
+    @contextmanager
+    def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
+        """Interrupts in async cells: cancel the cell at once (ipykernel waits for the next
+        loop wake-up, ~18 s for ``await asyncio.sleep``; ipykernel#881). Cancelling an awaited
+        `viceroy.Future` interrupts its ranks."""
+        loop = asyncio.get_running_loop()
+
+        def cancel() -> None:
+            if not future.done():
+                future.cancel()
+
+        def handle_sigint(*_: Any) -> None:
+            loop.call_soon_threadsafe(cancel)
+            # Also stop the mesh's calls directly: cancelling `await fut` alone does not reach
+            # the ranks in this runtime version (see docs/kernel-notes.md). Off the loop thread,
+            # because interrupting waits for the ranks to acknowledge.
+            session = current_session(self.shell)
+            if session is not None:
+                threading.Thread(
+                    target=session.interrupt_running, name="viceroy-interrupt", daemon=True
+                ).start()
+
+        saved = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)

@@ -1,0 +1,50 @@
+"""Errors from Python API calls in a cell (`viceroy.MeshError`, interrupts while waiting on the
+mesh) show the user's frames and the grouped rank failures, not the runtime's internal frames."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import types
+from typing import Any
+
+import viceroy
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(viceroy.__file__)) + os.sep
+
+
+def user_frames_only(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback cut where it enters the viceroy package (what lies below is plumbing)."""
+    kept: list[types.TracebackType] = []
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+            break
+        kept.append(tb)
+        tb = tb.tb_next
+    new: types.TracebackType | None = None
+    for t in reversed(kept):
+        new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return new
+
+
+def install_mesh_error_rendering(shell: Any) -> None:
+    """Make ``shell`` render MeshErrors compactly (ours to do: the kernel owns its shell)."""
+
+    def handler(
+        shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None
+    ) -> list[str]:
+        render = getattr(value, "_render_traceback_", None)
+        if render is not None:
+            stb = list(render())
+        else:
+            stb = list(
+                shell.InteractiveTB.structured_traceback(
+                    etype, value, user_frames_only(tb), tb_offset=tb_offset
+                )
+            )
+        shell._showtraceback(etype, value, stb)  # IPython leaves showing it to the handler
+        return stb
+
+    # KeyboardInterrupt / CancelledError: an interrupted wait on the mesh ends inside our
+    # Future; show the user's frames only.
+    shell.set_custom_exc((viceroy.MeshError, KeyboardInterrupt, asyncio.CancelledError), handler)
