@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -105,6 +106,7 @@ class RunOptions:
     timeout: float | None = None
 
 
+@functools.lru_cache(maxsize=8)  # building an argparse parser costs more than a mesh call
 def _run_parser(prog: str) -> _Parser:
     p = _Parser(prog, RUN_OPTIONS_HELP)
     p.add_argument("--where", action="append", default=[])
@@ -131,6 +133,8 @@ def _to_run_options(ns: argparse.Namespace, prog: str) -> RunOptions:
 
 def parse_run_options(line: str, prog: str = "%%mesh") -> RunOptions:
     """The options on a ``%%mesh`` line."""
+    if not line.strip():
+        return RunOptions()
     tokens = _split(line, prog)
     if any(t in ("-h", "--help") for t in tokens):
         raise UsageError(f"{prog} [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]")

@@ -49,7 +49,10 @@ class ApiEcho:
                     target=self._timer, name="viceroy-echo", daemon=True
                 )
                 self._thread.start()
-        self._wake.set()
+        if ev.get("type") in ("output", "publish"):
+            # Only lines wait for a grouping window; waking the timer for every bookkeeping
+            # event would make it fight the caller for the GIL on every call.
+            self._wake.set()
 
     def stop(self) -> None:
         """Flush everything and end the timer thread."""

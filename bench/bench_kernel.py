@@ -1,0 +1,102 @@
+"""Kernel benchmarks (issue: the Viceroy kernel), through real kernels driven by jupyter_client:
+execute_request until the kernel is idle again.
+
+  %%mesh a=1 on 4 ranks (Viceroy kernel)   vs   a=1 in the same kernel   (overhead, goal <= 2 ms)
+                                            vs   %px a=1 on 4 ipyparallel engines in a stock
+                                                 ipykernel (goal: <= 1/5 of it), when ipyparallel
+                                                 is installed (pip install ipyparallel)
+
+Usage: python bench/bench_kernel.py [--reps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import fmt_time, table
+
+
+def _execute(kc, code: str, timeout: float = 60) -> float:
+    t0 = time.perf_counter()
+    msg_id = kc.execute(code)
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if (
+            msg["parent_header"].get("msg_id") == msg_id
+            and msg["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+        ):
+            elapsed = time.perf_counter() - t0
+            break
+        if msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == msg_id:
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+    reply = kc.get_shell_msg(timeout=timeout)
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"{code!r} failed: {reply['content']}")
+    return elapsed
+
+
+def _median(kc, code: str, reps: int, warmup: int = 30) -> float:
+    for _ in range(warmup):
+        _execute(kc, code)
+    return statistics.median(_execute(kc, code) for _ in range(reps))
+
+
+def _start(kernel_name: str):
+    from jupyter_client.manager import start_new_kernel
+
+    return start_new_kernel(kernel_name=kernel_name, startup_timeout=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=300)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        from viceroy.kernel.kernelspec import write_kernel_spec
+
+        write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
+        os.environ["JUPYTER_PATH"] = tmp
+        km, kc = _start("viceroy")
+        try:
+            _execute(kc, "%mesh up gpus=4 --preload none")
+            plain = _median(kc, "a=1", args.reps)
+            mesh = _median(kc, "%%mesh\na=1", args.reps)
+            _execute(kc, "%mesh down")
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=False)
+        rows.append(("a=1 (Viceroy kernel, controller)", fmt_time(plain), "-", "-", ""))
+        rows.append(("%%mesh a=1, 4 ranks", fmt_time(mesh), f"a=1 in the same kernel: {fmt_time(plain)}",
+                     f"+{fmt_time(mesh - plain)}", "overhead <= 2 ms"))
+        if importlib.util.find_spec("ipyparallel") is None:
+            rows.append(("%px a=1, 4 ipyparallel engines", "not installed", "-", "-", "pip install ipyparallel"))
+        else:
+            from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+
+            km, kc = _start(NATIVE_KERNEL_NAME)
+            try:
+                _execute(kc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
+                             "rc = cluster.start_and_connect_sync()\nrc.wait_for_engines(4, timeout=120)\n"
+                             "rc[:].activate()", timeout=180)
+                px = _median(kc, "%px a=1", max(50, args.reps // 3))
+                _execute(kc, "cluster.stop_cluster_sync()", timeout=60)
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=False)
+            rows.append(("%%mesh a=1 vs %px a=1 (ipyparallel, 4 engines)", fmt_time(mesh), f"%px a=1: {fmt_time(px)}",
+                         f"{mesh / px:.2f}x", "<= 0.2x"))
+    print(f"\nbench_kernel: medians of {args.reps} executions; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
+    print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
+
+
+if __name__ == "__main__":
+    main()
