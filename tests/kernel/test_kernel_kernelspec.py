@@ -84,3 +84,21 @@ def test_viceroy_demo_runs_a_notebook_headlessly_and_prints_its_outputs(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert ">>> %%mesh" in result.stdout
     assert "[0-1] demo says hi" in result.stdout
+
+
+def test_the_wheel_ships_the_kernelspec_as_shared_data(tmp_path: Path):
+    """`pip install .` then installs the kernelspec with no extra step."""
+    import subprocess
+    import sys
+    import zipfile
+
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(repo)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("viceroy_kernel-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".data/data/share/jupyter/kernels/viceroy/kernel.json") for n in names)
+    assert "viceroy/runtime/mesh.py" in names

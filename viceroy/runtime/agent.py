@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -373,8 +374,6 @@ class Agent:
         alive = {s.pid for s in self.slots.values() if s.alive and s.pid}
         buf = b""
         while alive and time.monotonic() < deadline:
-            import select
-
             ready, _, _ = select.select([self.deaths_r], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break

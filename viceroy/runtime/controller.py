@@ -185,10 +185,11 @@ class Controller:
             call.future._set_exception(MeshClosedError("the mesh was shut down while this call ran"))
         with contextlib.suppress(zmq.ZMQError):
             self._broadcast({"op": "shutdown", "ranks": []})
+        # Agents stop their ranks and exit by themselves; whatever is left after a second is
+        # killed (with its whole session).
         deadline = time.monotonic() + 1.0
         for agent in self._agents.values():
-            if agent.wait(max(0.0, deadline - time.monotonic())) is None:
-                pass
+            agent.wait(max(0.0, deadline - time.monotonic()))
             agent.kill()
         self._wake()
         self._io.join(timeout=2)

@@ -1,0 +1,70 @@
+"""The backend interface: what gloo and nccl each provide.
+
+A `Backend` says whether it can run at all here and which tensors it takes, and builds a
+`Communicator` for one group. A `Communicator` starts operations (each returns a `Pending`),
+and can be aborted from any thread, at any time, releasing every operation in flight on this
+rank and, through the broken connections, on its peers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+
+
+class Pending(ABC):
+    """An operation in flight."""
+
+    @abstractmethod
+    def wait(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True when done. Raises the backend's error if it failed."""
+
+
+class Communicator(ABC):
+    """One group's connections on this rank. Tensors are the backend's native kind."""
+
+    @abstractmethod
+    def all_reduce(self, t: Any, op: str) -> Pending: ...
+    @abstractmethod
+    def all_gather(self, outs: list[Any], t: Any) -> Pending: ...
+    @abstractmethod
+    def reduce_scatter(self, out: Any, ins: list[Any], op: str) -> Pending: ...
+    @abstractmethod
+    def broadcast(self, t: Any, root: int) -> Pending: ...
+    @abstractmethod
+    def send(self, t: Any, peer: int) -> Pending: ...
+    @abstractmethod
+    def recv(self, t: Any, peer: int) -> Pending: ...
+    @abstractmethod
+    def barrier(self) -> Pending: ...
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Cut every connection; thread-safe and idempotent."""
+
+    def lost_peer(self, error: BaseException) -> int | None:
+        """The group index of the peer an error is about, when the backend can tell."""
+        return None
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def unavailable(self) -> str | None:
+        """None when usable here, else why not (one sentence, with what to do)."""
+
+    @abstractmethod
+    def accepts(self, t: Any) -> bool:
+        """Whether `t` is a tensor this backend moves."""
+
+    @abstractmethod
+    def connect(self, store: Any, index: int, size: int, timeout: float) -> Communicator:
+        """Build a communicator; every member calls this with the same (prefixed) store.
+        Blocks until all members joined; runs on a helper thread."""
+
+    @abstractmethod
+    def is_failure(self, error: BaseException) -> bool:
+        """Whether `error` from `Pending.wait` means the group is broken (vs a usage error)."""

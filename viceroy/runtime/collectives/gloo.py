@@ -1,0 +1,152 @@
+"""gloo through torch.distributed, for CPU tensors (and numpy arrays, viewed as tensors).
+
+Each group gets its own ``ProcessGroupGloo``, outside torch's registry of groups, so it never
+clashes with the user's own ``init_process_group()``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+from viceroy.runtime.collectives import sockets
+from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
+from viceroy.runtime.collectives.store import address
+
+_TIMED_OUT = "Operation timed out!"
+
+
+class GlooPending(Pending):
+    def __init__(self, work: Any, after: Any = None) -> None:
+        self._work = work
+        self._after = after  # e.g. divide for "avg", once the sum is in
+
+    def wait(self, seconds: float) -> bool:
+        try:
+            self._work.wait(timedelta(seconds=seconds))
+        except RuntimeError as exc:
+            if _TIMED_OUT in str(exc) and not self._work.is_completed():
+                return False
+            raise
+        if self._after is not None:
+            self._after()
+            self._after = None
+        return True
+
+
+class GlooCommunicator(Communicator):
+    def __init__(self, pg: Any, conns: list[sockets.Socket], peer_ports: dict[int, int]) -> None:
+        self.pg = pg
+        self._conns = conns
+        self._peer_ports = peer_ports  # a peer's local port -> its group index
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def _op(self, op: str) -> Any:
+        from torch.distributed import ReduceOp
+
+        return {
+            "sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "product": ReduceOp.PRODUCT,
+            "min": ReduceOp.MIN, "max": ReduceOp.MAX, "band": ReduceOp.BAND,
+            "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
+        }[op]
+
+    def _avg(self, t: Any, op: str) -> Any:
+        if op != "avg":
+            return None
+        size = self.pg.size()
+        return lambda: t.div_(size)
+
+    def all_reduce(self, t: Any, op: str) -> Pending:
+        from torch.distributed import AllreduceOptions
+
+        opts = AllreduceOptions()
+        opts.reduceOp = self._op(op)
+        return GlooPending(self.pg.allreduce([t], opts), self._avg(t, op))
+
+    def all_gather(self, outs: list[Any], t: Any) -> Pending:
+        return GlooPending(self.pg.allgather([outs], [t]))
+
+    def reduce_scatter(self, out: Any, ins: list[Any], op: str) -> Pending:
+        from torch.distributed import ReduceScatterOptions
+
+        opts = ReduceScatterOptions()
+        opts.reduceOp = self._op(op)
+        return GlooPending(self.pg.reduce_scatter([out], [ins], opts), self._avg(out, op))
+
+    def broadcast(self, t: Any, root: int) -> Pending:
+        from torch.distributed import BroadcastOptions
+
+        opts = BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        return GlooPending(self.pg.broadcast([t], opts))
+
+    def send(self, t: Any, peer: int) -> Pending:
+        return GlooPending(self.pg.send([t], peer, 0))
+
+    def recv(self, t: Any, peer: int) -> Pending:
+        return GlooPending(self.pg.recv([t], peer, 0))
+
+    def barrier(self) -> Pending:
+        from torch.distributed import BarrierOptions
+
+        return GlooPending(self.pg.barrier(BarrierOptions()))
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+        sockets.cut(self._conns)
+
+    def lost_peer(self, error: BaseException) -> int | None:
+        for port in sockets.ports_in(str(error)):
+            if port in self._peer_ports:
+                return self._peer_ports[port]
+        return None
+
+
+class GlooBackend(Backend):
+    name = "gloo"
+
+    def unavailable(self) -> str | None:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return "gloo needs torch: pip install torch"
+        if not dist.is_available() or not dist.is_gloo_available():
+            return "this torch build has no gloo backend"
+        return None
+
+    def accepts(self, t: Any) -> bool:
+        import torch
+
+        return isinstance(t, torch.Tensor) and t.device.type == "cpu"
+
+    def is_failure(self, error: BaseException) -> bool:
+        return isinstance(error, RuntimeError)
+
+    def connect(self, store: Any, index: int, size: int, timeout: float) -> Communicator:
+        from torch.distributed import ProcessGroupGloo
+
+        store_port = address()[1]
+        before = sockets.socket_fds()
+        pg = ProcessGroupGloo(store, index, size, timedelta(seconds=timeout))
+        new = {fd: link for fd, link in sockets.socket_fds().items() if before.get(fd) != link}
+        mine = sockets.tcp_sockets(new, exclude_port=store_port)
+        # Publish the ports of our connections, so a peer that loses one can say whose it was.
+        store.set(f"ports/{index}", json.dumps(sorted({port for port, _ in mine.values()})))
+        keys = [f"ports/{i}" for i in range(size)]
+        store.wait(keys, timedelta(seconds=timeout))
+        peer_ports = {
+            port: i
+            for i in range(size)
+            if i != index
+            for port in json.loads(store.get(f"ports/{i}"))
+        }
+        # Listeners are left alone: gloo's event loop does not expect accept() to fail.
+        conns = [sock for sock, (_, listening) in mine.items() if not listening]
+        return GlooCommunicator(pg, conns, peer_ports)

@@ -1,0 +1,78 @@
+"""Which ranks take part in a collective: the whole mesh, or the ranks that share this rank's
+coordinates on every dim *not* named (``dims="gpus"`` on ``{"hosts": 2, "gpus": 4}`` groups the
+four ranks of this rank's host)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from viceroy.runtime.context import context
+from viceroy.runtime.shape import format_rank_set
+
+Dims = str | Sequence[str] | None
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of global ranks, in the order that gives each its index in the group."""
+
+    ranks: tuple[int, ...]
+    label: str  # for messages: "dims ('gpus',) (ranks 4-7)"
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def name(self) -> str:
+        """Stable across processes: keys in the rendezvous store."""
+        return ".".join(map(str, self.ranks))
+
+    def index(self, rank: int) -> int:
+        return self.ranks.index(rank)
+
+
+_cache: dict[tuple[tuple[str, ...] | None, int], Group] = {}
+
+
+def group_for(dims: Dims) -> Group:
+    """The group of the calling rank along `dims` (None: the whole mesh)."""
+    ctx = context()
+    names = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
+    key = (names, ctx.rank)
+    group = _cache.get(key)
+    if group is None:
+        group = _cache[key] = _build(names, ctx.rank, ctx.coords, ctx.dims)
+    return group
+
+
+def pair_group(a: int, b: int) -> Group:
+    """Two ranks, lower first: point-to-point traffic."""
+    lo, hi = sorted((a, b))
+    return Group((lo, hi), f"ranks {lo} and {hi}")
+
+
+def _build(names: tuple[str, ...] | None, rank: int, coords: dict[str, int], dims: dict[str, int]) -> Group:
+    if names is None:
+        n = math.prod(dims.values())
+        return Group(tuple(range(n)), f"the whole mesh (ranks {format_rank_set(list(range(n)))})")
+    unknown = [d for d in names if d not in dims]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(
+            f"dims {list(names)} must name distinct dims of this mesh; its dims are {list(dims)}"
+        )
+    order = list(dims)
+    strides = {d: math.prod(dims[e] for e in order[i + 1:]) for i, d in enumerate(order)}
+    fixed = sum(coords[d] * strides[d] for d in order if d not in names)
+    # Row-major over the named dims, in the order the mesh lists them.
+    named = [d for d in order if d in names]
+    ranks = tuple(
+        fixed + sum(i * strides[d] for d, i in zip(named, idx, strict=True))
+        for idx in itertools.product(*(range(dims[d]) for d in named))
+    )
+    where = ", ".join(f"{d}={coords[d]}" for d in order if d not in names)
+    label = f"dims {'/'.join(named)}" + (f" at {where}" if where else "")
+    return Group(ranks, f"{label} (ranks {format_rank_set(list(ranks))})")

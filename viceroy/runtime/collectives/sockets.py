@@ -1,0 +1,93 @@
+"""Finding and cutting a communicator's TCP connections.
+
+gloo has no abort (``ProcessGroupGloo.abort()`` is a no-op in torch 2.13): an operation waiting
+on a peer that never comes blocks its worker thread until the gloo timeout. Shutting down the
+group's sockets does what an abort should: the local operation fails at once ("Connection closed
+by peer"), and so does every peer's operation on the same group, so one rank's failure releases
+the whole group within milliseconds, exactly as when a process dies.
+
+A group's sockets are the TCP sockets that appeared while it was being built, minus the
+rendezvous store's connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+
+
+def socket_fds() -> dict[int, str]:
+    """This process's open sockets: fd -> its ``socket:[inode]`` link (an fd number can be
+    reused once closed; the inode tells the same socket from a newer one)."""
+    fds: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if link.startswith("socket:"):
+                fds[int(name)] = link
+    return fds
+
+
+Socket = tuple[int, str]  # (fd, "socket:[inode]")
+
+
+def tcp_sockets(fds: dict[int, str], exclude_port: int) -> dict[Socket, tuple[int, bool]]:
+    """(fd, inode) -> (local port, listening?), for the TCP sockets among `fds` that do not
+    touch `exclude_port` (the store's)."""
+    out: dict[Socket, tuple[int, bool]] = {}
+    for fd, link in fds.items():
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            local = s.getsockname()[1]
+            try:
+                remote = s.getpeername()[1]
+            except OSError:
+                remote = None
+            if exclude_port not in (local, remote):
+                listening = bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+                out[(fd, link)] = (local, listening)
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return out
+
+
+def cut(sockets: list[Socket]) -> None:
+    """Shut down (not close: the owner closes its fds) each of `sockets` still open."""
+    for fd, link in sockets:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue  # closed by its owner, the number since reused
+        except OSError:
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone, or a listener
+        finally:
+            s.close()
+
+
+_ADDRESS = re.compile(r"\[[^\]]*\]:(\d+)")
+
+
+def ports_in(message: str) -> list[int]:
+    """Ports named in a gloo error ("Connection closed by peer [127.0.0.1]:8597"). gloo prints
+    the port in network byte order, so both readings are returned."""
+    out = []
+    for m in _ADDRESS.finditer(message):
+        p = int(m.group(1))
+        out += [p, ((p & 0xFF) << 8) | (p >> 8)]
+    return out

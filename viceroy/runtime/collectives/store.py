@@ -1,0 +1,109 @@
+"""The rendezvous store: torch's TCPStore at MASTER_ADDR:MASTER_PORT, the address stock
+``init_process_group()`` (env://) uses too.
+
+Rank 0 hosts the server unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says someone else does (as
+torchrun's agent does). The server is multi-tenant, so when user code on rank 0 later calls
+``init_process_group()`` it shares the same server instead of failing on a taken port.
+
+Each server gets an *incarnation* id: when rank 0 dies and is restarted, its new server starts
+empty, and every key we use is prefixed with the incarnation, so nothing stale is read.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from viceroy.runtime.collectives.errors import CollectiveError
+from viceroy.runtime.collectives.waiting import sleep_slice
+
+INCARNATION_KEY = "viceroy/incarnation"
+
+
+def address() -> tuple[str, int]:
+    try:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except KeyError as exc:
+        raise CollectiveError(
+            f"{exc.args[0]} is not set: collectives run on mesh ranks, which get MASTER_ADDR and "
+            "MASTER_PORT from the mesh"
+        ) from None
+
+
+def hosts_server() -> bool:
+    return os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
+
+class Rendezvous:
+    """This process's connection to the store; reconnects after the server went away."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self.incarnation = ""
+
+    def get(self, timeout: float) -> tuple[Any, str]:
+        """(store, incarnation); connects first if needed. Waits interruptibly for the server."""
+        with self._lock:
+            if self._store is None:
+                self._store, self.incarnation = self._connect(timeout)
+            return self._store, self.incarnation
+
+    def reset(self) -> None:
+        """Forget the connection (a store operation failed: the server is gone)."""
+        with self._lock:
+            self._store = None
+
+    def client(self, timeout: float) -> Any:
+        """A fresh client connection, for a thread that may block on it: a TCPStore client
+        serialises its operations, so a blocked wait would stall every other user."""
+        from torch.distributed import TCPStore
+
+        host, port = address()
+        return TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
+
+    def _connect(self, timeout: float) -> tuple[Any, str]:
+        from torch.distributed import TCPStore
+
+        host, port = address()
+        deadline = time.monotonic() + timeout
+        master = hosts_server()
+        if not master:
+            _wait_for_server(host, port, deadline)
+        store = TCPStore(
+            host, port, None, master, timedelta(seconds=timeout),
+            wait_for_workers=False, multi_tenant=True,
+        )
+        if master:
+            store.compare_set(INCARNATION_KEY, "", secrets.token_hex(4))
+        while not store.check([INCARNATION_KEY]):
+            if time.monotonic() > deadline:
+                raise CollectiveError(f"the rendezvous store at {host}:{port} has no incarnation id")
+            sleep_slice(0.01)
+        return store, store.get(INCARNATION_KEY).decode()
+
+
+def _wait_for_server(host: str, port: int, deadline: float) -> None:
+    """Until the server accepts connections; in Python, so an interrupt gets through (the
+    TCPStore constructor retries in C++, deaf to KeyboardInterrupt)."""
+    delay = 0.005
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise CollectiveError(
+                    f"the rendezvous store at {host}:{port} did not come up: it runs on rank 0 "
+                    "once rank 0 uses a collective or torch.distributed; is rank 0 part of this call?"
+                ) from None
+            sleep_slice(delay)
+            delay = min(delay * 2, 0.1)
+
+
+rendezvous = Rendezvous()
