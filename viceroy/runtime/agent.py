@@ -193,11 +193,11 @@ class Agent:
             return
         op = header.get("op")
         mine = [r for r in header.get("ranks", []) if r in self.slots]
-        if op in ("run", "push"):
+        if op in ("run", "push", "actor"):
             call = PendingCall(set())
             for r in mine:
                 slot = self.slots[r]
-                if slot.ready and self._send_rank(r, frames):
+                if slot.ready and self._send_rank(r, frames, control=op == "actor"):
                     call.ranks.add(r)
                 else:
                     call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",

@@ -53,6 +53,7 @@ class Call:
     stop_reason: str | None = None
     stop_deadline: float | None = None
     shm_paths: list[str] = field(default_factory=list)
+    on_result: Callable[[int, bool, Any], None] | None = None
 
     def missing(self) -> list[int]:
         return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]
@@ -220,7 +221,12 @@ class Controller:
         label: str,
         fail_fast: bool = True,
         timeout: float | None = None,
+        on_result: Callable[[int, bool, Any], None] | None = None,
     ) -> Future[Any]:
+        """Send one call to every rank of `shape`; the future resolves to a ValueMesh, or fails
+        with a MeshError. Op "actor" goes to the ranks' control thread (actors answer while
+        a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
+        rank answers (for streaming adverbs)."""
         with self._lock:
             self._check_open()
             call_id = next(self._ids)
@@ -234,7 +240,7 @@ class Controller:
                 ))
                 return fut
             deadline = time.monotonic() + timeout if timeout else None
-            call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout)
+            call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout, on_result=on_result)
             if self._direct and data:  # same host: big buffers through shared memory
                 data, entries, call.shm_paths = shm.offload(data, self.token)
                 if entries:
@@ -244,7 +250,7 @@ class Controller:
                 self._busy[r].add(call_id)
         self._emit({"type": "call_started", "call": call_id, "ranks": list(shape.ranks), "label": label})
         frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **extra}, signed, data)
-        self._to_ranks(shape.ranks, frames)
+        self._to_ranks(shape.ranks, frames, control=op == "actor")
         if deadline:
             self._wake()
         return fut
@@ -523,6 +529,9 @@ class Controller:
                     if kind != "interrupted" and call.fail_fast:
                         self._stop(call, f"stopped by fail-fast after rank {r} failed")
                 events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": bool(item["ok"])})
+                if call.on_result is not None:
+                    ok = r in call.results
+                    call.on_result(r, ok, call.results[r] if ok else call.failures[r])
             if call is not None and not call.missing():
                 finished.append(call)
         for ev in events:

@@ -141,9 +141,15 @@ class Rank:
 
     def _control_loop(self) -> None:
         while True:
-            header, _, _ = self._receive(self.control)
+            header, signed, data = self._receive(self.control)
             op = header.get("op")
-            if op == "cancel":
+            if op == "actor":
+                # Actor messages are handled off the main thread, so actors answer while a cell
+                # runs; viceroy.runtime.actors owns them.
+                from viceroy.runtime.actors.host import handle
+
+                handle(self, header, signed, data)
+            elif op == "cancel":
                 self._cancel(header["id"])
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
