@@ -210,6 +210,9 @@ class MeshSession:
             except SyntaxError as e:
                 raise syntax_error(e) from None
             live = LiveOutput(view.ranks, fut.call_id, sink)
+            # Wake the pump the moment the value is in (the runtime announces call_finished
+            # just before it resolves the future).
+            fut.add_done_callback(lambda _f: self._events.put({"type": "future_done", "call": fut.call_id}))
             try:
                 self._pump(live, fut)
             except KeyboardInterrupt:
