@@ -178,3 +178,13 @@ def test_python_api_calls_show_their_output_before_their_value(mesh_kernel: Kern
     kinds = [m["msg_type"] for m in ex.outputs]
     assert kinds[-1] == "execute_result"
     assert ex.stream() == "[0] api 0\n[1] api 1\n[0-1] same\n"
+
+
+def test_a_handle_bound_to_a_controller_name_resolves_on_every_rank(mesh_kernel: Kernel):
+    mesh_kernel.ok("%%mesh\nweights = [rank] * 3")
+    mesh_kernel.ok('w = mesh.ref("weights")\nplain = "controller only"')
+    ex = mesh_kernel.ok("%%mesh\nprint(rank, sum(w))")
+    assert ex.stream() == "[0] 0 0\n[1] 1 3\n"
+    # a plain controller value is not sent: the ranks have no `plain`
+    failed = mesh_kernel.execute("%%mesh\nplain")
+    assert failed.status == "error" and "NameError" in error_text(failed.errors[0])

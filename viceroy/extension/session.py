@@ -10,6 +10,7 @@ One `MeshSession` per IPython shell; the magics, the comm and the kernel all go 
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import queue
@@ -27,6 +28,7 @@ from viceroy.extension.errors import interrupted, render_mesh_error, syntax_erro
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
 from viceroy.extension.output import format_rank_set
 from viceroy.extension.state import MeshState
+from viceroy.runtime.handles import Ref
 
 if TYPE_CHECKING:
     from viceroy import Mesh
@@ -205,10 +207,17 @@ class MeshSession:
         try:
             try:
                 fut = view.run(
-                    code, block=False, timeout=opts.timeout, fail_fast=opts.fail_fast, label=label
+                    code,
+                    block=False,
+                    timeout=opts.timeout,
+                    fail_fast=opts.fail_fast,
+                    label=label,
+                    **self._handles_used_by(code),
                 )
             except SyntaxError as e:
                 raise syntax_error(e) from None
+            except ValueError as e:  # a handle from another mesh, or from one shut down
+                raise UsageError(str(e)) from None
             live = LiveOutput(view.ranks, fut.call_id, sink)
             # Wake the pump the moment the value is in (the runtime announces call_finished
             # just before it resolves the future).
@@ -229,6 +238,19 @@ class MeshSession:
             raise
         values = value.values() if hasattr(value, "values") else [value]
         return None if all(v is None for v in values) else value
+
+    def _handles_used_by(self, code: str) -> dict[str, Any]:
+        """Controller names the cell reads that hold handles (`mesh.ref(...)`): each rank binds
+        its own value under that name. Nothing else from the controller is sent."""
+        if self.shell is None:
+            return {}
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            return {}  # the runtime reports it, with the line
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        ns = self.shell.user_ns
+        return {name: ns[name] for name in names if isinstance(ns.get(name), Ref)}
 
     def _pump(self, live: LiveOutput, fut: Any) -> None:
         done_at: float | None = None
