@@ -233,6 +233,17 @@ class Mesh(ShapeOps):
         their first axis, lists chained, anything else as a list."""
         return _join(self.pull(name).values())
 
+    # --- the tensor engine ------------------------------------------------------------------
+
+    def activate(self) -> Any:
+        """``with mesh.activate():`` torch calls here make `MeshTensor`s whose ops run on this
+        mesh's ranks (shapes and dtypes are checked here first, on meta tensors)."""
+        from viceroy.runtime.tensors.engine import Engine, activate
+
+        if getattr(self, "_engine", None) is None:
+            self._engine = Engine(self)
+        return activate(self._engine)
+
     # --- control --------------------------------------------------------------------------------
 
     def interrupt(self) -> None:

@@ -1,0 +1,98 @@
+"""Tensor-engine and transfer benchmarks (issue: handles and the tensor engine), each against a
+baseline measured in the same run.
+
+  dispatch   controller cost per small op under mesh.activate(), 1,000 ops then one fetch
+             vs   the same ops run locally on CPU tensors            (goal: <= 50 us per op)
+  pull       64 MiB tensor pulled from one local rank
+             vs   dst.copy_(src) of 64 MiB in one process            (goal: >= 50 % of memcpy)
+  push       64 MiB tensor pushed to 4 local ranks, per rank        (goal: >= 50 % of memcpy)
+
+Usage: python bench/bench_tensors.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, fmt_time, median, run_child, table, timeit
+
+MiB = 1 << 20
+BIG = 64 * MiB
+
+
+def child_memcpy() -> None:
+    import torch
+
+    src = torch.ones(BIG // 4)
+    dst = torch.empty_like(src)
+    emit("memcpy", median(timeit(lambda: dst.copy_(src), 5, 40)))
+
+
+def child_engine() -> None:
+    import torch
+
+    import viceroy as vr
+
+    x = torch.ones(16)
+
+    def local_ops() -> None:
+        y = x
+        for _ in range(1000):
+            y = y * 1.0001 + 1
+        y.sum()
+
+    emit("local_1000_ops", median(timeit(local_ops, 2, 10)))
+    with vr.Mesh.local(gpus=4, echo=False) as mesh:
+        with mesh.activate():
+            a = torch.ones(16)
+        a.fetch()
+
+        def mesh_ops() -> None:
+            with mesh.activate():
+                y = a
+                for _ in range(1000):
+                    y = y * 1.0001 + 1
+            t0 = time.perf_counter()
+            y.sum().fetch(gpus=0)
+            return time.perf_counter() - t0
+
+        times = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            with mesh.activate():
+                y = a
+                for _ in range(1000):
+                    y = y * 1.0001 + 1
+            times.append(time.perf_counter() - t0)  # controller side: dispatch only
+            y.sum().fetch(gpus=0)
+        emit("mesh_1000_ops_dispatch", median(times[1:]))
+
+        big = torch.ones(BIG // 4)
+        mesh.slice(gpus=0).push(big=big)
+        one = mesh.slice(gpus=0)
+        emit("pull_64MiB", median(timeit(lambda: one.pull("big"), 2, 10)))
+        emit("push_64MiB_4ranks", median(timeit(lambda: mesh.push(big=big), 2, 10)))
+
+
+def main() -> None:
+    m = {**run_child("bench_tensors", "child_memcpy"), **run_child("bench_tensors", "child_engine")}
+    v = {k: r["value"] for k, r in m.items()}
+    gbs = lambda s: f"{BIG / s / 1e9:.2f} GB/s"  # noqa: E731
+    rows = [
+        ("per op, 1,000 ops pipelined (controller)", fmt_time(v["mesh_1000_ops_dispatch"] / 1000),
+         f"same ops locally: {fmt_time(v['local_1000_ops'] / 1000)}", f"{v['mesh_1000_ops_dispatch'] / v['local_1000_ops']:.1f}x",
+         "<= 50 us per op"),
+        ("pull 64 MiB from one rank", gbs(v["pull_64MiB"]), f"memcpy: {gbs(v['memcpy'])}",
+         f"{v['memcpy'] / v['pull_64MiB'] * 100:.0f} %", ">= 50 %"),
+        ("push 64 MiB to 4 ranks, per rank", gbs(v["push_64MiB_4ranks"] / 4), f"memcpy: {gbs(v['memcpy'])}",
+         f"{v['memcpy'] / (v['push_64MiB_4ranks'] / 4) * 100:.0f} %", ">= 50 %"),
+    ]
+    print(f"\nbench_tensors: medians; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
+    print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The tensor engine: torch on the controller, tensors on the ranks."""
+
+import gc
+import inspect as pyinspect
+
+import psutil
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+torch = pytest.importorskip("torch")
+from viceroy.runtime.tensors import MeshTensor, assemble, inspect, worker  # noqa: E402
+
+
+@pytest.fixture
+def tmesh(start_mesh):
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    mesh.run("import torch\ntorch.manual_seed(rank)")
+    return mesh
+
+
+def _engine_tensors(mesh):
+    return mesh.run(worker.count).values()
+
+
+def test_ops_run_on_every_rank_and_fetch_returns_each_ranks_tensor(tmesh):
+    with tmesh.activate():
+        a = torch.randn(8, 8)
+        b = (a @ a.T).relu().sum(dim=0)
+    assert isinstance(b, MeshTensor) and b.shape == (8,) and b.dtype == torch.float32
+    assert repr(b) == "MeshTensor(shape=(8,), dtype=float32, mesh=gpus=2)"
+    a0, a1 = a.fetch().values()
+    assert not torch.equal(a0, a1)  # each rank made its own
+    torch.testing.assert_close(b.fetch(gpus=1), (a1 @ a1.T).relu().sum(dim=0))
+
+
+def test_in_place_ops_and_item_assignment_change_the_ranks_tensor(tmesh):
+    with tmesh.activate():
+        a = torch.zeros(3)
+        a.add_(2)
+        a[0] = 7
+    assert [t.tolist() for t in a.fetch().values()] == [[7.0, 2.0, 2.0]] * 2
+
+
+def test_a_shape_error_is_raised_here_and_nothing_reaches_the_ranks(tmesh):
+    with tmesh.activate():
+        a = torch.ones(4, 3)
+        b = torch.ones(5, 2)
+    a.fetch()
+    seen = []
+    tmesh.subscribe(lambda ev: ev["type"] == "call_started" and seen.append(ev))
+    with tmesh.activate(), pytest.raises(RuntimeError, match=r"\[4, 3\] X \[5, 2\]"):
+        a @ b
+    assert seen == []
+
+
+def test_an_op_failing_on_a_rank_surfaces_at_the_next_fetch_with_its_line(tmesh):
+    with tmesh.activate():
+        a = torch.arange(4.0)
+        bad = a[torch.tensor([10])]  # fine on meta tensors, out of range on the ranks
+        line = pyinspect.currentframe().f_lineno - 1
+    with pytest.raises(vr.MeshError) as info:
+        bad.fetch()
+    text = str(info.value)
+    assert f"test_engine.py, line {line}" in text and "IndexError" in text
+    assert "ranks 0-1" in text
+    assert a.fetch(gpus=0).tolist() == [0.0, 1.0, 2.0, 3.0]  # the engine carries on
+
+
+def test_asking_for_data_on_the_controller_explains_fetch(tmesh):
+    with tmesh.activate():
+        a = torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"use \.fetch\(\)"):
+        a.sum().item()
+    with pytest.raises(RuntimeError, match="needs the data"):
+        bool(a[0])
+
+
+def test_ops_mixing_meshes_are_refused(start_mesh):
+    m1 = start_mesh(gpus=1, preload=["torch"])
+    m2 = start_mesh(gpus=2, preload=["torch"])
+    with m1.activate():
+        a = torch.ones(2)
+    with m2.activate():
+        b = torch.ones(2)
+    with pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=1 and gpus=2\)"):
+        a + b
+
+
+def test_dropping_the_last_reference_frees_the_ranks_tensors(tmesh):
+    pid = tmesh.pids()[0]
+    rss = lambda: psutil.Process(pid).memory_info().rss  # noqa: E731
+    with tmesh.activate():
+        a = torch.ones(1)
+    a.fetch()
+    base_count = _engine_tensors(tmesh)
+    before = rss()
+    with tmesh.activate():
+        big = [torch.ones(64, 1024, 1024) for _ in range(4)]  # 4 x 256 MiB per rank
+        big[0].fetch(gpus=0).shape  # noqa: B018 - wait until they exist
+    assert rss() > before + 512 * (1 << 20)
+    del big
+    gc.collect()
+    tmesh._engine.sync()  # frees go with the next batch
+    wait_until(lambda: rss() < before + 256 * (1 << 20), 10, "rank memory to come back")
+    assert _engine_tensors(tmesh) == base_count
+
+
+def test_inspect_and_assemble(tmesh):
+    with tmesh.activate():
+        a = torch.ones(2, 3)
+    summary = inspect(a).values()
+    assert summary[0]["shape"] == (2, 3) and summary[0]["mean"] == 1.0
+    whole = assemble(a, dims={"gpus": 0})
+    assert whole.shape == (4, 3)
+    with pytest.raises(ValueError, match="no dim 'hosts'"):
+        assemble(a, dims={"hosts": 0})
+
+
+def test_torch_outside_activate_stays_local(tmesh):
+    with tmesh.activate():
+        pass
+    t = torch.ones(2)
+    assert type(t) is torch.Tensor and t.sum().item() == 2.0
+
+
+def test_long_pipelines_with_temporaries_span_batches_correctly(tmesh):
+    from viceroy.runtime.tensors.engine import BATCH_MAX
+
+    with tmesh.activate():
+        a = torch.ones(4)
+        y = a
+        for _ in range(BATCH_MAX * 2):  # every temporary is freed as it goes
+            y = y * 1.0 + 1
+    assert y.fetch(gpus=0).tolist() == [1.0 + BATCH_MAX * 2] * 4
+    tmesh._engine.sync()
+    assert all(n <= 4 for n in _engine_tensors(tmesh))  # a, y and at most a couple in flight
