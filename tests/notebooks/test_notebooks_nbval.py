@@ -12,7 +12,7 @@ import pytest
 from viceroy.kernel.kernelspec import write_kernel_spec
 
 REPO = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ["01-quickstart.ipynb", "05-faults.ipynb"]
+NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.timeout(600)
