@@ -50,13 +50,22 @@ def run_demo(notebook: str | None = None, timeout: float = 300) -> int:
         os.environ["JUPYTER_PATH"] = os.pathsep.join(
             [tmp, *filter(None, [os.environ.get("JUPYTER_PATH")])]
         )
-        NotebookClient(
-            nb,
-            kernel_name=KERNEL_NAME,
-            timeout=timeout,
-            allow_errors=True,
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
+        from jupyter_client.manager import KernelManager
+
+        # Unix sockets: the kernel is local, and it then has no TCP warning to print.
+        km = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=os.path.join(tmp, "kernel"))
+        try:
+            NotebookClient(
+                nb,
+                km=km,
+                kernel_name=KERNEL_NAME,
+                timeout=timeout,
+                allow_errors=True,
+                resources={"metadata": {"path": str(path.parent)}},
+            ).execute()
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=False)
     unexpected = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
