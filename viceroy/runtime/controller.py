@@ -1,5 +1,6 @@
-"""The controller's side of a mesh: sockets to the agents, the table of calls in flight, rank
-states, and the IO thread that turns replies into results, errors and events.
+"""The controller's side of a mesh: the table of calls in flight, rank states, and the IO thread
+that turns replies into results, errors and events. Sockets are in `transport`, one call's
+bookkeeping in `calls`.
 
 One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it.
 """
@@ -10,63 +11,28 @@ import contextlib
 import itertools
 import os
 import secrets
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from viceroy.runtime import serialize, shm
+from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
-from viceroy.runtime.launcher import AgentProcess, Launcher
+from viceroy.runtime.launcher import AgentProcess, Launcher, rendezvous_env
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.shape import Shape, format_rank_set
-from viceroy.runtime.values import ValueMesh
+from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer, new_key
 
 Event = dict[str, Any]
 Listener = Callable[[Event], None]
-
-# After a call is cancelled, how long its ranks get to stop before the call ends without them.
-STOP_GRACE_S = 1.0
-
-
-@dataclass
-class Call:
-    id: int
-    label: str
-    shape: Shape
-    future: Future[Any]
-    fail_fast: bool
-    deadline: float | None
-    timeout: float | None
-    results: dict[int, Any] = field(default_factory=dict)
-    failures: dict[int, RankFailure] = field(default_factory=dict)
-    stop_reason: str | None = None
-    stop_deadline: float | None = None
-    shm_paths: list[str] = field(default_factory=list)
-    on_result: Callable[[int, bool, Any], None] | None = None
-
-    def missing(self) -> list[int]:
-        return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]
-
-
-@dataclass
-class Query:
-    """A control request answered by every targeted rank (stacks, stats)."""
-
-    expected: set[Any]  # rank ids, and ("agent", host) for questions agents answer too
-    deadline: float
-    replies: dict[Any, Any] = field(default_factory=dict)
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class Controller:
@@ -104,44 +70,25 @@ class Controller:
         self.preload_report: dict[int, dict[str, Any]] = {}
         self.agent_info: dict[int, dict[str, Any]] = {}
 
-        self._ctx = zmq.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted rank takes its identity back
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router_lock = threading.Lock()
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._rundir: str | None = None
+        self._sockets = ControllerSockets(launcher.same_host, interface)
         # Direct mode: one host, the controller's own. Ranks then talk to the controller itself
         # (no relay hop); the agent only spawns, reaps and reports.
         self._direct = False
-        if launcher.same_host:
-            # Unix sockets in a private directory: faster than loopback TCP, and only this user
-            # can connect at all.
-            self._rundir = tempfile.mkdtemp(prefix="viceroy-")
-            addr_in, addr_out = f"ipc://{self._rundir}/in", f"ipc://{self._rundir}/out"
-            self._router.bind(addr_in)
-            self._pull.bind(addr_out)
-        else:
-            addr_in = f"tcp://{interface}:{self._router.bind_to_random_port(f'tcp://{interface}')}"
-            addr_out = f"tcp://{interface}:{self._pull.bind_to_random_port(f'tcp://{interface}')}"
-        self._wake_r, self._wake_w = os.pipe()
         self._io = threading.Thread(target=self._io_loop, name="viceroy-controller-io", daemon=True)
         self._io.start()
 
         self._config = {
             "key": self.signer._key.hex(),
             "token": self.token,
-            "controller_in": addr_in,
-            "controller_out": addr_out,
+            "controller_in": self._sockets.address_in,
+            "controller_out": self._sockets.address_out,
             "dims": self.shape.dims,
             "world_size": len(self.shape),
             "cwd": os.getcwd(),
             "sys_path": [p or os.getcwd() for p in sys.path],
             "preload": list(preload),
             "output_limit": output_limit,
-            "env": {**_rendezvous_env(interface), **(env or {})},
+            "env": {**rendezvous_env(interface), **(env or {})},
         }
         _live.add(self)
 
@@ -194,13 +141,7 @@ class Controller:
             agent.kill()
         self._wake()
         self._io.join(timeout=2)
-        self._router.close()
-        self._pull.close()
-        self._ctx.term()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-        if self._rundir:
-            shutil.rmtree(self._rundir, ignore_errors=True)
+        self._sockets.close()
         shm.discard_mesh(self.token)
         _live.discard(self)
 
@@ -361,17 +302,7 @@ class Controller:
             self._send([f"agent-{h}".encode() for h in sorted({self._host_of[r] for r in ranks})], frames)
 
     def _send(self, idents: list[bytes], frames: list[Any]) -> None:
-        for ident in idents:
-            for attempt in range(200):
-                try:
-                    with self._router_lock:
-                        self._router.send_multipart([ident, *frames], copy=False)
-                    break
-                except zmq.ZMQError as exc:
-                    # Not connected yet (it just started) or gone (its watcher will report it).
-                    if exc.errno != zmq.EHOSTUNREACH or attempt == 199:
-                        break
-                    time.sleep(0.005)
+        self._sockets.send(idents, frames)
 
     def _stop(self, call: Call, reason: str) -> None:
         """Cancel a call on the ranks that have not answered. Caller holds the lock."""
@@ -388,37 +319,22 @@ class Controller:
     # --- internals: the IO thread --------------------------------------------------------------
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        self._sockets.wake()
 
     def _post(self, task: Callable[[], None]) -> None:
         self._tasks.append(task)
         self._wake()
 
     def _io_loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._pull, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
         while not self._closed:
-            timeout = self._next_deadline()
-            try:
-                events = dict(poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1)))
-            except zmq.ZMQError:
-                break
-            if self._wake_r in events:
-                with contextlib.suppress(OSError):
-                    os.read(self._wake_r, 4096)
+            if self._sockets.wait(self._next_deadline()):
                 while self._tasks:
                     self._tasks.popleft()()
-            if self._pull in events:
-                for _ in range(1000):  # drain, bounded so deadlines still get checked
-                    if not int(self._pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        break
-                    frames = self._pull.recv_multipart(copy=False)
-                    try:
-                        self._handle(frames)
-                    except BadMessage:
-                        pass
+            for frames in self._sockets.received():
+                try:
+                    self._handle(frames)
+                except BadMessage:
+                    pass  # dropped unread; the signer counted it
             self._check_deadlines()
 
     def _next_deadline(self) -> float | None:
@@ -443,12 +359,7 @@ class Controller:
                 if call.deadline and now >= call.deadline and call.stop_reason is None:
                     self._stop(call, f"timed out after {call.timeout} s")
                 if call.stop_deadline and now >= call.stop_deadline:
-                    for r in call.missing():
-                        call.failures[r] = RankFailure(
-                            "interrupted",
-                            f"{call.stop_reason}; did not stop within {STOP_GRACE_S} s (busy in native "
-                            "code?). It stays busy; mesh.restart() ends it",
-                        )
+                    call.give_up_on_missing()
                     done.append(call)
             for qid, q in list(self._queries.items()):
                 if now >= q.deadline:
@@ -507,31 +418,11 @@ class Controller:
                 sig, dat = signed[si : si + ns], data[di : di + nd]
                 si, di = si + ns, di + nd
                 self._busy[r].discard(header["id"])
-                if call is None or r in call.results or r in call.failures:
+                if call is None or call.answered(r):
                     continue
-                if item["ok"]:
-                    try:
-                        if "shm" in item:
-                            dat = shm.restore(dat, item["shm"], self.token, unlink=True)
-                        call.results[r] = serialize.loads(sig[0], dat) if ns else None
-                    except Exception as exc:
-                        call.failures[r] = RankFailure(
-                            "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}"
-                        )
-                else:
-                    kind = item.get("kind", "error")
-                    summary = item.get("summary", "failed")
-                    if kind == "interrupted" and call.stop_reason:
-                        summary = call.stop_reason
-                    if item.get("where"):
-                        summary += f" (at {item['where']})"
-                    call.failures[r] = RankFailure(kind, summary, item.get("tb", ""), item.get("etype", ""))
-                    if kind != "interrupted" and call.fail_fast:
-                        self._stop(call, f"stopped by fail-fast after rank {r} failed")
+                if call.record(item, sig, dat, self.token) and call.fail_fast:
+                    self._stop(call, f"stopped by fail-fast after rank {r} failed")
                 events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": bool(item["ok"])})
-                if call.on_result is not None:
-                    ok = r in call.results
-                    call.on_result(r, ok, call.results[r] if ok else call.failures[r])
             if call is not None and not call.missing():
                 finished.append(call)
         for ev in events:
@@ -547,7 +438,7 @@ class Controller:
             self._pids.pop(r, None)
             self._busy[r].clear()
             for call in list(self._calls.values()):
-                if r in call.shape.ranks and r not in call.results and r not in call.failures:
+                if r in call.shape.ranks and not call.answered(r):
                     call.failures[r] = RankFailure("died", f"died ({reason})")
                     if call.fail_fast:
                         self._stop(call, f"stopped by fail-fast after rank {r} died")
@@ -584,13 +475,7 @@ class Controller:
         self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
         # Resolving the future wakes the caller: do it last, so this thread does not hold the
         # GIL against it right after.
-        if call.failures:
-            hint = ""
-            if any(f.kind == "died" for f in call.failures.values()):
-                hint = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
-            call.future._set_exception(MeshError(call.label, dict(call.failures), dict(call.results), hint))
-        else:
-            call.future._set_result(ValueMesh(call.shape, call.results))
+        call.resolve()
 
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):
@@ -598,17 +483,6 @@ class Controller:
                 listener(event)
             except Exception as exc:  # a broken listener must not break the mesh
                 print(f"viceroy: event listener {listener!r} raised {exc!r}", file=sys.__stderr__)
-
-
-def _rendezvous_env(interface: str) -> dict[str, str]:
-    """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a free port.
-    (Launchers for many hosts override MASTER_ADDR with host 0's address.)"""
-    import socket
-
-    with socket.socket() as s:
-        s.bind((interface, 0))
-        port = s.getsockname()[1]
-    return {"MASTER_ADDR": interface, "MASTER_PORT": str(port)}
 
 
 _live: weakref.WeakSet[Controller] = weakref.WeakSet()

@@ -53,6 +53,17 @@ class Launcher(ABC):
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess: ...
 
 
+def rendezvous_env(interface: str) -> dict[str, str]:
+    """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a free port.
+    (Launchers for many hosts override MASTER_ADDR with host 0's address.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((interface, 0))
+        port = s.getsockname()[1]
+    return {"MASTER_ADDR": interface, "MASTER_PORT": str(port)}
+
+
 def plan_by_hosts(dims: dict[str, int]) -> list[HostPlan]:
     """One host per index of a leading ``hosts`` dim, else one host for the whole mesh. Ranks are
     row-major, so each host holds a contiguous block."""

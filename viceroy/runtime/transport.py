@@ -1,0 +1,96 @@
+"""The controller's sockets: a ROUTER that sends to agents (or, on one local host, straight to
+ranks) and a PULL that receives from them; plus a wake-up pipe for the IO thread.
+
+Sending happens on callers' threads under a lock; receiving only on the IO thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+
+
+class ControllerSockets:
+    def __init__(self, same_host: bool, interface: str) -> None:
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted rank takes its identity back
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router_lock = threading.Lock()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._rundir: str | None = None
+        if same_host:
+            # Unix sockets in a private directory: faster than loopback TCP, and only this
+            # user can connect at all.
+            self._rundir = tempfile.mkdtemp(prefix="viceroy-")
+            self.address_in, self.address_out = f"ipc://{self._rundir}/in", f"ipc://{self._rundir}/out"
+            self._router.bind(self.address_in)
+            self._pull.bind(self.address_out)
+        else:
+            self.address_in = f"tcp://{interface}:{self._router.bind_to_random_port(f'tcp://{interface}')}"
+            self.address_out = f"tcp://{interface}:{self._pull.bind_to_random_port(f'tcp://{interface}')}"
+        self._wake_r, self._wake_w = os.pipe()
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    def send(self, idents: list[bytes], frames: list[Any]) -> None:
+        """One copy of `frames` to each peer. A peer that just started may not have finished
+        connecting: retry briefly. One that is gone is skipped (its watcher reports it)."""
+        for ident in idents:
+            for attempt in range(200):
+                try:
+                    with self._router_lock:
+                        self._router.send_multipart([ident, *frames], copy=False)
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH or attempt == 199:
+                        break
+                    time.sleep(0.005)
+
+    # --- the IO thread -------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until a message or a wake-up (or `timeout` seconds); True if woken."""
+        try:
+            events = dict(self._poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1)))
+        except zmq.ZMQError:
+            return False
+        if self._wake_r in events:
+            with contextlib.suppress(OSError):
+                os.read(self._wake_r, 4096)
+            return True
+        return False
+
+    def received(self, limit: int = 1000) -> Iterator[list[Any]]:
+        """Messages already queued, without blocking (bounded, so deadlines still get checked)."""
+        for _ in range(limit):
+            if not int(self._pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            yield self._pull.recv_multipart(copy=False)
+
+    def wake(self) -> None:
+        """Make `wait` return at once (any thread)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        self._router.close()
+        self._pull.close()
+        self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        if self._rundir:
+            shutil.rmtree(self._rundir, ignore_errors=True)
+
+
