@@ -186,6 +186,8 @@ class Command:
     name: str
     dims: dict[str, int] = field(default_factory=dict)
     launcher: str = "local"
+    hostfile: str | None = None
+    listen: str | None = None
     backend: str | None = None
     preload: list[str] | None = None
     failed_only: bool = False
@@ -283,15 +285,18 @@ def parse_command(line: str) -> Command:
     if word == "up":
         p = _Parser(
             prog,
-            "usage: %mesh up DIM=SIZE... [--launcher local] [--backend gloo|nccl] "
-            "[--preload MOD,MOD|none]",
+            "usage: %mesh up DIM=SIZE... [--launcher local|ssh] [--hostfile FILE] [--listen ADDR] "
+            "[--backend gloo|nccl] [--preload MOD,MOD|none]",
         )
         p.add_argument("--launcher", default="local")
+        p.add_argument("--hostfile")
+        p.add_argument("--listen")
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
         p.add_argument("dims", nargs="*")
         ns = _parse(p, tokens)
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
+        cmd.hostfile, cmd.listen = ns.hostfile, ns.listen
         if ns.preload is not None:
             mods = [m for m in ns.preload.split(",") if m.strip()]
             cmd.preload = [] if mods == ["none"] else mods

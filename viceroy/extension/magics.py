@@ -95,7 +95,12 @@ class MeshMagics(Magics):
 
     def _cmd_up(self, cmd: Command) -> None:
         mesh = self.session.up(
-            cmd.dims, launcher=cmd.launcher, backend=cmd.backend, preload=cmd.preload
+            cmd.dims,
+            launcher=cmd.launcher,
+            backend=cmd.backend,
+            preload=cmd.preload,
+            hostfile=cmd.hostfile,
+            listen=cmd.listen,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
 

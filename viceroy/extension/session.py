@@ -74,6 +74,8 @@ class MeshSession:
         launcher: str = "local",
         backend: str | None = None,
         preload: list[str] | None = None,
+        hostfile: str | None = None,
+        listen: str | None = None,
     ) -> Mesh:
         """Start a local mesh with these dims (stopping the previous one) and bind ``mesh``.
 
@@ -81,10 +83,14 @@ class MeshSession:
         """
         import viceroy as vr
 
-        if launcher != "local":
+        if launcher not in ("local", "ssh"):
             raise UsageError(
-                f"%mesh up: --launcher {launcher} is not available yet; use --launcher local"
+                f"%mesh up: --launcher {launcher} is not available yet; use --launcher local or ssh"
             )
+        if launcher == "ssh" and not hostfile:
+            raise UsageError("%mesh up --launcher ssh needs --hostfile FILE (one host per line)")
+        if launcher == "local" and (hostfile or listen):
+            raise UsageError("%mesh up: --hostfile and --listen go with --launcher ssh")
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -103,12 +109,30 @@ class MeshSession:
             old = describe_dims(self.mesh.dims)
             self.down()
             print(f"stopped the previous mesh ({old})")
-        mesh = vr.Mesh.local(**kwargs)
+        if launcher == "ssh":
+            mesh = self._up_ssh(dims, kwargs, str(hostfile), listen)
+        else:
+            mesh = vr.Mesh.local(**kwargs)
         self._attach(mesh)
         mesh.run(display_hook.install)
         if self.shell is not None:
             self.shell.user_ns["mesh"] = mesh
         return mesh
+
+    @staticmethod
+    def _up_ssh(dims: dict[str, int], kwargs: dict[str, Any], hostfile: str, listen: str | None) -> Mesh:
+        import viceroy as vr
+        from viceroy.runtime.ssh import read_hostfile
+
+        try:
+            n = len(read_hostfile(hostfile))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"%mesh up: {e}") from None
+        if dims.get("hosts", n) != n:
+            raise UsageError(f"%mesh up: hosts={dims['hosts']} but {hostfile} lists {n} host(s)")
+        params: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in dims}
+        params.update({k: v for k, v in dims.items() if k != "hosts"})
+        return vr.Mesh.ssh(hostfile, interface=listen or "127.0.0.1", **params)
 
     def _attach(self, mesh: Mesh) -> None:
         self.mesh = mesh

@@ -123,7 +123,8 @@ class Agent:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             pass_fds=(self.lifeline_r,),
-            cwd=self.cfg.get("cwd") or None,
+            # The controller's directory, where this host has it (a shared filesystem); else home.
+            cwd=self.cfg["cwd"] if os.path.isdir(self.cfg.get("cwd") or "") else os.path.expanduser("~"),
         )
         zcfg = {
             "sys_path": self.cfg.get("sys_path", []),

@@ -96,17 +96,21 @@ class Controller:
 
     def start(self, timeout: float) -> None:
         """Launch the agents; return when every rank has answered."""
-        plans = self.launcher.plan(self.shape.dims)
-        self._direct = self.launcher.same_host and len(plans) == 1
-        for plan in plans:
-            cfg = {**self._config, "host": plan.index, "ranks": plan.ranks, "direct": self._direct}
-            agent = self.launcher.start(plan, cfg)
-            self._agents[plan.index] = agent
-            for rc in plan.ranks:
-                self._host_of[rc["rank"]] = plan.index
-            threading.Thread(
-                target=self._watch_agent, args=(agent,), name="viceroy-agent-watch", daemon=True
-            ).start()
+        try:
+            plans = self.launcher.plan(self.shape.dims)
+            self._direct = self.launcher.same_host and len(plans) == 1
+            for plan in plans:
+                cfg = {**self._config, "host": plan.index, "ranks": plan.ranks, "direct": self._direct}
+                agent = self.launcher.start(plan, cfg)
+                self._agents[plan.index] = agent
+                for rc in plan.ranks:
+                    self._host_of[rc["rank"]] = plan.index
+                threading.Thread(
+                    target=self._watch_agent, args=(agent,), name="viceroy-agent-watch", daemon=True
+                ).start()
+        except BaseException:
+            self.shutdown()  # nothing half-started stays behind
+            raise
         deadline = time.monotonic() + timeout
         with self._changed:
             while not all(s == "idle" for s in self._state.values()):

@@ -90,10 +90,13 @@ def _coords(rank: int, dims: dict[str, int]) -> dict[str, int]:
     return dict(reversed(list(out.items())))
 
 
-class _LocalAgent(AgentProcess):
-    def __init__(self, host: int, proc: subprocess.Popen[bytes], log: IO[bytes], log_path: str) -> None:
+class ChildAgent(AgentProcess):
+    """An agent reached through a child process of ours (the agent itself, or the ssh/srun
+    that runs it): its stdin carries the configuration, then stays open as the lifeline."""
+
+    def __init__(self, host: int, proc: subprocess.Popen[bytes], log: IO[bytes], log_path: str, label: str) -> None:
         self.host = host
-        self.label = f"host {host} (local, pid {proc.pid})"
+        self.label = label
         self.proc = proc
         self._log = log
         self._log_path = log_path
@@ -151,18 +154,25 @@ class LocalLauncher(Launcher):
         return plan_by_hosts(dims)
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
-        fd, log_path = tempfile.mkstemp(prefix=f"viceroy-agent{host.index}-", suffix=".log")
-        log = os.fdopen(fd, "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "viceroy.runtime.agent"],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            cwd=config.get("cwd") or None,
-            env=_agent_env(),
+        agent = start_child_agent(
+            [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"), env=_agent_env()
         )
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(config) + "\n").encode())
-        proc.stdin.flush()
-        return _LocalAgent(host.index, proc, log, log_path)
+        agent.label = f"host {host.index} (local, pid {agent.proc.pid})"
+        return agent
+
+
+def start_child_agent(
+    argv: list[str], config: dict[str, Any], host: int, cwd: str | None = None, env: dict[str, str] | None = None
+) -> ChildAgent:
+    """Run `argv` in its own session (the kernel's SIGINT must not reach it), hand it the
+    configuration on stdin (never on the command line, where `ps` would show the key), and
+    keep stdin open as its lifeline."""
+    fd, log_path = tempfile.mkstemp(prefix=f"viceroy-agent{host}-", suffix=".log")
+    log = os.fdopen(fd, "wb")
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True, cwd=cwd or None, env=env
+    )
+    assert proc.stdin is not None
+    proc.stdin.write((json.dumps(config) + "\n").encode())
+    proc.stdin.flush()
+    return ChildAgent(host, proc, log, log_path, f"host {host} (pid {proc.pid})")

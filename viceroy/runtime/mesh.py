@@ -27,6 +27,7 @@ from viceroy.runtime.values import ValueMesh
 
 atexit.register(shutdown_all)
 
+_START_OPTIONS = ("echo", "preload", "output_limit", "startup_timeout", "env")
 _cell_ids = itertools.count(1)
 _cell_numbers: OrderedDict[str, int] = OrderedDict()
 
@@ -105,6 +106,32 @@ class Mesh(ShapeOps):
         )
         controller.start(startup_timeout)
         return cls(controller, shape)
+
+    @classmethod
+    def ssh(
+        cls,
+        hosts: list[str] | str,
+        *,
+        python: str | None = None,
+        port: int | None = None,
+        identity: str | None = None,
+        ssh_options: list[str] | None = None,
+        interface: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> Mesh:
+        """Start one agent per host over ssh; dims are ``hosts=len(hosts)`` then yours:
+        ``Mesh.ssh(["node1", "node2"], gpus=8)``. `hosts` may be a hostfile path (one host per
+        line, optionally ``python=PATH``). `interface` is where the controller listens: an
+        address every host can reach (loopback by default). Other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.ssh import SshLauncher, read_hostfile
+
+        host_list = read_hostfile(hosts) if isinstance(hosts, str) else list(hosts)
+        launcher = SshLauncher(
+            host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
+        )
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
 
     def _reshaped(self, shape: Shape) -> Mesh:
         return Mesh(self._controller, shape)

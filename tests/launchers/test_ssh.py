@@ -1,0 +1,123 @@
+"""The ssh launcher against a real sshd: agents over ssh, the key never on a command line,
+and nothing left behind when the controller goes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+import viceroy as vr
+from tests.conftest import live_pids, wait_until
+
+SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+
+
+def _ssh_mesh(sshd, **dims):
+    return vr.Mesh.ssh(
+        ["127.0.0.1", "127.0.0.1"], port=sshd.port, identity=sshd.identity, ssh_options=SSH_OPTS,
+        preload=[], echo=False, **dims,
+    )
+
+
+def test_a_mesh_over_ssh_runs_like_a_local_one(sshd):
+    mesh = _ssh_mesh(sshd, gpus=2)
+    try:
+        assert mesh.dims == {"hosts": 2, "gpus": 2}
+        assert mesh.run("rank * 10").values() == [0, 10, 20, 30]
+        assert mesh.run("import os\nint(os.environ['LOCAL_RANK'])").values() == [0, 1, 0, 1]
+        # each host's ranks hang off an agent started by sshd, not by us
+        agents = {psutil.Process(p).parent() for p in mesh.pids().values()}
+        assert len(agents) == 2
+        assert {a.parent().name() for a in agents} <= {"sshd", "sshd-session"}
+        remote = [a.pid for a in agents] + list(mesh.pids().values())
+        with pytest.raises(vr.MeshError, match="rank 3: ZeroDivisionError"):
+            mesh.run("1 / (rank - 3)", fail_fast=False)
+    finally:
+        mesh.shutdown()
+    wait_until(lambda: not live_pids(remote), 5, "the remote agents and ranks to exit")
+
+
+def test_the_key_never_appears_on_a_command_line(sshd):
+    mesh = _ssh_mesh(sshd, gpus=1)
+    try:
+        key = mesh._controller.signer._key.hex()
+        for p in psutil.process_iter(["cmdline"]):
+            assert key not in " ".join(p.info["cmdline"] or [])
+    finally:
+        mesh.shutdown()
+
+
+def test_wrong_host_count_is_explained():
+    from viceroy.runtime.ssh import SshLauncher
+
+    with pytest.raises(ValueError, match=r"hosts=3 but 2 host\(s\) were given"):
+        SshLauncher(["a", "b"]).plan({"hosts": 3, "gpus": 1})
+    with pytest.raises(ValueError, match="first dim is 'hosts'"):
+        SshLauncher(["a"]).plan({"gpus": 1})
+
+
+def test_hostfile_parsing(tmp_path):
+    from viceroy.runtime.ssh import SshHost, read_hostfile
+
+    f = tmp_path / "hosts.txt"
+    f.write_text("# cluster\nnode1\nnode2 python=/opt/venv/bin/python  # gpu box\n\n")
+    assert read_hostfile(str(f)) == [SshHost("node1"), SshHost("node2", "/opt/venv/bin/python")]
+    f.write_text("node1 gpus=8\n")
+    with pytest.raises(ValueError, match=r"hosts.txt:1: unknown host option 'gpus=8'"):
+        read_hostfile(str(f))
+
+
+def test_controller_death_leaves_nothing_on_the_hosts(sshd):
+    script = textwrap.dedent(f"""
+        import json, time, viceroy as vr
+        mesh = vr.Mesh.ssh(["127.0.0.1"], port={sshd.port}, identity={sshd.identity!r},
+                           ssh_options={SSH_OPTS!r}, preload=[], echo=False, gpus=2)
+        mesh.run("import time\\ntime.sleep(60)", block=False)
+        print(json.dumps(list(mesh.pids().values())), flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        ranks = json.loads(proc.stdout.readline())
+        assert len(live_pids(ranks)) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        wait_until(lambda: not live_pids(ranks), 10, "the remote ranks to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_magic_starts_an_ssh_mesh_from_a_hostfile(sshd, tmp_path, monkeypatch):
+    from IPython.core.error import UsageError
+
+    from viceroy.extension.args import parse_command
+    from viceroy.extension.session import MeshSession
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("127.0.0.1\n127.0.0.1\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {sshd.identity}\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+    )
+    monkeypatch.setenv("VICEROY_SSH_OPTIONS", f"-F {config}")
+    cmd = parse_command(f"up hosts=2 gpus=1 --launcher ssh --hostfile {hosts} --preload none")
+    assert (cmd.launcher, cmd.hostfile, cmd.dims) == ("ssh", str(hosts), {"hosts": 2, "gpus": 1})
+    session = MeshSession(None)
+    with pytest.raises(UsageError, match=r"hosts=3 but .* lists 2 host"):
+        session.up({"hosts": 3, "gpus": 1}, launcher="ssh", hostfile=str(hosts), preload=[])
+    with pytest.raises(UsageError, match="needs --hostfile"):
+        session.up({"gpus": 1}, launcher="ssh")
+    mesh = session.up(cmd.dims, launcher="ssh", hostfile=str(hosts), preload=[])
+    try:
+        assert mesh.dims == {"hosts": 2, "gpus": 1}
+        assert mesh.run("coords").values() == [{"hosts": 0, "gpus": 0}, {"hosts": 1, "gpus": 0}]
+    finally:
+        session.close()

@@ -1,0 +1,99 @@
+"""The ssh launcher: one agent per host, started with `ssh HOST python -m viceroy.runtime.agent`.
+
+The mesh key travels on the ssh session's stdin, never on a command line; the same stdin is
+the agent's lifeline, so when the controller dies the remote agent sees EOF and takes its
+ranks down. Ranks on every host connect back to the controller's address, so bind it to an
+interface the hosts can reach (`interface=`; loopback by default).
+
+    hosts.txt:   node1                   # one host per line
+                 node2 python=/opt/venv/bin/python
+
+Extra ssh options for every host can come from $VICEROY_SSH_OPTIONS (e.g. "-F ~/.ssh/cluster").
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from viceroy.runtime.launcher import (
+    AgentProcess,
+    HostPlan,
+    Launcher,
+    plan_by_hosts,
+    start_child_agent,
+)
+
+
+@dataclass(frozen=True)
+class SshHost:
+    address: str  # what ssh connects to: "node1", "user@10.0.0.2"
+    python: str | None = None  # this host's Python (default: the launcher's)
+
+
+@dataclass
+class SshLauncher(Launcher):
+    """Agents over ssh (OpenSSH client; keys or an agent, never a password prompt)."""
+
+    hosts: Sequence[SshHost | str]
+    python: str = sys.executable
+    port: int | None = None
+    identity: str | None = None
+    options: Sequence[str] = field(default_factory=tuple)
+    name = "ssh"
+    same_host = False
+
+    def __post_init__(self) -> None:
+        self.hosts = [h if isinstance(h, SshHost) else SshHost(h) for h in self.hosts]
+        if not self.hosts:
+            raise ValueError("the ssh launcher needs at least one host")
+
+    def plan(self, dims: dict[str, int]) -> list[HostPlan]:
+        names = list(dims)
+        if not names or names[0] != "hosts":
+            raise ValueError(f"an ssh mesh's first dim is 'hosts', e.g. hosts={len(self.hosts)}, gpus=8; got {dims}")
+        if dims["hosts"] != len(self.hosts):
+            raise ValueError(f"hosts={dims['hosts']} but {len(self.hosts)} host(s) were given: {self.addresses()}")
+        return plan_by_hosts(dims)
+
+    def addresses(self) -> list[str]:
+        return [h.address for h in self.hosts]  # type: ignore[union-attr]
+
+    def ssh_argv(self, host: SshHost) -> list[str]:
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        if self.port is not None:
+            argv += ["-p", str(self.port)]
+        if self.identity is not None:
+            argv += ["-i", self.identity]
+        argv += [*shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options, host.address]
+        python = host.python or self.python
+        return [*argv, f"exec {shlex.quote(python)} -m viceroy.runtime.agent"]
+
+    def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        target = self.hosts[host.index]
+        assert isinstance(target, SshHost)
+        agent = start_child_agent(self.ssh_argv(target), config, host.index)
+        agent.label = f"host {host.index} ({target.address}, via ssh)"
+        return agent
+
+
+def read_hostfile(path: str) -> list[SshHost]:
+    """One host per line, optionally ``python=PATH``; blank lines and ``#`` comments skipped."""
+    hosts = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            opts = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            bad = [w for w in words[1:] if "=" not in w or not w.startswith("python=")]
+            if bad:
+                raise ValueError(f"{path}:{n}: unknown host option {bad[0]!r} (only python=PATH)")
+            hosts.append(SshHost(words[0], opts.get("python")))
+    if not hosts:
+        raise ValueError(f"{path} lists no hosts")
+    return hosts
