@@ -245,3 +245,9 @@ def test_without_gpus_ranks_run_on_cpu_quietly(start_mesh, monkeypatch):
     mesh = start_mesh(gpus=2, echo=True)
     assert mesh.run("import os\nos.environ.get('CUDA_VISIBLE_DEVICES')").values() == [None, None]
     assert mesh.logs(0) == "" and mesh.logs(1) == ""
+
+
+def test_ranks_do_not_share_random_streams(start_mesh):
+    mesh = start_mesh(gpus=3)
+    draws = mesh.run("import numpy as np, random\n(float(np.random.rand()), random.random())").values()
+    assert len({d[0] for d in draws}) == 3 and len({d[1] for d in draws}) == 3

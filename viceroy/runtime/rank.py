@@ -274,6 +274,15 @@ def _is_runtime_file(filename: str) -> bool:
     return filename.startswith(_RUNTIME_DIR) or filename.startswith("<frozen ")
 
 
+def _reseed_after_fork() -> None:
+    """Forked ranks share the template's random state; give each its own, as separate
+    processes would have. (Python's `random` reseeds itself at fork; numpy's global state does
+    not. torch's default seed is the same in every process anyway: seed it on purpose.)"""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
 def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
     """Entry point in a freshly forked process. Never returns."""
     try:
@@ -283,6 +292,7 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         os.close(devnull)
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
+        _reseed_after_fork()
         Rank(cfg).serve()
     except BaseException:
         traceback.print_exc()

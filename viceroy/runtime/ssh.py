@@ -64,7 +64,7 @@ class SshLauncher(Launcher):
         return [h.address for h in self.hosts]  # type: ignore[union-attr]
 
     def ssh_argv(self, host: SshHost) -> list[str]:
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity is not None:
