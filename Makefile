@@ -33,6 +33,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)  ## ratios against baselines measured in the same run
 	$(BIN)/python bench/bench_runtime.py
+	$(BIN)/python bench/bench_tensors.py
+	$(BIN)/python bench/bench_collectives.py
+	$(BIN)/python bench/bench_kernel.py
 
 lab: $(STAMP)  ## JupyterLab on the quickstart, with the Viceroy kernel
 	$(BIN)/python -m pip install -q -e ".[lab]"

@@ -5,20 +5,40 @@
         mesh.run("x = rank * 10\nx")          # ValueMesh of every rank's x
 """
 
+from viceroy.runtime.collectives import (
+    CollectiveError,
+    all_gather,
+    all_reduce,
+    barrier,
+    broadcast,
+    recv,
+    reduce_scatter,
+    send,
+)
 from viceroy.runtime.context import Context, context
+from viceroy.runtime.device_mesh import device_mesh
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.mesh import Mesh
 from viceroy.runtime.values import ValueMesh
 
 __all__ = [
+    "CollectiveError",
     "Context",
     "Future",
     "Mesh",
     "MeshError",
     "RankFailure",
     "ValueMesh",
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
     "context",
+    "device_mesh",
+    "recv",
+    "reduce_scatter",
+    "send",
 ]
 __version__ = "0.1.0"
 

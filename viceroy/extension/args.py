@@ -189,6 +189,7 @@ class Command:
     hostfile: str | None = None
     listen: str | None = None
     backend: str | None = None
+    torch_dist: bool = False
     preload: list[str] | None = None
     failed_only: bool = False
     rank: int | None = None
@@ -286,17 +287,18 @@ def parse_command(line: str) -> Command:
         p = _Parser(
             prog,
             "usage: %mesh up DIM=SIZE... [--launcher local|ssh] [--hostfile FILE] [--listen ADDR] "
-            "[--backend gloo|nccl] [--preload MOD,MOD|none]",
+            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none]",
         )
         p.add_argument("--launcher", default="local")
         p.add_argument("--hostfile")
         p.add_argument("--listen")
+        p.add_argument("--torch-dist", action="store_true")
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
         p.add_argument("dims", nargs="*")
         ns = _parse(p, tokens)
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
-        cmd.hostfile, cmd.listen = ns.hostfile, ns.listen
+        cmd.hostfile, cmd.listen, cmd.torch_dist = ns.hostfile, ns.listen, ns.torch_dist
         if ns.preload is not None:
             mods = [m for m in ns.preload.split(",") if m.strip()]
             cmd.preload = [] if mods == ["none"] else mods

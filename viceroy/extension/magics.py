@@ -101,6 +101,7 @@ class MeshMagics(Magics):
             preload=cmd.preload,
             hostfile=cmd.hostfile,
             listen=cmd.listen,
+            torch_dist=cmd.torch_dist,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
 

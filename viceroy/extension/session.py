@@ -44,6 +44,18 @@ def describe_dims(dims: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in dims.items())
 
 
+def _init_torch_distributed() -> None:
+    """On a rank: torch's default process group (env://; the mesh set RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), tracked so an interrupt can release it."""
+    import torch.distributed as dist
+
+    from viceroy.runtime.collectives import install_torch_hooks
+
+    install_torch_hooks()
+    if not dist.is_initialized():
+        dist.init_process_group()
+
+
 class MeshSession:
     """Owns at most one mesh for a shell and turns runtime events into cell output and state."""
 
@@ -76,6 +88,7 @@ class MeshSession:
         preload: list[str] | None = None,
         hostfile: str | None = None,
         listen: str | None = None,
+        torch_dist: bool = False,
     ) -> Mesh:
         """Start a local mesh with these dims (stopping the previous one) and bind ``mesh``.
 
@@ -102,9 +115,8 @@ class MeshSession:
         if preload is not None:
             kwargs["preload"] = preload
         if backend is not None:
-            if "backend" not in params:
-                raise UsageError("%mesh up: this runtime has no --backend choice yet; leave it out")
-            kwargs["backend"] = backend
+            # Collectives follow the tensor (CPU: gloo, CUDA: nccl); this forces one.
+            kwargs["env"] = {"VICEROY_BACKEND": backend}
         if self.mesh is not None:
             old = describe_dims(self.mesh.dims)
             self.down()
@@ -115,6 +127,11 @@ class MeshSession:
             mesh = vr.Mesh.local(**kwargs)
         self._attach(mesh)
         mesh.run(display_hook.install)
+        if torch_dist:
+            try:
+                mesh.run(_init_torch_distributed, label="torch.distributed.init_process_group")
+            except Exception as e:
+                raise UsageError(f"%mesh up --torch-dist: {str(e).splitlines()[-1]}") from None
         if self.shell is not None:
             self.shell.user_ns["mesh"] = mesh
         return mesh

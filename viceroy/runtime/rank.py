@@ -30,7 +30,8 @@ from viceroy.runtime.output import OutputCapture
 from viceroy.runtime.procs import die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
 
-_RESEND_INTERRUPT_S = 0.2
+_RESEND_INTERRUPT_S = 0.1
+_ABORT_COLLECTIVES_AFTER_S = 0.3
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -167,11 +168,22 @@ class Rank:
 
     def _interrupt_until_done(self, call_id: int) -> None:
         # Keep interrupting until the call ends: user code may swallow one KeyboardInterrupt.
+        started, aborted = time.monotonic(), False
         while True:
             with self.state_lock:
                 if self.current != call_id:
                     return
             signal.pthread_kill(self.main_ident, signal.SIGINT)
+            if not aborted and time.monotonic() - started > _ABORT_COLLECTIVES_AFTER_S:
+                # Still running: likely blocked inside a collective's C++ wait, which a signal
+                # cannot break. Cutting the communicators' connections can.
+                aborted = True
+                collectives = sys.modules.get("viceroy.runtime.collectives")
+                if collectives is not None:
+                    try:
+                        collectives.abort_all()
+                    except Exception:
+                        traceback.print_exc()
             time.sleep(_RESEND_INTERRUPT_S)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:

@@ -63,6 +63,14 @@ def main() -> None:
             preloaded.append(name)
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
+    if "torch" in preloaded:
+        # Track torch's own gloo groups from the start, so an interrupt can abort them.
+        try:
+            from viceroy.runtime import collectives
+
+            collectives.install_torch_hooks()
+        except Exception as exc:
+            failed["viceroy.runtime.collectives"] = f"{type(exc).__name__}: {exc}"
     lifeline_fd = cfg["lifeline_fd"]
     _reply({"ready": True, "preloaded": preloaded, "failed": failed, "seconds": time.perf_counter() - t0})
     for line in sys.stdin:

@@ -44,6 +44,11 @@ class Communicator(ABC):
     def abort(self) -> None:
         """Cut every connection; thread-safe and idempotent."""
 
+    def healthy(self) -> bool | None:
+        """Whether every peer still holds its end, if the backend can tell without asking
+        anyone (None: ask the store)."""
+        return None
+
     def lost_peer(self, error: BaseException) -> int | None:
         """The group index of the peer an error is about, when the backend can tell."""
         return None
@@ -60,8 +65,12 @@ class Backend(ABC):
     def accepts(self, t: Any) -> bool:
         """Whether `t` is a tensor this backend moves."""
 
+    def device_of(self, t: Any) -> int | None:
+        """The device a tensor lives on, when communicators are per device (nccl)."""
+        return None
+
     @abstractmethod
-    def connect(self, store: Any, index: int, size: int, timeout: float) -> Communicator:
+    def connect(self, store: Any, index: int, size: int, device: int | None, timeout: float) -> Communicator:
         """Build a communicator; every member calls this with the same (prefixed) store.
         Blocks until all members joined; runs on a helper thread."""
 

@@ -6,6 +6,7 @@ clashes with the user's own ``init_process_group()``.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from datetime import timedelta
@@ -18,6 +19,35 @@ from viceroy.runtime.collectives.store import address
 _TIMED_OUT = "Operation timed out!"
 
 
+class _C10d:
+    """torch.distributed's names, looked up once (the hot path is microseconds)."""
+
+    def __init__(self) -> None:
+        from torch.distributed import AllreduceOptions, ReduceOp
+
+        self.AllreduceOptions = AllreduceOptions
+        self.reduce_ops = {
+            "sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "product": ReduceOp.PRODUCT,
+            "min": ReduceOp.MIN, "max": ReduceOp.MAX, "band": ReduceOp.BAND,
+            "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
+        }
+
+
+_names: _C10d | None = None
+
+
+def _c10d() -> _C10d:
+    global _names
+    if _names is None:
+        _names = _C10d()
+    return _names
+
+
+@functools.lru_cache(maxsize=8)
+def _slice(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
 class GlooPending(Pending):
     def __init__(self, work: Any, after: Any = None) -> None:
         self._work = work
@@ -25,10 +55,10 @@ class GlooPending(Pending):
 
     def wait(self, seconds: float) -> bool:
         try:
-            self._work.wait(timedelta(seconds=seconds))
+            self._work.wait(_slice(seconds))
         except RuntimeError as exc:
-            if _TIMED_OUT in str(exc) and not self._work.is_completed():
-                return False
+            if str(exc).startswith(_TIMED_OUT):
+                return False  # our slice ran out (if it just finished, the next wait says so)
             raise
         if self._after is not None:
             self._after()
@@ -39,19 +69,14 @@ class GlooPending(Pending):
 class GlooCommunicator(Communicator):
     def __init__(self, pg: Any, conns: list[sockets.Socket], peer_ports: dict[int, int]) -> None:
         self.pg = pg
-        self._conns = conns
+        self._watch = sockets.Watch(conns)
+        self._allreduce_opts: dict[str, Any] = {}
         self._peer_ports = peer_ports  # a peer's local port -> its group index
         self._lock = threading.Lock()
         self._aborted = False
 
     def _op(self, op: str) -> Any:
-        from torch.distributed import ReduceOp
-
-        return {
-            "sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "product": ReduceOp.PRODUCT,
-            "min": ReduceOp.MIN, "max": ReduceOp.MAX, "band": ReduceOp.BAND,
-            "bor": ReduceOp.BOR, "bxor": ReduceOp.BXOR,
-        }[op]
+        return _c10d().reduce_ops[op]
 
     def _avg(self, t: Any, op: str) -> Any:
         if op != "avg":
@@ -60,11 +85,11 @@ class GlooCommunicator(Communicator):
         return lambda: t.div_(size)
 
     def all_reduce(self, t: Any, op: str) -> Pending:
-        from torch.distributed import AllreduceOptions
-
-        opts = AllreduceOptions()
-        opts.reduceOp = self._op(op)
-        return GlooPending(self.pg.allreduce([t], opts), self._avg(t, op))
+        opts = self._allreduce_opts.get(op)
+        if opts is None:  # options are read at the call, so one object per op serves all
+            opts = self._allreduce_opts[op] = _c10d().AllreduceOptions()
+            opts.reduceOp = self._op(op)
+        return GlooPending(self.pg.allreduce([t], opts), self._avg(t, op) if op == "avg" else None)
 
     def all_gather(self, outs: list[Any], t: Any) -> Pending:
         return GlooPending(self.pg.allgather([outs], [t]))
@@ -100,7 +125,11 @@ class GlooCommunicator(Communicator):
             if self._aborted:
                 return
             self._aborted = True
-        sockets.cut(self._conns)
+        self._watch.cut()
+        self._watch.close()
+
+    def healthy(self) -> bool | None:
+        return not self._aborted and self._watch.all_established()
 
     def lost_peer(self, error: BaseException) -> int | None:
         for port in sockets.ports_in(str(error)):
@@ -112,6 +141,7 @@ class GlooCommunicator(Communicator):
 class GlooBackend(Backend):
     name = "gloo"
 
+    @functools.cache  # noqa: B019 (one backend object per process)
     def unavailable(self) -> str | None:
         try:
             import torch.distributed as dist
@@ -129,7 +159,7 @@ class GlooBackend(Backend):
     def is_failure(self, error: BaseException) -> bool:
         return isinstance(error, RuntimeError)
 
-    def connect(self, store: Any, index: int, size: int, timeout: float) -> Communicator:
+    def connect(self, store: Any, index: int, size: int, device: int | None, timeout: float) -> Communicator:
         from torch.distributed import ProcessGroupGloo
 
         store_port = address()[1]

@@ -60,6 +60,14 @@ def tcp_sockets(fds: dict[int, str], exclude_port: int) -> dict[Socket, tuple[in
     return out
 
 
+def is_current(sock: Socket) -> bool:
+    """Whether the fd still holds that very socket."""
+    try:
+        return os.readlink(f"/proc/self/fd/{sock[0]}") == sock[1]
+    except OSError:
+        return False
+
+
 def cut(sockets: list[Socket]) -> None:
     """Shut down (not close: the owner closes its fds) each of `sockets` still open."""
     for fd, link in sockets:
@@ -78,6 +86,76 @@ def cut(sockets: list[Socket]) -> None:
             pass  # already gone, or a listener
         finally:
             s.close()
+
+
+def connection_to(port: int, fds: dict[int, str]) -> Socket | None:
+    """The socket among `fds` connected to `port` (a client's connection to a server)."""
+    for fd, link in fds.items():
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.getpeername()[1] == port:
+                return (fd, link)
+        except (OSError, IndexError):
+            continue
+        finally:
+            s.close()
+    return None
+
+
+def is_open(sock: Socket) -> bool:
+    """False once the peer closed the connection (or the fd is gone)."""
+    fd, link = sock
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != link:
+            return False
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True  # open, nothing to read
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+_ESTABLISHED = 1  # tcpi_state, the first byte of struct tcp_info
+
+
+class Watch:
+    """Our own handles on a group's connections (dups of the fds), to tell in one syscall each
+    whether a peer has closed its end, even when unread data is still queued."""
+
+    def __init__(self, conns: list[Socket]) -> None:
+        self._socks: list[socket.socket] = []
+        for fd, link in conns:
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == link:
+                    self._socks.append(socket.socket(fileno=os.dup(fd)))
+            except OSError:
+                continue
+
+    def all_established(self) -> bool:
+        try:
+            return all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _ESTABLISHED
+                       for s in self._socks)
+        except OSError:
+            return False
+
+    def cut(self) -> None:
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks = []
 
 
 _ADDRESS = re.compile(r"\[[^\]]*\]:(\d+)")

@@ -19,6 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from viceroy.runtime.collectives import sockets
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.waiting import sleep_slice
 
@@ -35,8 +36,12 @@ def address() -> tuple[str, int]:
         ) from None
 
 
+def store_on_rank0() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
+
 def hosts_server() -> bool:
-    return os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    return os.environ.get("RANK") == "0" and store_on_rank0()
 
 
 class Rendezvous:
@@ -45,13 +50,24 @@ class Rendezvous:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._store: Any = None
+        self._conn: sockets.Socket | None = None
         self.incarnation = ""
 
     def get(self, timeout: float) -> tuple[Any, str]:
-        """(store, incarnation); connects first if needed. Waits interruptibly for the server."""
+        """(store, incarnation); connects first if needed (again if the server went away).
+        Waits interruptibly for the server."""
         with self._lock:
+            if self._store is not None and self._conn is not None and not sockets.is_open(self._conn):
+                self._store = None  # asking a dead server makes torch print a C++ stack trace
             if self._store is None:
                 self._store, self.incarnation = self._connect(timeout)
+            return self._store, self.incarnation
+
+    def current(self) -> tuple[Any, str] | None:
+        """(store, incarnation) if connected to a live server, else None; never waits."""
+        with self._lock:
+            if self._store is None or (self._conn is not None and not sockets.is_open(self._conn)):
+                return None
             return self._store, self.incarnation
 
     def reset(self) -> None:
@@ -75,10 +91,12 @@ class Rendezvous:
         master = hosts_server()
         if not master:
             _wait_for_server(host, port, deadline)
+        before = sockets.socket_fds()
         store = TCPStore(
             host, port, None, master, timedelta(seconds=timeout),
             wait_for_workers=False, multi_tenant=True,
         )
+        self._conn = sockets.connection_to(port, {fd: ln for fd, ln in sockets.socket_fds().items() if before.get(fd) != ln})
         if master:
             store.compare_set(INCARNATION_KEY, "", secrets.token_hex(4))
         while not store.check([INCARNATION_KEY]):

@@ -1,0 +1,98 @@
+"""Collectives on real ranks (gloo, CPU tensors): results, groups along dims, arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import viceroy as vr
+
+
+def test_all_reduce_over_the_whole_mesh_and_along_each_dim(torch_mesh):
+    mesh = torch_mesh(dp=2, tp=2)
+    out = mesh.run(
+        "t = torch.ones(3) * rank; vr.all_reduce(t)\n"
+        "a = torch.ones(1) * rank; vr.all_reduce(a, dims='tp')\n"
+        "b = torch.ones(1) * rank; vr.all_reduce(b, op='max', dims='dp')\n"
+        "t.tolist(), a.item(), b.item()"
+    )
+    assert out.item(dp=0, tp=0) == ([6.0] * 3, 1.0, 2.0)
+    assert out.item(dp=1, tp=1) == ([6.0] * 3, 5.0, 3.0)
+
+
+def test_gather_scatter_broadcast_point_to_point_and_barrier(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    out = mesh.run(
+        "g = vr.all_gather(torch.tensor([rank, 10 * rank]))\n"
+        "s = vr.reduce_scatter(torch.arange(8.) + rank)\n"
+        "w = torch.full((2,), float(rank)); vr.broadcast(w, src=2)\n"
+        "avg = vr.all_reduce(torch.ones(1) * rank, op='avg').item()\n"
+        "got = None\n"
+        "if rank == 0: vr.send(torch.tensor([42.0]), dst=3)\n"
+        "if rank == 3: got = vr.recv(torch.zeros(1), src=0).item()\n"
+        "vr.barrier()\n"
+        "g.tolist(), s.tolist(), w.tolist(), avg, got"
+    )
+    for r in range(4):
+        g, s, w, avg, got = out.item(gpus=r)
+        assert g == [[i, 10 * i] for i in range(4)]
+        assert s == [4 * (2 * r) + 6, 4 * (2 * r + 1) + 6]  # sum over ranks of chunk r
+        assert w == [2.0, 2.0]
+        assert avg == 1.5
+        assert got == (42.0 if r == 3 else None)
+
+
+def test_numpy_arrays_are_reduced_in_place(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    out = mesh.run("import numpy as np\na = np.ones(4, dtype=np.float32) * (rank + 1)\nvr.all_reduce(a); a.tolist()")
+    assert out.item(gpus=1) == [3.0] * 4
+
+
+def test_bad_arguments_fail_on_the_rank_with_what_to_do(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    with pytest.raises(vr.MeshError, match=r"its dims are \['gpus'\]"):
+        mesh.run("vr.all_reduce(torch.ones(1), dims='hosts')")
+    with pytest.raises(vr.MeshError, match="one of sum"):
+        mesh.run("vr.all_reduce(torch.ones(1), op='mean')")
+    with pytest.raises(vr.MeshError, match="cuts the first dim into 2 equal chunks"):
+        mesh.run("vr.reduce_scatter(torch.ones(3))")
+    with pytest.raises(vr.MeshError, match="contiguous"):
+        mesh.run("vr.all_reduce(torch.ones(4, 4).t())")
+    # None of that touched a communicator: the next collective works.
+    assert mesh.run("t = torch.ones(1); vr.all_reduce(t); t.item()").item(gpus=0) == 2.0
+
+
+def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh):
+    mesh = torch_mesh(dp=2, tp=2)
+    out = mesh.run(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group()\n"  # env://, the mesh sets the variables
+        "x = torch.ones(1) * rank; dist.all_reduce(x)\n"
+        "y = torch.ones(1); vr.all_reduce(y, dims='tp')\n"
+        "dm = vr.device_mesh()\n"
+        "z = torch.ones(1); dist.all_reduce(z, group=dm.get_group('dp'))\n"
+        "x.item(), y.item(), dm.mesh_dim_names, tuple(dm.mesh.shape), z.item()"
+    )
+    assert set(out.values()) == {(6.0, 2.0, ("dp", "tp"), (2, 2), 2.0)}
+
+
+def test_nccl_is_skipped_with_a_clear_message_without_cupy_or_a_gpu():
+    from viceroy.runtime.collectives.nccl import NcclBackend
+
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here: bench/gpu_check.sh covers nccl")
+    except ImportError:
+        pass
+    why = NcclBackend().unavailable()
+    assert why is not None and "skipped: needs CuPy and a GPU" in why and "viceroy-kernel[gpu]" in why
+    assert "cupy" not in sys.modules  # never half-imported
+
+
+def test_importing_viceroy_imports_neither_torch_nor_cupy():
+    code = "import sys, viceroy; print('torch' in sys.modules, 'cupy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

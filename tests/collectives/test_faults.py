@@ -1,0 +1,138 @@
+"""No hang, ever: a rank that raises before a collective, dies inside one, or is interrupted
+ends the call on every rank quickly, with an error naming the rank; the communicator is
+rebuilt on next use and the next collective gives the right answer. Real processes, real kills.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.collectives.conftest import SETUP
+from tests.conftest import wait_until
+
+NEXT = "t = torch.ones(2) * (rank + 1); vr.all_reduce(t); t.tolist()"
+
+
+def timed_failure(mesh: vr.Mesh, code: str, **kw: object) -> tuple[float, str]:
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code, timeout=60, **kw)
+    return time.monotonic() - t0, str(info.value)
+
+
+def assert_next_collective_is_right(mesh: vr.Mesh, n: int) -> None:
+    expected = [float(n * (n + 1) // 2)] * 2
+    assert set(map(tuple, mesh.run(NEXT, timeout=30).values())) == {tuple(expected)}
+
+
+def test_a_rank_raising_before_a_collective_ends_it_everywhere(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    mesh.run(NEXT)  # the communicator exists: the others really block in it
+    took, msg = timed_failure(mesh, "if rank == 2: 1/0\nt = torch.ones(2); vr.all_reduce(t)")
+    assert took < 5
+    assert "rank 2: ZeroDivisionError" in msg
+    assert "stopped by fail-fast after rank 2 failed" in msg
+    # Rank 2 never saw the failure; its stale communicator must not leak the aborted round's
+    # data into the next one.
+    assert_next_collective_is_right(mesh, 4)
+
+
+def test_a_rank_dying_inside_a_collective_is_named_and_a_restart_recovers(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    code = ("for i in range(400):\n"
+            "    if rank == 1 and i == 200: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    vr.all_reduce(torch.ones(1000))")
+    took, msg = timed_failure(mesh, code)
+    assert took < 5
+    assert "rank 1: died (SIGKILL)" in msg
+    assert "connection to rank 1 was lost" in msg or "stopped by fail-fast after rank 1 died" in msg
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 4)
+
+
+def test_losing_rank_0_and_the_store_it_hosts_recovers_after_restart(torch_mesh):
+    mesh = torch_mesh(gpus=3)
+    mesh.run(NEXT)
+    took, msg = timed_failure(mesh, "if rank == 0: os.kill(os.getpid(), signal.SIGKILL)\nvr.all_reduce(torch.ones(2))")
+    assert took < 5 and "rank 0: died (SIGKILL)" in msg
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 3)
+
+
+def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    mesh.run(NEXT)
+    fut = mesh.run("if rank == 3: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
+    time.sleep(0.5)  # the three are inside the collective
+    t0 = time.monotonic()
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        fut.get(timeout=10)
+    assert time.monotonic() - t0 < 2
+    assert set(mesh.states().values()) == {"idle"}
+    assert_next_collective_is_right(mesh, 4)
+
+
+def test_ranks_that_never_join_are_named_when_the_group_times_out(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    head = mesh.slice(gpus=slice(0, 2))  # ranks 2 and 3 do not run this code
+    took, msg = timed_failure(head, "from viceroy.runtime import collectives as C\nC.set_timeout(2)\nvr.all_reduce(torch.ones(1))")
+    assert took < 10
+    assert "ranks 2-3 did not join within 2 s" in msg
+
+
+def test_abort_all_releases_a_stock_torch_distributed_collective(torch_mesh):
+    """The runtime's interrupt path can call collectives.abort_all() on each rank (from its IO
+    thread); stock code blocked in C++ (dist.all_reduce, DDP) then raises."""
+    mesh = torch_mesh(gpus=3)
+    code = ("import threading, torch.distributed as dist\n"
+            "from viceroy.runtime import collectives as C\n"
+            "C.install_torch_hooks(); dist.init_process_group(); dist.all_reduce(torch.ones(1))\n"
+            "if rank == 2: time.sleep(3)\n"
+            "else:\n"
+            "    threading.Timer(0.5, C.abort_all).start(); t0 = time.monotonic()\n"
+            "    try: dist.all_reduce(torch.ones(1)); released = None\n"
+            "    except RuntimeError as e: released = (time.monotonic() - t0, 'Connection closed' in str(e))\n"
+            "released if rank != 2 else None")
+    out = mesh.run(code, timeout=30)
+    for r in (0, 1):
+        took, closed = out.item(gpus=r)
+        assert took < 2 and closed
+
+
+def test_a_blocked_collective_does_not_stop_other_threads(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    fut = mesh.run("if rank == 0: vr.all_reduce(torch.ones(1))\nelse: time.sleep(2); vr.all_reduce(torch.ones(1))", block=False)
+    # While rank 0 waits for rank 1, its IO thread still answers (stacks needs the GIL).
+    wait_until(lambda: "all_reduce" in mesh.stacks(timeout=1).item(gpus=0), 1.5, "rank 0's stack in all_reduce")
+    fut.get(timeout=30)
+
+
+def test_interrupt_while_the_group_is_still_forming(torch_mesh):
+    mesh = torch_mesh(gpus=3)
+    # First use: ranks 0-1 wait for rank 2 to build the communicator at all.
+    fut = mesh.run("if rank == 2: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        fut.get(timeout=10)
+    assert time.monotonic() - t0 < 2
+    assert_next_collective_is_right(mesh, 3)
+
+
+def test_a_failure_in_one_dims_group_leaves_the_others_working(torch_mesh):
+    mesh = torch_mesh(dp=2, tp=2)
+    both = ("a = torch.ones(1) * rank; vr.all_reduce(a, dims='tp')\n"
+            "b = torch.ones(1) * rank; vr.all_reduce(b, dims='dp')\n"
+            "a.item(), b.item()")
+    before = mesh.run(both)
+    took, msg = timed_failure(mesh, "if rank == 1: 1/0\nvr.all_reduce(torch.ones(1), dims='tp')")
+    assert took < 5 and "rank 1: ZeroDivisionError" in msg
+    assert mesh.run(both) == before
+    assert before.item(dp=1, tp=0) == (5.0, 2.0)

@@ -1,0 +1,48 @@
+"""Stock torch.distributed code blocked in C++ is released when a peer fails or on interrupt."""
+
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+pytest.importorskip("torch")
+
+
+def _init(mesh):
+    def init():
+        import torch.distributed as dist
+
+        dist.init_process_group()
+
+    mesh.run(init)
+
+
+def test_a_rank_raising_releases_peers_blocked_in_a_stock_all_reduce(start_mesh):
+    mesh = start_mesh(gpus=3, preload=["torch"])
+    _init(mesh)
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "if rank == 1:\n    raise ValueError('no gradient for you')\n"
+        "dist.all_reduce(torch.ones(4))"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code)
+    assert time.monotonic() - t0 < 3.0
+    assert "rank 1: ValueError: no gradient for you" in str(info.value)
+    wait_until(lambda: set(mesh.states().values()) == {"idle"}, 3, "every rank to be idle")
+
+
+def test_interrupt_releases_ranks_blocked_in_a_stock_barrier(start_mesh):
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    _init(mesh)
+    fut = mesh.slice(gpus=0).run("import torch.distributed as dist\ndist.barrier()", block=False)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError):
+        fut.get(timeout=5)
+    assert time.monotonic() - t0 < 2.0
+    assert mesh.run("rank").values() == [0, 1]

@@ -1,0 +1,187 @@
+"""The collectives rank code calls: ``vr.all_reduce(t, op="sum", dims="gpus")`` and friends.
+
+Every function runs over the whole mesh (``dims=None``) or over the named dims: the group is
+the ranks that share this rank's coordinates on every other dim. The backend follows the
+tensor: CPU torch tensors and numpy arrays go through gloo, CUDA torch tensors and CuPy arrays
+through nccl (``VICEROY_BACKEND=gloo`` sends CUDA tensors through gloo instead).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from viceroy.runtime.collectives import communicators
+from viceroy.runtime.collectives.backend import OPS, Backend, Communicator, Pending
+from viceroy.runtime.collectives.errors import BackendUnavailable
+from viceroy.runtime.collectives.gloo import GlooBackend
+from viceroy.runtime.collectives.groups import Dims, Group, group_for, pair_group
+from viceroy.runtime.collectives.nccl import NcclBackend
+from viceroy.runtime.context import context
+
+T = TypeVar("T")
+
+_gloo = GlooBackend()
+_nccl = NcclBackend()
+
+
+def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
+    """Reduce `t` in place across the group; every member ends with the result.
+
+    >>> t = torch.ones(4) * rank
+    >>> vr.all_reduce(t, op="sum", dims="gpus")      # on gpus=4: tensor([6., 6., 6., 6.])
+
+    op: "sum", "avg", "product", "min", "max", "band", "bor", "bxor". Returns `t`.
+    """
+    _check_op(op)
+    backend, x = _native(t, "all_reduce")
+    _run(f"all_reduce({op!r})", backend, group_for(dims), x, lambda c: c.all_reduce(x, op))
+    return t
+
+
+def all_gather(t: Any, dims: Dims = None) -> Any:
+    """Every member's `t`, stacked in group order: a new tensor of shape ``(n, *t.shape)``.
+
+    >>> vr.all_gather(torch.tensor([rank]))          # on gpus=4: tensor([[0], [1], [2], [3]])
+    """
+    backend, x = _native(t, "all_gather")
+    group = group_for(dims)
+    out = _empty(x, (group.size, *x.shape))
+    parts = [out[i] for i in range(group.size)]
+    _run("all_gather", backend, group, x, lambda c: c.all_gather(parts, x), lambda: _copy(parts[0], x))
+    return _like(t, out)
+
+
+def reduce_scatter(t: Any, op: str = "sum", dims: Dims = None) -> Any:
+    """Reduce `t` across the group and return this member's share: `t` is cut into n equal
+    chunks along its first dim, and member i gets chunk i reduced.
+
+    >>> vr.reduce_scatter(torch.arange(4.) + rank)   # on gpus=4, rank 1 gets tensor([10.])
+    """
+    _check_op(op)
+    backend, x = _native(t, "reduce_scatter")
+    group = group_for(dims)
+    n = group.size
+    if not x.shape or x.shape[0] % n:
+        raise ValueError(
+            f"reduce_scatter over {group.label} cuts the first dim into {n} equal chunks; "
+            f"got a tensor of shape {tuple(x.shape)}")
+    k = x.shape[0] // n
+    chunks = [x[i * k:(i + 1) * k] for i in range(n)]
+    out = _empty(x, (k, *x.shape[1:]))
+    _run(f"reduce_scatter({op!r})", backend, group, x, lambda c: c.reduce_scatter(out, chunks, op),
+         lambda: _copy(out, x))
+    return _like(t, out)
+
+
+def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
+    """Overwrite `t` on every member with member `src`'s `t` (in place; returns `t`).
+
+    src is the position in the group: the global rank for the whole mesh, the coordinate
+    along the dim for one dim (``broadcast(w, src=0, dims="gpus")``: from gpus=0).
+    """
+    backend, x = _native(t, "broadcast")
+    group = group_for(dims)
+    if not 0 <= src < group.size:
+        raise ValueError(f"src={src} is not a position in {group.label} (0..{group.size - 1})")
+    _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src))
+    return t
+
+
+def send(t: Any, dst: int) -> None:
+    """Send `t` to rank `dst` (a global rank), which receives it with ``recv(buf, src=...)``."""
+    backend, x = _native(t, "send")
+    group = _pair(dst, "send")
+    _run(f"send to rank {dst}", backend, group, x, lambda c: c.send(x, group.index(dst)))
+
+
+def recv(t: T, src: int) -> T:
+    """Receive into `t` (in place) what rank `src` sent with ``send``; returns `t`."""
+    backend, x = _native(t, "recv")
+    group = _pair(src, "recv")
+    _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)))
+    return t
+
+
+def barrier(dims: Dims = None) -> None:
+    """Return once every member of the group has called it."""
+    if _gloo.unavailable():
+        raise BackendUnavailable(f"barrier: {_gloo.unavailable()}")
+    _run("barrier", _gloo, group_for(dims), None, lambda c: c.barrier())
+
+
+# --- plumbing ------------------------------------------------------------------------------------
+
+
+def _run(what: str, backend: Backend, group: Group, x: Any, start: Callable[[Communicator], Pending],
+         alone: Callable[[], Any] | None = None) -> None:
+    if group.size == 1:  # nothing to exchange; only the local effect
+        if alone is not None:
+            alone()
+        return
+    device = backend.device_of(x) if x is not None else None
+    communicators.run(what, backend, group, device, start)
+
+
+def _pair(peer: int, what: str) -> Group:
+    me = context().rank
+    if peer == me:
+        raise ValueError(f"{what}: rank {me} cannot talk to itself")
+    if not 0 <= peer < context().world_size:
+        raise ValueError(f"{what}: there is no rank {peer} (ranks 0..{context().world_size - 1})")
+    return pair_group(me, peer)
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+
+
+def _native(t: Any, what: str) -> tuple[Backend, Any]:
+    """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views)."""
+    kind = type(t).__module__.partition(".")[0]
+    if kind == "torch" and t.device.type == "cpu":  # the common case, first
+        if not t.is_contiguous():
+            raise ValueError(f"{what} needs a contiguous tensor: pass t.contiguous() (and copy the result back)")
+        if _gloo.unavailable():
+            raise BackendUnavailable(f"{what}: {_gloo.unavailable()}")
+        return _gloo, t
+    if kind == "numpy":
+        import torch
+
+        t = torch.from_numpy(t)
+        kind = "torch"
+    if kind == "torch":
+        if t.device.type == "cpu" or os.environ.get("VICEROY_BACKEND") == "gloo":
+            backend: Backend = _gloo
+        else:
+            backend = _nccl
+    elif kind == "cupy":
+        backend = _nccl
+    else:
+        raise TypeError(f"{what} takes a torch tensor, a numpy array or a CuPy array; got {type(t).__name__}")
+    why = backend.unavailable()
+    if why:
+        raise BackendUnavailable(f"{what}: {why}")
+    contiguous = t.flags.c_contiguous if kind == "cupy" else t.is_contiguous()
+    if not contiguous:
+        raise ValueError(f"{what} needs a contiguous tensor: pass t.contiguous() (and copy the result back)")
+    return backend, t
+
+
+def _copy(dst: Any, src: Any) -> None:
+    dst[...] = src
+
+
+def _empty(x: Any, shape: tuple[int, ...]) -> Any:
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.empty(shape, dtype=x.dtype)
+    return x.new_empty(shape)
+
+
+def _like(original: Any, out: Any) -> Any:
+    """Results come back in the kind of array that went in."""
+    return out.numpy() if type(original).__module__.startswith("numpy") else out

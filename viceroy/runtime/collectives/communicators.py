@@ -1,0 +1,354 @@
+"""Communicators per (backend, group, device): built lazily, cached, aborted on failure and
+rebuilt on next use.
+
+Agreement without a coordinator, through the rendezvous store. For each group the store holds
+the number of the next *generation* to build. Members build the generation they read; once
+built (which needs every member to have read it), the number moves on, so a later rebuild never
+meets stale keys. A member that gives a generation up writes why under it, so its peers can
+name the root cause; a build given up moves the number on too, so the members still waiting for
+it stop.
+
+A member whose peers gave the group up while it was not looking (it was not in the collective
+when they were interrupted) finds out *before* its next operation, without a round trip: its
+connections to them are closed (gloo), or the store says so (nccl). It then rebuilds, and the
+operation runs on the fresh communicator; nothing is retried after data has moved.
+"""
+
+from __future__ import annotations
+
+import _signal
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
+from viceroy.runtime.collectives.errors import CollectiveError
+from viceroy.runtime.collectives.groups import Group
+from viceroy.runtime.collectives.store import rendezvous, store_on_rank0
+from viceroy.runtime.collectives.waiting import SLICE_S
+from viceroy.runtime.context import context
+from viceroy.runtime.shape import format_rank_set
+
+_timeout = float(os.environ.get("VICEROY_COLLECTIVE_TIMEOUT", "600"))
+NOTE_AFTER_S = 10.0  # say who is missing when a group takes this long to form
+
+
+def set_timeout(seconds: float) -> None:
+    """How long a collective (or building its communicator) may wait for a peer before it
+    fails; default 600 s, or ``VICEROY_COLLECTIVE_TIMEOUT``. Applies to groups built later."""
+    global _timeout
+    _timeout = float(seconds)
+
+
+Key = tuple[str, tuple[int, ...], int | None]
+
+
+@dataclass
+class Entry:
+    comm: Communicator | None  # None while it is being built
+    key: Key
+    base: str  # the group's store prefix, incarnation included
+    incarnation: str
+    gen: int
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.base}/g{self.gen}"
+
+
+@dataclass
+class Record:
+    """Why a member gave up a generation of a group."""
+
+    rank: int
+    reason: str
+    time: float
+    lost: int | None = None  # the rank whose connection it lost, if that was the failure
+
+
+_entries: dict[Key, Entry] = {}
+_lock = threading.Lock()
+
+
+def abort_all() -> int:
+    """Cut every communicator of this rank (any thread; the runtime may call it on interrupt).
+    Operations in flight here and on the peers fail at once; the next use rebuilds."""
+    with _lock:
+        entries = list(_entries.values())
+    for e in entries:
+        if e.comm is not None:
+            e.comm.abort()
+    return len(entries)
+
+
+def run(what: str, backend: Backend, group: Group, device: int | None,
+        start: Callable[[Communicator], Pending]) -> None:
+    """Run one operation on `group`, building its communicator if needed. On failure the
+    communicator is aborted everywhere and a CollectiveError names the root cause."""
+    me = context().rank
+    entry = _get(what, backend, group, device)
+    if not _healthy(entry):
+        _forget(entry)  # the peers gave it up while we were elsewhere
+        entry = _get(what, backend, group, device)
+    comm = entry.comm
+    assert comm is not None
+    started = False
+    try:
+        pending = start(comm)
+        started = True
+        while not pending.wait(SLICE_S):
+            pass
+    except KeyboardInterrupt:
+        _give_up(entry, f"rank {me} was interrupted")
+        raise
+    except Exception as exc:
+        if not started or not backend.is_failure(exc):
+            raise  # a usage error, raised before anything was sent
+        index = comm.lost_peer(exc)
+        lost = None if index is None else group.ranks[index]
+        reason = (f"rank {me} lost its connection to rank {lost}" if lost is not None
+                  else f"rank {me}: {_first_line(exc)}")
+        cause = root_cause(_give_up(entry, reason, lost) or [], lost, reason)
+        raise CollectiveError(
+            f"{what} over {group.label} failed: {cause}. The communicator was aborted; the "
+            "next collective over this group builds a fresh one."
+        ) from None
+
+
+def _healthy(entry: Entry) -> bool:
+    assert entry.comm is not None
+    local = entry.comm.healthy()
+    if local is not None:
+        return local
+    live = rendezvous.current()  # the backend cannot tell by itself: ask the store
+    if live is None or live[1] != entry.incarnation:
+        return False
+    try:
+        return not live[0].check([f"{entry.prefix}/aborts"])
+    except RuntimeError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+class _StoreLost(Exception):
+    pass
+
+
+def _get(what: str, backend: Backend, group: Group, device: int | None) -> Entry:
+    key = (backend.name, group.ranks, device)
+    entry = _entries.get(key)
+    if entry is not None:
+        return entry
+    try:
+        entry = _build(what, backend, group, device, key)
+    except _StoreLost:
+        rendezvous.reset()  # rank 0 (the store's host) was restarted: connect to the new one
+        entry = _build(what, backend, group, device, key)
+    with _lock:
+        _entries[key] = entry
+    return entry
+
+
+@contextlib.contextmanager
+def _store_ops() -> Iterator[None]:
+    try:
+        yield
+    except (KeyboardInterrupt, CollectiveError):
+        raise
+    except RuntimeError as exc:  # DistNetworkError, DistStoreError: the server is gone
+        raise _StoreLost(str(exc)) from exc
+
+
+class _Helper:
+    """Builds a communicator on a thread (the build blocks in C++ until every member came),
+    while the main thread waits in slices. An abandoned build aborts what it gets."""
+
+    def __init__(self, build: Callable[[], Communicator]) -> None:
+        self.comm: Communicator | None = None
+        self.error: BaseException | None = None
+        self._abandoned = False
+        self._lock = threading.Lock()
+        self._build = build
+        self.thread = threading.Thread(target=self._run, name="viceroy-collective-connect", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            comm = self._build()
+        except BaseException as exc:
+            self.error = exc
+            return
+        with self._lock:
+            if self._abandoned:
+                comm.abort()
+            else:
+                self.comm = comm
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            if self.comm is not None:
+                self.comm.abort()
+
+
+def _build(what: str, backend: Backend, group: Group, device: int | None, key: Key) -> Entry:
+    from torch.distributed import PrefixStore
+
+    from viceroy.runtime.collectives.stock import install
+
+    install()  # from now on torch's own gloo groups are abortable too
+
+    me = context().rank
+    index, timeout = group.index(me), _timeout
+    with _store_ops():
+        store, incarnation = rendezvous.get(timeout)
+        base = f"viceroy/{incarnation}/{backend.name}/{group.name}"
+        if device is not None:
+            base += f"/dev{device}"
+        gen = int(store.add(f"{base}/gen", 0))
+        entry = Entry(None, key, base, incarnation, gen)
+        store.set(f"{entry.prefix}/here/{index}", "1")
+
+    def connect() -> Communicator:
+        client = rendezvous.client(timeout)
+        store = PrefixStore(f"{entry.prefix}/{backend.name}", client)
+        return backend.connect(store, index, group.size, device, timeout)
+
+    helper = _Helper(connect)
+    try:
+        _wait_for_members(what, group, helper, store, entry, timeout)
+    except KeyboardInterrupt:
+        helper.abandon()
+        _give_up(entry, f"rank {me} was interrupted while the group was forming")
+        raise
+    except CollectiveError as exc:
+        helper.abandon()
+        _give_up(entry, str(exc))
+        raise
+    if helper.error is not None or helper.comm is None:
+        cause = _first_line(helper.error) if helper.error else "no communicator"
+        with contextlib.suppress(RuntimeError):  # the backend timed out waiting: say for whom
+            missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
+            if missing:
+                cause = f"ranks {format_rank_set(missing)} did not join within {timeout:.0f} s (are they running this code?)"
+        _give_up(entry, f"rank {me} could not build its {backend.name} communicator: {cause}")
+        raise CollectiveError(f"{what} over {group.label}: {cause}") from None
+    entry.comm = helper.comm
+    with _store_ops():  # built: every member has read `gen`, the next build gets a fresh one
+        store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
+    return entry
+
+
+def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entry: Entry,
+                      timeout: float) -> None:
+    began = time.monotonic()
+    noted = False
+    next_check = began + 0.2
+    while helper.thread.is_alive():
+        helper.thread.join(SLICE_S)
+        now = time.monotonic()
+        if not helper.thread.is_alive() or now < next_check:
+            continue
+        next_check = now + 0.2
+        with _store_ops():
+            records = _read_records(store, entry.prefix)
+            if records:  # a member gave this build up
+                raise CollectiveError(f"{what} over {group.label}: the group could not form: "
+                                      f"{root_cause(records, None, records[0].reason)}")
+            missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
+        if now - began > timeout:
+            raise CollectiveError(
+                f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
+                f"within {timeout:.0f} s (are they running this code?)")
+        if not noted and now - began > NOTE_AFTER_S and missing:
+            noted = True
+            print(f"viceroy: rank {context().rank}: {what} over {group.label} is waiting for "
+                  f"ranks {format_rank_set(missing)} to join", file=sys.stderr, flush=True)
+
+
+# --- giving up ---------------------------------------------------------------------------------
+
+
+def _forget(entry: Entry) -> None:
+    if entry.comm is not None:
+        entry.comm.abort()
+    with _lock:
+        if _entries.get(entry.key) is entry:
+            del _entries[entry.key]
+
+
+def _give_up(entry: Entry, reason: str, lost: int | None = None) -> list[Record] | None:
+    """Record why this rank gives the group up, then abort the communicator (in that order: a
+    peer that sees our connections cut finds our record) and forget it. A build given up also
+    moves the generation on. Returns the generation's records, or None without a store.
+
+    The runtime's interrupt (resent every 0.2 s) is held meanwhile, so the bookkeeping is never
+    cut short; the C function is used, not signal.py's wrapper, so a held interrupt surfaces in
+    this frame, which the runtime leaves out of "where the user was"."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        old = _signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    records: list[Record] | None = None
+    try:
+        # Losing rank 0 usually means losing the store it hosts: asking a dead store makes
+        # torch print a C++ stack trace, so do not.
+        live = None if lost == 0 and store_on_rank0() else rendezvous.current()
+        if live is not None and live[1] == entry.incarnation:
+            store = live[0]
+            mine = {"rank": context().rank, "reason": reason, "time": time.time(), "lost": lost}
+            store.append(f"{entry.prefix}/aborts", json.dumps(mine) + "\n")
+            if entry.comm is None:
+                store.compare_set(f"{entry.base}/gen", str(entry.gen), str(entry.gen + 1))
+            records = _read_records(store, entry.prefix)
+    except Exception:
+        rendezvous.reset()  # the server is gone (with rank 0): reconnect on next use
+    finally:
+        _forget(entry)
+        if main:
+            _signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return records
+
+
+def _read_records(store: Any, prefix: str) -> list[Record]:
+    if not store.check([f"{prefix}/aborts"]):
+        return []
+    out = []
+    for line in store.get(f"{prefix}/aborts").decode().splitlines():
+        d = json.loads(line)
+        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost")))
+    return out
+
+
+def root_cause(records: list[Record], lost: int | None, fallback: str) -> str:
+    """Follow "rank a lost rank b" to the rank that started it: one that was interrupted or
+    failed (it says so), or one that left no record (it died)."""
+    if lost is None:
+        return records[0].reason if records else fallback
+    first: dict[int, Record] = {}
+    for r in records:
+        first.setdefault(r.rank, r)
+    seen: set[int] = set()
+    x = lost
+    while x not in seen:
+        seen.add(x)
+        rec = first.get(x)
+        if rec is None:
+            return f"the connection to rank {x} was lost (it died, or left the collective)"
+        if rec.lost is None:
+            return rec.reason
+        x = rec.lost
+    return fallback

@@ -1,0 +1,72 @@
+"""Stock torch.distributed groups on a rank: make them abortable too.
+
+``init_process_group()`` and ``new_group()`` build their gloo groups through
+``torch.distributed.distributed_c10d.ProcessGroupGloo``. `install` puts a subclass there that
+notes each group's sockets as it is built, so `abort_torch_groups` can release a rank blocked in
+stock code (DDP's allreduce, ``dist.barrier()``): the blocked call raises "Connection closed",
+on this rank and on its peers. NCCL groups have a real ``abort()``, which is called instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from viceroy.runtime.collectives import sockets
+
+_lock = threading.Lock()
+# The sockets of each group, by (fd, inode): the Python wrapper of a group does not live as
+# long as the group, and a group destroyed since has closed its fds, which `cut` then skips.
+_groups: list[list[sockets.Socket]] = []
+
+
+def install() -> None:
+    """Idempotent; imports torch.distributed (cheap once torch is imported)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    base = c10d.ProcessGroupGloo
+    if getattr(base, "_viceroy_tracked", False):
+        return
+
+    class ProcessGroupGloo(base):  # type: ignore[misc, valid-type]
+        _viceroy_tracked = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            before = sockets.socket_fds()
+            super().__init__(*args, **kwargs)
+            new = {fd: link for fd, link in sockets.socket_fds().items() if before.get(fd) != link}
+            store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
+            found = sockets.tcp_sockets(new, exclude_port=store_port)
+            conns = [s for s, (_, listening) in found.items() if not listening]
+            with _lock:
+                _groups[:] = [g for g in _groups if any(sockets.is_current(s) for s in g)]
+                _groups.append(conns)
+
+    ProcessGroupGloo.__name__ = ProcessGroupGloo.__qualname__ = "ProcessGroupGloo"
+    c10d.ProcessGroupGloo = ProcessGroupGloo  # type: ignore[misc]
+
+
+def abort_torch_groups() -> int:
+    """Cut every live gloo group built through torch.distributed since `install`, and abort
+    every NCCL group; returns how many groups were hit. Any thread."""
+    with _lock:
+        live = [g for g in _groups if any(sockets.is_current(s) for s in g)]
+    for conns in live:
+        sockets.cut(conns)
+    hit = len(live)
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        pgs = list(c10d._world.pg_map) if c10d.is_initialized() else []
+    except Exception:
+        pgs = []
+    for pg in pgs:
+        try:
+            backend = pg._get_backend(__import__("torch").device("cuda"))
+        except Exception:
+            continue
+        if type(backend).__name__ == "ProcessGroupNCCL":
+            backend.abort()
+            hit += 1
+    return hit

@@ -1,0 +1,43 @@
+"""`viceroy.device_mesh()`: the mesh as a torch ``DeviceMesh``, on a rank.
+
+DTensor, FSDP2 and tensor parallelism take a ``DeviceMesh``; this one has the viceroy mesh's dim
+names and sizes (``{"dp": 2, "tp": 2}`` gives ``mesh_dim_names=("dp", "tp")``), so
+``device_mesh()["tp"]`` is the tensor-parallel group of this rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_mesh: Any = None
+
+
+def device_mesh(device_type: str | None = None) -> Any:
+    """This rank's torch ``DeviceMesh`` over the whole viceroy mesh, made once and cached.
+
+    Initialises torch's default process group first if user code has not (``env://``: the
+    mesh sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): gloo on CPU, nccl on GPUs.
+
+    >>> dm = vr.device_mesh()          # on Mesh.local(dp=2, tp=2)
+    >>> dm["tp"].size()
+    2
+    """
+    global _mesh
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from viceroy.runtime.collectives import install_torch_hooks
+    from viceroy.runtime.context import context
+
+    ctx = context()
+    kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if _mesh is not None and _mesh.device_type == kind:
+        return _mesh
+    install_torch_hooks()
+    if not dist.is_initialized():
+        if kind == "cuda":
+            torch.cuda.set_device(0 if ctx.local_rank is None else ctx.local_rank % torch.cuda.device_count())
+        dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
+    _mesh = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
+    return _mesh
