@@ -136,3 +136,20 @@ def test_long_pipelines_with_temporaries_span_batches_correctly(tmesh):
     assert y.fetch(gpus=0).tolist() == [1.0 + BATCH_MAX * 2] * 4
     tmesh._engine.sync()
     assert all(n <= 4 for n in _engine_tensors(tmesh))  # a, y and at most a couple in flight
+
+
+def test_reduce_runs_over_the_data_plane_per_dim(start_mesh):
+    mesh = start_mesh(hosts=1, gpus=4, preload=["torch"])
+    from viceroy.runtime.tensors import reduce
+
+    mesh.run("import torch\ntorch.manual_seed(rank)")
+    sub = mesh.flatten("r").split(r=("a", "b"), b=2)
+    with sub.activate():
+        x = torch.ones(3)
+        y = x * 2
+    per_b = reduce(y, "sum", dims="b")
+    assert [t.tolist() for t in per_b.fetch().values()] == [[4.0] * 3] * 4
+    total = reduce(y, "sum")
+    assert total.fetch(a=1, b=0).tolist() == [8.0] * 3
+    with pytest.raises(ValueError, match="no dim 'gpus'"):
+        reduce(y, "sum", dims="gpus")

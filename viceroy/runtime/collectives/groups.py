@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import format_rank_set
 
-Dims = str | Sequence[str] | None
-
 
 @dataclass(frozen=True)
 class Group:
@@ -38,8 +36,15 @@ class Group:
 _cache: dict[tuple[tuple[str, ...] | None, int], Group] = {}
 
 
+Dims = str | Sequence[str] | Group | None
+
+
 def group_for(dims: Dims) -> Group:
-    """The group of the calling rank along `dims` (None: the whole mesh)."""
+    """The group of the calling rank along `dims` (None: the whole mesh). A `Group` passes
+    through: callers that computed the ranks themselves (the tensor engine, for sub-mesh views
+    whose dims exist only on the controller) give it directly."""
+    if isinstance(dims, Group):
+        return dims
     ctx = context()
     names = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
     key = (names, ctx.rank)

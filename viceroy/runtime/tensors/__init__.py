@@ -17,7 +17,32 @@ from typing import Any
 from viceroy.runtime.tensors import worker
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor
 
-__all__ = ["MeshTensor", "assemble", "inspect"]
+__all__ = ["MeshTensor", "assemble", "inspect", "reduce"]
+
+_OPS = ("sum", "avg", "product", "min", "max")
+
+
+def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) -> MeshTensor:
+    """Reduce across the ranks of `dims` (default: the whole mesh) over the data plane — the
+    controller sends one command, the tensors move rank to rank. Returns a new MeshTensor
+    holding the result on every rank of each group.
+
+    >>> total = vr.reduce(b, "sum", dims="gpus")
+    """
+    if op not in _OPS:
+        raise ValueError(f"reduce op must be one of {', '.join(_OPS)}; got {op!r}")
+    mesh = t._engine.mesh
+    names = list(mesh.dims) if dims is None else [dims] if isinstance(dims, str) else list(dims)
+    for d in names:
+        if d not in mesh.dims:
+            raise ValueError(f"reduce: the mesh has no dim {d!r}; its dims are {', '.join(mesh.dims)}")
+    # Each rank's group: the ranks of this view that share its coordinates on the other dims.
+    others = [d for d in mesh.dims if d not in names]
+    groups: dict[int, tuple[int, ...]] = {}
+    for coords, rank in zip(mesh._shape.coords(), mesh.ranks, strict=True):
+        groups[rank] = tuple(mesh._shape.slice(**{d: coords[d] for d in others}).ranks)
+    label = f"reduce over {', '.join(names)}"
+    return t._engine.rank_op(t, worker.reduced, op, groups, label)
 
 
 def inspect(t: MeshTensor) -> Any:

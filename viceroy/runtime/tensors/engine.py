@@ -109,6 +109,15 @@ class Engine:
         self._enqueue(worker.Op(func, slot_args, slot_kwargs, out_ids, _where()))
         return results[0] if plan.single else pytree.tree_unflatten(results, plan.spec)
 
+    def rank_op(self, t: MeshTensor, fn: Any, *args: Any) -> MeshTensor:
+        """Queue ``fn(tensor, *args)`` on every rank; its result (same shape and dtype) becomes
+        a new MeshTensor. For functions meta tensors cannot check, like collectives."""
+        with torch._C.DisableTorchFunctionSubclass():
+            meta = torch.empty_like(t.as_subclass(torch.Tensor))
+        tid = self._new_id()
+        self._enqueue(worker.Op(fn, (worker.Slot(t._id), *args), {}, [tid], _where()))
+        return MeshTensor(meta, self, tid)
+
     def _enqueue(self, op: worker.Op) -> None:
         self._queue.append(op)
         if len(self._queue) >= BATCH_MAX:

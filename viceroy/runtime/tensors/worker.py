@@ -82,6 +82,15 @@ def apply_batch(ops: list[Op], frees: list[int]) -> None:
             tab.pop(tid, None)
 
 
+def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> Any:
+    """A reduced copy of `t` across this rank's group (computed on the controller from the
+    view's dims), over the data plane."""
+    from viceroy.runtime.collectives import all_reduce
+    from viceroy.runtime.collectives.groups import Group
+
+    return all_reduce(t.clone(), op=op, dims=Group(groups[context().rank], label))
+
+
 def get(tid: int) -> Any:
     """This rank's tensor, on the CPU."""
     try:
