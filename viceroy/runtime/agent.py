@@ -1,5 +1,8 @@
-"""The host agent: one per host. Spawns and supervises the host's ranks, relays the controller's
-messages to them, and aggregates their replies so the controller's work grows with hosts.
+"""The host agent: one per host. Spawns and supervises the host's ranks (fork server, waitpid,
+restarts) and reports their exits. When the mesh spans several hosts it also relays the
+controller's messages to its ranks and sends one aggregate of their replies per call, so the
+controller's work grows with hosts; when the controller's own host is the only one, ranks talk
+to the controller directly and the agent stays out of the message path.
 
 Started by a launcher with its configuration (the mesh key included) as the first line on
 stdin. stdin stays open for the agent's life: its EOF means the controller is gone, and the
