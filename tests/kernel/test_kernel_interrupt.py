@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kernel_harness import Kernel, wait_until
+from kernel_harness import Execution, Kernel, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,18 +67,7 @@ def test_interrupting_an_async_cell_that_awaits_the_mesh_stops_the_ranks(
         "''', block=False)\n"
         "await fut"
     )
-    interrupted_at: list[float] = []
-
-    def hook(msg: dict) -> None:
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
-            wait_until(
-                lambda: len(list(tmp_path.glob("started-*"))) == 2, 30, "both ranks to start"
-            )
-            interrupted_at.append(time.monotonic())
-            mesh_kernel.km.interrupt_kernel()
-
-    ex = mesh_kernel.execute(code, timeout=60, hook=hook)
-    latency = time.monotonic() - interrupted_at[0]
+    ex, latency = _interrupt_once_both_ranks_started(mesh_kernel, code, tmp_path)
     assert ex.status == "error"
     assert latency < 1.0, f"interrupt of an async cell took {latency:.2f} s"
     assert not any("viceroy/runtime" in line for line in ex.errors[0]["traceback"])
@@ -95,20 +84,24 @@ def test_interrupting_a_blocking_mesh_run_stops_the_ranks(mesh_kernel: Kernel, t
         "    time.sleep(0.01)\n"
         "''')"
     )
-    interrupted_at: list[float] = []
-
-    def hook(msg: dict) -> None:
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
-            wait_until(
-                lambda: len(list(tmp_path.glob("started-*"))) == 2, 30, "both ranks to start"
-            )
-            interrupted_at.append(time.monotonic())
-            mesh_kernel.km.interrupt_kernel()
-
-    ex = mesh_kernel.execute(code, timeout=60, hook=hook)
-    latency = time.monotonic() - interrupted_at[0]
+    ex, latency = _interrupt_once_both_ranks_started(mesh_kernel, code, tmp_path)
     assert ex.status == "error" and ex.reply["ename"] == "KeyboardInterrupt"
     assert not any("viceroy/runtime" in line for line in ex.errors[0]["traceback"])
     assert latency < 1.0, f"interrupt of a blocking mesh.run took {latency:.2f} s"
     ex = mesh_kernel.ok("mesh.states()")
     assert ex.of_type("execute_result")[0]["data"]["text/plain"] == "{0: 'idle', 1: 'idle'}"
+
+
+def _interrupt_once_both_ranks_started(kernel: Kernel, code: str, marks: Path) -> tuple[Execution, float]:
+    """Run `code`; once both ranks have touched their start mark, interrupt the kernel.
+    -> (the execution, seconds from the interrupt to the reply)."""
+    interrupted_at: list[float] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
+            wait_until(lambda: len(list(marks.glob("started-*"))) == 2, 30, "both ranks to start")
+            interrupted_at.append(time.monotonic())
+            kernel.km.interrupt_kernel()
+
+    ex = kernel.execute(code, timeout=60, hook=hook)
+    return ex, time.monotonic() - interrupted_at[0]

@@ -14,24 +14,14 @@ and progress updates; `LineGrouper` merges the same line from several ranks into
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from viceroy.runtime.shape import format_rank_set
+
+__all__ = ["format_rank_set"]  # re-exported: the magics name rank sets the way errors do
+
 MAX_PARTIAL = 64_000  # a line longer than this without a newline is cut, not buffered forever
-
-
-def format_rank_set(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def terminal_line(text: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 
@@ -217,7 +217,7 @@ def _fmt_ranks(ranks: Sequence[int]) -> str:
     return format_rank_set(ranks)
 
 
-def format_rank_set(ranks: Sequence[int] | set[int]) -> str:
+def format_rank_set(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``"""
     rs = sorted(set(ranks))
     parts: list[str] = []
