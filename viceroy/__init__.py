@@ -5,6 +5,7 @@
         mesh.run("x = rank * 10\nx")          # ValueMesh of every rank's x
 """
 
+from viceroy.runtime.actors import Actor, ActorFailure, ActorMesh, endpoint
 from viceroy.runtime.collectives import (
     CollectiveError,
     all_gather,
@@ -23,6 +24,9 @@ from viceroy.runtime.mesh import Mesh
 from viceroy.runtime.values import ValueMesh
 
 __all__ = [
+    "Actor",
+    "ActorFailure",
+    "ActorMesh",
     "CollectiveError",
     "Context",
     "Future",
@@ -36,6 +40,7 @@ __all__ = [
     "broadcast",
     "context",
     "device_mesh",
+    "endpoint",
     "recv",
     "reduce_scatter",
     "send",

@@ -183,3 +183,26 @@ def test_cancelling_an_awaiting_task_interrupts_the_ranks(start_mesh):
     asyncio.run(main())
     wait_until(lambda: mesh.states() == {0: "idle", 1: "idle"}, 2, "the ranks to stop")
     assert mesh.run("rank").values() == [0, 1]
+
+
+def test_errors_in_functions_sent_by_value_show_the_users_file_and_line(start_mesh, tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import viceroy as vr
+
+        def step(x):
+            return x / (x - x)  # the line users must see
+
+        with vr.Mesh.local(gpus=1, preload=[], echo=False) as mesh:
+            try:
+                mesh.run(step, 1)
+            except vr.MeshError as e:
+                print(e)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert f'File "{script}", line 5, in step' in out.stdout, out.stdout + out.stderr
+    assert "return x / (x - x)  # the line users must see" in out.stdout

@@ -206,6 +206,8 @@ class Agent:
                 else:
                     call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",
                                        "signed": 0})
+            if header["id"] == 0:
+                return  # one-way (an actor broadcast): nobody waits for an answer
             self.calls[header["id"]] = call
             self._maybe_flush(header["id"], force=bool(call.items))
         elif op == "cancel":

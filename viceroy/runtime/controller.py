@@ -200,6 +200,14 @@ class Controller:
             self._wake()
         return fut
 
+    def send_oneway(self, op: str, ranks: Sequence[int], extra: dict[str, Any], signed: Sequence[Any] = (), data: Sequence[Any] = ()) -> None:
+        """A message no rank answers (call id 0): nothing to track, so senders can pipeline.
+        Same socket as `submit`, so per-rank order with calls holds."""
+        with self._lock:
+            self._check_open()
+        frames = self.signer.pack({"op": op, "id": 0, "ranks": list(ranks), **extra}, signed, data)
+        self._to_ranks(ranks, frames, control=op == "actor")
+
     def cancel(self, call_id: int, reason: str, wait: float = 0.0) -> None:
         with self._lock:
             call = self._calls.get(call_id)

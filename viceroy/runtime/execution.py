@@ -35,6 +35,20 @@ def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
     return body, last
 
 
+def with_filename(code: CodeType, filename: str) -> CodeType:
+    """`code` (and the code nested in it) named after `filename`. cloudpickle sends code defined
+    in a notebook or a script's __main__ with its file renamed "<dynamic-code>"; putting the
+    name back lets tracebacks show the user's file and line."""
+    consts = tuple(with_filename(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def restore_filename(fn: Any, filename: str | None) -> None:
+    code = getattr(fn, "__code__", None)
+    if code is not None and filename and code.co_filename == "<dynamic-code>":
+        fn.__code__ = with_filename(code, filename)
+
+
 def register_source(filename: str, source: str) -> None:
     """Make `source` visible to tracebacks under `filename` (it exists on no disk here)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

@@ -201,7 +201,7 @@ class Mesh(ShapeOps):
                 {"the function": code, **{f"argument {i}": a for i, a in enumerate(args)},
                  **{f"argument {k!r}": v for k, v in kwargs.items()}},
             )
-            extra = {"sources": _sources_for(code)}
+            extra = {"sources": _sources_for(code), "fn_file": getattr(getattr(code, "__code__", None), "co_filename", None)}
             what = label or f"mesh.run({getattr(code, '__name__', type(code).__name__)})"
         else:
             raise TypeError(f"run takes a code string or a function, got {type(code).__name__}")
@@ -259,6 +259,16 @@ class Mesh(ShapeOps):
         """Every rank's `name`, joined in rank order: arrays and tensors concatenated along
         their first axis, lists chained, anything else as a list."""
         return _join(self.pull(name).values())
+
+    # --- actors ---------------------------------------------------------------------------
+
+    def spawn(self, cls: type, *args: Any, owner: Any = None, **kwargs: Any) -> Any:
+        """One actor per rank of this mesh: ``counters = mesh.spawn(Counter, 0)``. The class
+        travels by value; `owner` (an actor mesh, or any object with ``__supervise__``) hears of
+        failures no caller waits for. See `viceroy.runtime.actors`."""
+        from viceroy.runtime.actors.spawn import spawn
+
+        return spawn(self, cls, *args, owner=owner, **kwargs)
 
     # --- the tensor engine ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from viceroy.runtime.execution import (
     Executor,
     format_user_traceback,
     register_source,
+    restore_filename,
     user_location,
 )
 from viceroy.runtime.output import OutputCapture
@@ -151,7 +152,9 @@ class Rank:
 
                 handle(self, header, signed, data)
             elif op == "cancel":
-                self._cancel(header["id"])
+                actors = sys.modules.get("viceroy.runtime.actors.host")  # loaded once an actor lives here
+                if actors is None or not actors.cancel(self, header["id"]):
+                    self._cancel(header["id"])  # a call on the main thread
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
             elif op == "stats":
@@ -241,6 +244,7 @@ class Rank:
                     value = self.executor.run_code(header["code"], header["filename"])
                 else:
                     fn, args, kwargs = serialize.loads(signed[0], data)
+                    restore_filename(fn, header.get("fn_file"))
                     self.in_user_code = True
                     value = self.executor.call(fn, args, kwargs)
             finally:

@@ -1,0 +1,152 @@
+"""Supervision: dead ranks and failed broadcasts go to the owner's __supervise__, or to the
+callers waiting, or are kept and reported once; never raised in an unrelated later call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+
+class Worker(vr.Actor):
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    @vr.endpoint
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+    @vr.endpoint
+    def hang(self) -> None:
+        time.sleep(60)
+
+    @vr.endpoint
+    def fail(self) -> None:
+        raise KeyError("lost batch")
+
+
+class Boss(vr.Actor):
+    def __init__(self, handles: bool) -> None:
+        self.handles = handles
+        self.seen: list[tuple[str, tuple[int, ...], str]] = []
+
+    def __supervise__(self, failure: vr.ActorFailure) -> bool:
+        self.seen.append((failure.kind, failure.ranks, failure.summary))
+        return self.handles
+
+    @vr.endpoint
+    def failures_seen(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return self.seen
+
+
+class Notebook:
+    """A controller-side owner."""
+
+    def __init__(self) -> None:
+        self.seen: list[vr.ActorFailure] = []
+
+    def __supervise__(self, failure: vr.ActorFailure) -> bool:
+        self.seen.append(failure)
+        return True
+
+
+def kill(mesh: vr.Mesh, rank: int) -> None:
+    os.kill(mesh.pids()[rank], signal.SIGKILL)  # a rank process this test started
+
+
+def test_a_dead_rank_fails_pending_calls_and_restart_respawns_only_its_actor(start_mesh, capsys):
+    mesh = start_mesh(gpus=3)
+    workers = mesh.spawn(Worker, 10)
+    assert workers.incr.call().get().values() == [11, 11, 11]
+    pending = workers.slice(gpus=1).hang.call_one()
+    kill(mesh, 1)
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):
+        pending.get(timeout=10)
+    wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
+    assert list(workers.failures) == [1]
+    assert "not handled" not in capsys.readouterr().err  # the caller heard of it already
+    with pytest.raises(vr.MeshError, match=r"rank 1: its actor is gone: its rank died \(SIGKILL\)"):
+        workers.incr.call().get(timeout=5)
+    assert workers.slice(gpus=slice(0, 3, 2)).incr.call().get().values() == [12, 12]
+    assert workers.incr.choose().get(timeout=5) in (13, 13)  # only live actors are chosen
+    workers.restart()
+    assert workers.failures == {}
+    assert workers.incr.call().get(timeout=10).values()[1] == 11  # fresh actor on rank 1
+    assert workers.slice(gpus=0).incr.call_one().get() >= 13  # the others kept their state
+
+
+def test_an_owner_actor_supervises_and_handles_a_rank_death(start_mesh, capsys):
+    mesh = start_mesh(gpus=3)
+    boss = mesh.slice(gpus=0).spawn(Boss, True)
+    workers = mesh.slice(gpus=slice(1, 3)).spawn(Worker, 0, owner=boss)
+    kill(mesh, 2)
+    seen = wait_until(lambda: boss.failures_seen.call_one().get(timeout=5), 10, "__supervise__ to run")
+    assert seen == [("died", (2,), "died (SIGKILL)")]
+    assert "unhandled" not in capsys.readouterr().err
+    assert mesh.slice(gpus=slice(0, 2)).run("1").values() == [1, 1]  # unrelated later calls: no error
+    assert workers.slice(gpus=0).incr.call_one().get() == 1
+
+
+def test_unhandled_failures_are_kept_and_printed_once_never_raised_later(start_mesh, capsys):
+    mesh = start_mesh(gpus=2)
+    boss = mesh.slice(gpus=0).spawn(Boss, False)  # sees the failure, does not handle it
+    workers = mesh.slice(gpus=1).spawn(Worker, 0, owner=boss)
+    kill(mesh, 1)
+    wait_until(lambda: "unhandled actor failure" in capsys.readouterr().err, 10, "the failure report")
+    assert workers.failures == {1: "its rank died (SIGKILL)"}
+    assert boss.failures_seen.call_one().get() == [("died", (1,), "died (SIGKILL)")]
+    assert mesh.slice(gpus=0).run("'fine'").values() == ["fine"]
+
+
+def test_a_failed_broadcast_goes_to_the_owner(start_mesh):
+    mesh = start_mesh(gpus=2)
+    owner = Notebook()
+    workers = mesh.spawn(Worker, 0, owner=owner)
+    workers.fail.broadcast()
+    wait_until(lambda: len(owner.seen) == 2, 10, "both failures")
+    assert {f.ranks for f in owner.seen} == {(0,), (1,)}
+    assert all(f.kind == "error" and "KeyError: 'lost batch'" in f.summary for f in owner.seen)
+    assert "Worker (gpus=2)" in str(owner.seen[0])
+    assert workers.incr.call().get().values() == [1, 1]  # the actors live on
+
+
+def test_restart_brings_back_a_rank_restarted_by_hand_too(start_mesh):
+    mesh = start_mesh(gpus=2)
+    workers = mesh.spawn(Worker, 5)
+    kill(mesh, 0)
+    wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
+    mesh.restart(failed_only=True)
+    workers.restart()
+    assert workers.incr.call().get(timeout=10).values() == [6, 6]
+
+
+class Fragile(vr.Actor):
+    def __init__(self, flag: str) -> None:
+        if os.path.exists(flag):
+            raise RuntimeError("cannot start again")
+
+    @vr.endpoint
+    def ok(self) -> bool:
+        return True
+
+
+def test_a_restart_that_fails_keeps_the_other_actors_and_says_why(start_mesh, tmp_path):
+    flag = tmp_path / "broken"
+    mesh = start_mesh(gpus=2)
+    actors = mesh.spawn(Fragile, str(flag))
+    kill(mesh, 1)
+    wait_until(lambda: actors.failures, 5, "the actor mesh to notice")
+    flag.write_text("")
+    with pytest.raises(vr.MeshError, match="rank 1: RuntimeError: cannot start again"):
+        actors.restart()
+    assert actors.failures == {1: "spawning it failed: RuntimeError: cannot start again"}
+    assert actors.slice(gpus=0).ok.call_one().get() is True
+    flag.unlink()
+    actors.restart()
+    assert actors.ok.call().get().values() == [True, True]

@@ -1,0 +1,17 @@
+"""Actors: long-lived objects on the ranks, one per rank, called through endpoints.
+
+actor.py        `Actor`, `@endpoint` (what users write)
+actor_mesh.py   `ActorMesh` and its `Endpoint` adverbs (call, call_one, choose, broadcast, stream)
+spawn.py        `spawn(mesh, cls, ...)`, behind `Mesh.spawn`
+registry.py     the controller's records of actor meshes; relays calls ranks make
+supervision.py  `ActorFailure`, and where failures go when no caller waits for them
+host.py         the ranks' side: one thread and event loop per actor
+"""
+
+from viceroy.runtime.actors.actor import Actor, endpoint
+from viceroy.runtime.actors.actor_mesh import ActorMesh, Endpoint
+from viceroy.runtime.actors.spawn import spawn
+from viceroy.runtime.actors.supervision import ActorFailure
+
+__all__ = ["Actor", "ActorFailure", "ActorMesh", "Endpoint", "endpoint", "spawn"]
+

@@ -1,0 +1,208 @@
+"""`ActorMesh`: the handle to one actor per rank of a (sub)mesh, with the mesh algebra of `Mesh`
+(slice, split, flatten, rename, select) and one `Endpoint` per endpoint of the actor class.
+
+The same class serves on the controller and on the ranks (an actor mesh passed to another
+actor); only its `Client` differs: the controller's sends straight to the ranks, a rank's asks
+the controller to send.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from viceroy.runtime.actors.actor import EndpointSpec
+from viceroy.runtime.errors import MeshError, RankFailure
+from viceroy.runtime.future import Future
+from viceroy.runtime.shape import Shape, ShapeOps
+from viceroy.runtime.values import ValueMesh
+
+OnResult = Callable[[int, bool, Any], None]
+
+
+@dataclass(frozen=True)
+class ActorMeshInfo:
+    """What identifies an actor mesh anywhere: sent along when it is passed to a rank."""
+
+    id: str
+    cls_name: str
+    token: str  # the mesh's: an actor mesh means nothing to another mesh's ranks
+    endpoints: dict[str, EndpointSpec]
+
+
+class Client(Protocol):
+    """How an actor mesh reaches its actors (controller side, or rank side through the
+    controller)."""
+
+    def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
+               args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
+        """Send one message per actor of `shape` (adverb "choose": to one of them, picked by
+        load); the future resolves to a ValueMesh over the actors that answered."""
+        ...
+
+    def control(self, info: ActorMeshInfo) -> Any:
+        """The controller's record of this actor mesh (stop, restart, failures)."""
+        ...
+
+
+class ActorMesh(ShapeOps):
+    """One actor per rank. Endpoints are attributes: ``counters.incr.call(by=2)``.
+
+    >>> counters = mesh.spawn(Counter, 0)
+    >>> counters.incr.call(by=2).get()            # ValueMesh(gpus=4): all 2
+    >>> counters.slice(gpus=1).incr.call_one().get()
+    3
+    """
+
+    def __init__(self, info: ActorMeshInfo, shape: Shape, client: Client) -> None:
+        self._info = info
+        self._shape = shape
+        self._client = client
+
+    def _reshaped(self, shape: Shape) -> ActorMesh:
+        return ActorMesh(self._info, shape, self._client)
+
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        spec = self._info.endpoints.get(name)
+        if spec is None:
+            eps = ", ".join(sorted(self._info.endpoints)) or "none"
+            raise AttributeError(
+                f"{self._info.cls_name} has no endpoint {name!r}; its endpoints are: {eps}. "
+                "Only methods marked @vr.endpoint can be called from outside the actor."
+            )
+        return Endpoint(self, spec)
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self._info.endpoints]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from viceroy.runtime.actors.host import _actor_mesh_from_wire
+
+        return _actor_mesh_from_wire, (self._info, self._shape.dims, self._shape.ranks)
+
+    def __repr__(self) -> str:
+        try:
+            state = self._client.control(self._info).describe(self._shape)
+        except RuntimeError:
+            state = "on a rank"
+        return f"<viceroy.ActorMesh {self._info.cls_name} ({self._shape.describe()}): {state}>"
+
+    # --- lifecycle (controller only) ---------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop these actors (their ``__cleanup__`` runs); calling them afterwards raises."""
+        self._client.control(self._info).stop(self._shape)
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Respawn the actors that failed (their rank died), with the arguments they were first
+        spawned with; dead ranks are restarted first (``mesh.restart(failed_only=True)``). The
+        other actors keep running, with their state."""
+        self._client.control(self._info).restart(self._shape, timeout)
+
+    @property
+    def failures(self) -> dict[int, str]:
+        """rank -> why its actor is gone, for actors of this mesh that failed (until restart)."""
+        return self._client.control(self._info).failed_on(self._shape)
+
+
+class Endpoint:
+    """An endpoint of every actor of an actor mesh, called through an adverb."""
+
+    def __init__(self, mesh: ActorMesh, spec: EndpointSpec) -> None:
+        self._mesh = mesh
+        self._spec = spec
+
+    def __repr__(self) -> str:
+        return f"<viceroy.Endpoint {self._spec.qualname}{self._spec.signature} on {self._mesh._shape.describe()}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self._spec.qualname} is an endpoint: call it through an adverb, e.g. "
+            f".call(...) (every actor), .call_one(...) (one-actor mesh), .choose(...), "
+            f".broadcast(...) or .stream(...)"
+        )
+
+    def _send(self, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+              shape: Shape | None = None, on_result: OnResult | None = None) -> Future[Any]:
+        self._spec.check(args, kwargs)
+        m = self._mesh
+        return m._client.invoke(m._info, shape or m._shape, self._spec.name, adverb, args, kwargs, on_result)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
+        """Every actor runs the endpoint; the future resolves to a ValueMesh of their results
+        (or fails with a MeshError naming each failed rank and its traceback)."""
+        return self._send("call", args, kwargs)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """The only actor of a one-actor mesh (``actors.slice(gpus=1)``) runs it; -> its value."""
+        n = len(self._mesh._shape)
+        if n != 1:
+            raise ValueError(
+                f"call_one needs an actor mesh of one actor; this one has {n} "
+                f"({self._mesh._shape.describe()}). Slice it first, e.g. .slice(...), or use .choose()"
+            )
+        return _first_value(self._send("call", args, kwargs))
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """One actor runs it, the least loaded (fewest calls in flight) of this mesh."""
+        return _first_value(self._send("choose", args, kwargs))
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Every actor runs it; nothing comes back. Still ordered with the other messages to
+        the same actors. A failure goes to the owner's ``__supervise__``, else is reported
+        in ``actors.failures`` and printed once."""
+        self._send("broadcast", args, kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Every actor runs it; yields results as they arrive. When some actors failed, a
+        MeshError listing them is raised after the successful results."""
+        q: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+
+        def on_result(rank: int, ok: bool, value: Any) -> None:
+            if ok:
+                q.put((True, value))
+
+        fut = self._send("stream", args, kwargs, on_result=on_result)
+        fut.add_done_callback(lambda f: q.put((False, f)))
+        return _drain(q, fut)
+
+
+def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator[Any]:
+    while True:
+        is_value, item = q.get()
+        if is_value:
+            yield item
+            continue
+        while not q.empty():  # results posted before the end marker
+            is_value, item = q.get()
+            if is_value:
+                yield item
+        exc = fut.exception()
+        if exc is not None:
+            raise exc
+        return
+
+
+def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
+    """A future of the single value of a one-actor ValueMesh."""
+    out: Future[Any] = Future(inner.call_id, inner._on_interrupt)
+
+    def copy(f: Future[ValueMesh[Any]]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out._set_exception(exc)
+        else:
+            out._set_result(f.get().values()[0])
+
+    inner.add_done_callback(copy)
+    return out
+
+
+def failed_future(what: str, failures: dict[int, RankFailure], hint: str = "") -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut._set_exception(MeshError(what, failures, {}, hint))
+    return fut

@@ -1,0 +1,356 @@
+"""The ranks' side of actors. `handle` runs on a rank's control thread for every "actor"
+message and never blocks: each actor has its own thread and event loop, and a FIFO queue of
+messages, so one actor handles its messages in order while other actors, and %%mesh cells on
+the main thread, go on.
+
+An actor mesh passed to an actor arrives here as an `ActorMesh` whose client is `RankClient`:
+its calls go to the controller as requests, which sends them on and replies."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import threading
+from collections import deque
+from typing import Any
+
+from viceroy.runtime import context as context_mod
+from viceroy.runtime import serialize, shm
+from viceroy.runtime.actors import output
+from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult
+from viceroy.runtime.errors import MeshError
+from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
+from viceroy.runtime.future import Future
+from viceroy.runtime.shape import Shape
+
+REQUEST = "viceroy.actors.request"
+ONEWAY_ERROR = "viceroy.actors.oneway_error"
+ONEWAY = 0  # the call id of broadcasts: nothing is sent back, unless it fails
+
+_rank: Any = None  # the Rank object, set on the first actor message
+_actors: dict[str, ActorHost] = {}
+_replies: dict[int, Future[Any]] = {}
+_lock = threading.Lock()
+
+
+def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+    """Entry point from the rank's control thread."""
+    global _rank
+    _rank = rank
+    call_id, kind = header["id"], header["a"]
+    try:
+        if "shm" in header:
+            data = shm.restore(data, header["shm"], rank.token, unlink=False)
+        if kind == "reply":
+            _ok(call_id)
+            _resolve_reply(header["req"], signed, data)
+            return
+        if kind == "spawn":
+            output.install(rank._send_output)
+            for filename, source in header.get("sources", {}).items():
+                register_source(filename, source)
+            host = ActorHost(header["actor"], header["name"])
+            with _lock:
+                _actors[header["actor"]] = host
+            host.files = header.get("files", {})
+            host.post((call_id, "spawn", None, signed, data, False))
+            return
+        with _lock:
+            host_ = _actors.get(header["actor"])
+        if host_ is None:
+            _error(call_id, "RuntimeError", f"RuntimeError: no actor {header['actor']!r} on rank {rank.rank} "
+                   "(it was stopped, or never started here)", "", (header["actor"], header.get("ep", "")))
+        elif kind == "call":
+            host_.post((call_id, "call", header["ep"], signed, data, call_id == ONEWAY))
+        elif kind == "supervise":
+            host_.post((call_id, "supervise", None, signed, data, False))
+        elif kind == "stop":
+            host_.post((call_id, "stop", None, signed, data, False))
+    except BaseException as exc:  # never let the control thread die
+        _error(call_id, *format_user_traceback(exc))
+
+
+class ActorHost:
+    """One actor on this rank: its thread, event loop and message queue."""
+
+    def __init__(self, actor_id: str, name: str) -> None:
+        self.id = actor_id
+        self.name = name
+        self.instance: Any = None
+        self.files: dict[str, str] = {}
+        self.stopped = False
+        self.loop = asyncio.new_event_loop()
+        # A plain deque, and a loop wake-up only when the actor waits for work: a burst of
+        # messages (pipelined broadcasts) costs one wake-up, not one each.
+        self.queue: deque[Any] = deque()
+        self.qlock = threading.Lock()
+        self.idle = False
+        self.wake = asyncio.Event()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
+        # Named after the actor (not "viceroy-..."): its frames are user code, shown by stacks.
+        threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
+
+    def post(self, msg: Any) -> None:
+        with self.qlock:
+            if self.stopped:
+                self._refuse(msg)
+                return
+            self.queue.append(msg)
+            wake, self.idle = self.idle, False
+        if wake:
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+    def cancel(self, call_id: int) -> bool:
+        """Drop a queued call, or cancel a running async one; False if it is not ours. A sync
+        endpoint cannot be stopped from outside its thread: it runs to its end."""
+        with self.qlock:
+            for msg in self.queue:
+                if msg[0] == call_id:
+                    self.queue.remove(msg)
+                    _interrupted(call_id, "interrupted before it started")
+                    return True
+        if call_id not in self.running:
+            return False
+        task = self.running.get(call_id)
+        if task is not None:
+            self.loop.call_soon_threadsafe(task.cancel)
+        return True
+
+    async def _next(self) -> Any:
+        while True:
+            with self.qlock:
+                if self.queue:
+                    return self.queue.popleft()
+                self.idle = True
+            await self.wake.wait()
+            self.wake.clear()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            call_id, kind, ep, signed, data, oneway = await self._next()
+            if self.stopped:
+                self._refuse((call_id, kind, ep))
+                continue
+            if kind == "spawn":
+                self._construct(call_id, signed, data)
+            elif kind == "stop":
+                await self._stop(call_id)
+            elif kind == "supervise":
+                hook = getattr(self.instance, "__supervise__", None)
+                if hook is None:
+                    _reply(call_id, False)
+                else:
+                    await self._run(call_id, hook, signed, data, False)
+            else:
+                fn = getattr(self.instance, ep)
+                if getattr(fn, "__viceroy_endpoint__", {}).get("concurrent"):
+                    task = asyncio.ensure_future(self._run(call_id, fn, signed, data, oneway))
+                    self.tasks.add(task)
+                    task.add_done_callback(functools.partial(self._task_done, call_id))
+                else:
+                    await self._run(call_id, fn, signed, data, oneway)
+            if self.stopped:
+                return
+
+    def _task_done(self, call_id: int, task: asyncio.Future[Any]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():  # cancelled before it first ran: `_run` could not answer
+            _interrupted(call_id)
+
+    def _construct(self, call_id: int, signed: list[Any], data: list[Any]) -> None:
+        output.begin(call_id)
+        try:
+            cls, args, kwargs = serialize.loads(signed[0], data)
+            _restore_filenames(cls, self.files)
+            self.instance = cls(*args, **kwargs)
+        except BaseException as exc:
+            self._close()
+            output.end(_rank._send_output)
+            _error(call_id, *format_user_traceback(exc))
+            return
+        output.end(_rank._send_output)
+        _reply(call_id, None)
+
+    async def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
+        # Concurrent endpoints run as tasks, each in a copy of the context, so this tags their
+        # output apart; the others run one at a time in the serving context.
+        output.begin(call_id)
+        self.running[call_id] = None
+        try:
+            args, kwargs = serialize.loads(signed[0], data)
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
+                task = self.running[call_id] = asyncio.ensure_future(value)
+                value = await task
+        except asyncio.CancelledError:
+            output.end(_rank._send_output)
+            _interrupted(call_id)
+            return
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
+            output.end(_rank._send_output)
+            _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
+            return
+        finally:
+            self.running.pop(call_id, None)
+        output.end(_rank._send_output)
+        if not oneway:
+            _reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))
+
+    def _refuse(self, msg: Any) -> None:
+        call_id, kind, ep = msg[:3]
+        _error(call_id, "RuntimeError", f"RuntimeError: actor {self.name} on rank {_rank.rank} was stopped",
+               "", (self.id, ep or kind))
+
+    def _close(self) -> None:
+        with self.qlock:  # whatever was sent before the stop is answered now, not lost
+            self.stopped = True
+            left, self.queue = list(self.queue), deque()
+        for msg in left:
+            self._refuse(msg)
+        with _lock:
+            _actors.pop(self.id, None)
+
+    async def _stop(self, call_id: int) -> None:
+        self._close()
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # they answer "interrupted"
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        output.begin(call_id)
+        try:
+            if cleanup is not None:
+                value = cleanup()
+                if inspect.isawaitable(value):
+                    await value
+        except BaseException as exc:
+            output.end(_rank._send_output)
+            _error(call_id, *format_user_traceback(exc))
+            return
+        output.end(_rank._send_output)
+        _ok(call_id)
+
+
+def _restore_filenames(cls: type, files: dict[str, str]) -> None:
+    for klass in cls.__mro__:
+        for attr in vars(klass).values():
+            fn = getattr(attr, "__func__", attr)
+            restore_filename(fn, files.get(getattr(fn, "__qualname__", "")))
+
+
+
+# --- results ------------------------------------------------------------------------------------
+
+def cancel(rank: Any, call_id: int) -> bool:
+    """For the rank's control thread, on a cancel: True when `call_id` is an actor call here
+    (queued: answered "interrupted" at once; running async: cancelled)."""
+    with _lock:
+        hosts = list(_actors.values())
+    return any(h.cancel(call_id) for h in hosts)
+
+
+def _interrupted(call_id: int, summary: str = "interrupted") -> None:
+    if call_id != ONEWAY:
+        _rank._send_result({"id": call_id, "ok": False, "kind": "interrupted", "summary": summary, "tb": ""}, [], [])
+
+
+def _ok(call_id: int) -> None:
+    if call_id != ONEWAY:
+        _rank._send_result({"id": call_id, "ok": True}, [], [])
+
+
+def _reply(call_id: int, value: Any, what: str = "") -> None:
+    if value is None:
+        _ok(call_id)
+        return
+    try:
+        payload, bufs = serialize.dumps(value)
+    except Exception as exc:
+        _error(call_id, "TypeError",
+               f"TypeError: {what} returned {type(value).__name__}, which cannot be sent back: {exc}. "
+               "Return something picklable (or keep it on the actor and return a summary).")
+        return
+    _rank._send_result({"id": call_id, "ok": True}, [payload], [b.raw() for b in bufs])
+
+
+def _error(call_id: int, etype: str, summary: str, tb: str = "", where: tuple[str, str] = ("", "")) -> None:
+    if call_id == ONEWAY:  # nobody waits: the controller hands it to supervision
+        context_mod.context()._publish(ONEWAY_ERROR, {"actor": where[0], "ep": where[1], "rank": _rank.rank,
+                                                      "etype": etype, "summary": summary, "tb": tb})
+        return
+    _rank._send_result({"id": call_id, "ok": False, "kind": "error", "etype": etype, "summary": summary,
+                        "tb": tb}, [], [])
+
+
+# --- actor meshes used from a rank ----------------------------------------------------------
+
+class RankClient:
+    """Sends a rank's calls on actor meshes to the controller, which relays them (one hop
+    more than direct, but the controller stays the one place that knows which actors live)."""
+
+    _ids = itertools.count(1)
+
+    def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
+               args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
+        payload, bufs = serialize.dumps((args, kwargs))
+        req = next(self._ids)
+        fut: Future[Any] = Future(-1)
+        if adverb != "broadcast":
+            with _lock:
+                _replies[req] = fut
+        request = {"req": req, "actor": info.id, "name": info.cls_name, "dims": shape.dims,
+                   "ranks": list(shape.ranks), "ep": endpoint, "adverb": "call" if adverb == "stream" else adverb,
+                   "args": payload, "bufs": [bytes(b.raw()) for b in bufs]}
+        context_mod.context()._publish(REQUEST, request)
+        if adverb == "stream" and on_result is not None:  # on a rank, stream yields when all answered
+            def feed(f: Future[Any]) -> None:
+                if f.exception() is None:
+                    for r, v in f.get().by_rank().items():
+                        on_result(r, True, v)
+            fut.add_done_callback(feed)
+        if adverb == "broadcast":
+            fut._set_result(None)
+        return fut
+
+    def control(self, info: ActorMeshInfo) -> Any:
+        raise RuntimeError(
+            f"stop, restart and failures of actor mesh {info.cls_name} are for its owner on the "
+            "controller, not for an actor on a rank"
+        )
+
+
+def _resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:
+    with _lock:
+        fut = _replies.pop(req, None)
+    if fut is None:
+        return
+    outcome = serialize.loads(signed[0], data)
+    if outcome[0] == "ok":
+        fut._set_result(outcome[1])
+    elif outcome[0] == "mesh_error":
+        fut._set_exception(MeshError(*outcome[1:]))
+    else:
+        fut._set_exception(outcome[1])
+
+
+def _actor_mesh_from_wire(info: ActorMeshInfo, dims: dict[str, int], ranks: tuple[int, ...]) -> ActorMesh:
+    """Unpickling an actor mesh: on a rank it calls through the controller; on the controller
+    it is the controller's own again."""
+    shape = Shape(dims, ranks)
+    if context_mod._current is not None:
+        if context_mod._current.mesh_token != info.token:
+            raise ValueError(f"actor mesh {info.cls_name} belongs to another mesh than this rank's")
+        return ActorMesh(info, shape, RankClient())
+    from viceroy.runtime.actors.registry import registry_for_token
+
+    reg = registry_for_token(info.token)
+    if reg is None:
+        raise ValueError(f"actor mesh {info.cls_name} belongs to a mesh that is not running here")
+    return reg.mesh(info, shape)

@@ -1,0 +1,316 @@
+"""The controller's side of actors: one `Registry` per mesh, one `ActorRecord` per spawned
+actor mesh. Records know which actors live, are stopped or failed, how many calls each has in
+flight (for `choose`), and relay the requests ranks send for actor meshes they were given."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from viceroy.runtime import serialize
+from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
+from viceroy.runtime.actors.supervision import ActorFailure, deliver
+from viceroy.runtime.controller import Controller, Event
+from viceroy.runtime.errors import MeshError, RankFailure
+from viceroy.runtime.future import Future
+from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.values import ValueMesh
+
+REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
+ONEWAY_ERROR = "viceroy.actors.oneway_error"  # ... and for broadcasts that raised
+STOP_TIMEOUT_S = 10.0
+
+
+class ActorRecord:
+    """The controller's state of one spawned actor mesh (shared by all its views)."""
+
+    def __init__(self, controller: Controller, info: ActorMeshInfo, shape: Shape, owner: Any,
+                 spawn_msg: tuple[dict[str, Any], list[Any], list[Any]]) -> None:
+        self.controller = controller
+        self.info = info
+        self.shape = shape
+        self.owner = owner
+        self.spawn_msg = spawn_msg  # to respawn failed actors with the same arguments
+        self.status: dict[int, str] = dict.fromkeys(shape.ranks, "starting")  # live|stopped|failed
+        self.reasons: dict[int, str] = {}
+        self.unhandled: list[ActorFailure] = []
+        self._inflight: dict[int, set[int]] = {}
+        self._keys = itertools.count()
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.info.cls_name
+
+    def label(self, shape: Shape) -> str:
+        return f"{self.name} ({shape.describe()})"
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    def pack(self, args: tuple[Any, ...], kwargs: dict[str, Any], qualname: str) -> tuple[list[Any], list[Any]]:
+        refs: list[Any] = []
+        try:
+            payload, bufs = serialize.dumps((args, kwargs), seen_refs=refs)
+        except Exception:
+            serialize.check_picklable({f"{qualname} argument {i}": a for i, a in enumerate(args)}
+                                      | {f"{qualname} argument {k!r}": v for k, v in kwargs.items()})
+            raise
+        for ref in refs:
+            ref.check_usable_on(self.controller, self.shape.describe())
+        return [payload], [b.raw() for b in bufs]
+
+    def check_callable(self, shape: Shape) -> None:
+        if self.controller.closed:
+            raise RuntimeError(f"actor mesh {self.label(shape)} belongs to a mesh that was shut down")
+        with self._lock:
+            stopped = [r for r in shape.ranks if self.status[r] == "stopped"]
+        if stopped:
+            raise RuntimeError(
+                f"actor mesh {self.label(shape)} was stopped (rank {format_rank_set(stopped)}); "
+                f"spawn a new one with mesh.spawn({self.name}, ...)"
+            )
+
+    def send(self, shape: Shape, endpoint: str, adverb: str, signed: list[Any], data: list[Any],
+             on_result: OnResult | None = None) -> Future[Any]:
+        what = f"{self.name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})")
+        with self._lock:
+            if adverb == "choose":
+                live = [r for r in shape.ranks if self.status[r] == "live"]
+                if live:
+                    load = {r: sum(r in p for p in self._inflight.values()) for r in live}
+                    least = min(load.values())
+                    idle = [r for r in live if load[r] == least]
+                    shape = shape.select([idle[next(self._turn) % len(idle)]])
+            gone = {r: self.reasons.get(r, "failed") for r in shape.ranks if self.status[r] != "live"}
+            if not gone and adverb != "broadcast":
+                key = next(self._keys)
+                pending = self._inflight[key] = set(shape.ranks)
+        if gone:
+            fut = failed_future(
+                what, {r: RankFailure("unavailable", f"its actor is gone: {why}") for r, why in gone.items()},
+                "Nothing was sent. restart() on the actor mesh respawns failed actors.",
+            )
+            if adverb == "broadcast":  # no future carries it: say so now
+                fut.get()
+            return fut
+        if adverb == "broadcast":
+            self._send_oneway(shape, {"a": "call", "actor": self.info.id, "ep": endpoint}, signed, data)
+            sent: Future[Any] = Future()
+            sent._set_result(None)
+            return sent
+
+        def result(rank: int, ok: bool, value: Any) -> None:
+            with self._lock:
+                pending.discard(rank)
+            if on_result is not None:
+                on_result(rank, ok, value)
+
+        extra = {"a": "call", "actor": self.info.id, "ep": endpoint}
+        fut = self.controller.submit("actor", shape, extra, signed, data, label=what, fail_fast=False,
+                                     on_result=result)
+
+        def finished(f: Future[Any]) -> None:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+        fut.add_done_callback(finished)
+        return fut
+
+    def _send_oneway(self, shape: Shape, extra: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+        """A message no rank answers (call id 0): no call to track, no results to collect, so
+        broadcasts pipeline. Errors come back as publish events (see Registry._on_event).
+        """
+        self.controller.send_oneway("actor", shape.ranks, extra, signed, data)
+
+    def on_oneway_error(self, rank: int, endpoint: str, summary: str, tb: str) -> None:
+        deliver(self, ActorFailure(self.label(self.shape), (rank,), "error", f"{self.name}.{endpoint}: {summary}", tb),
+                False)
+
+    def supervise(self, shape: Shape, failure: ActorFailure) -> Future[Any]:
+        """Run ``__supervise__(failure)`` on these (owner) actors; -> ValueMesh of what they returned."""
+        with self._lock:
+            live = [r for r in shape.ranks if self.status[r] == "live"]
+        if not live:
+            return failed_future(f"{self.name}.__supervise__", {
+                r: RankFailure("unavailable", "the owner's actor is gone") for r in shape.ranks})
+        signed, data = self.pack((failure,), {}, f"{self.name}.__supervise__")
+        return self.controller.submit("actor", Shape({"ranks": len(live)}, live),
+                                      {"a": "supervise", "actor": self.info.id}, signed, data,
+                                      label=f"{self.name}.__supervise__", fail_fast=False)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def mark(self, ranks: list[int], status: str, reason: str = "") -> None:
+        with self._lock:
+            for r in ranks:
+                self.status[r] = status
+                if reason:
+                    self.reasons[r] = reason
+                else:
+                    self.reasons.pop(r, None)
+
+    def spawn_on(self, ranks: list[int], timeout: float | None, all_or_nothing: bool) -> None:
+        """Construct the actor on `ranks`. all_or_nothing (a first spawn): when some fail, stop
+        the others too, so nothing half-made lingers; else (a restart) keep those that came up."""
+        extra, signed, data = self.spawn_msg
+        shape = self.shape if list(ranks) == list(self.shape.ranks) else self.shape.select(ranks)
+        fut = self.controller.submit("actor", shape, extra, signed, data,
+                                     label=f"spawn {self.name}", fail_fast=False, timeout=timeout)
+        try:
+            fut.get()
+        except MeshError as exc:
+            made = list(exc.partial)
+            self.mark(made, "live")
+            for r, failure in exc.failures.items():
+                self.mark([r], "failed", f"spawning it failed: {failure.summary}")
+            if made and all_or_nothing:
+                self.stop(Shape({"ranks": len(made)}, made))
+            raise
+        self.mark(ranks, "live")
+
+    def stop(self, shape: Shape) -> None:
+        with self._lock:
+            live = [r for r in shape.ranks if self.status[r] == "live"]
+            for r in shape.ranks:
+                self.status[r] = "stopped"
+        if live and not self.controller.closed:
+            fut = self.controller.submit("actor", Shape({"ranks": len(live)}, live),
+                                         {"a": "stop", "actor": self.info.id}, label=f"stop {self.name}",
+                                         fail_fast=False, timeout=STOP_TIMEOUT_S)
+            try:
+                fut.get()
+            except MeshError:
+                pass  # dead or stuck ranks: the actor is unreachable either way
+
+    def restart(self, shape: Shape, timeout: float) -> None:
+        with self._lock:
+            failed = [r for r in shape.ranks if self.status[r] == "failed"]
+        if not failed:
+            return
+        states = self.controller.states()
+        dead = [r for r in failed if states[r] == "dead"]
+        if dead:
+            self.controller.restart(dead, timeout)
+        self.spawn_on(failed, timeout, all_or_nothing=False)
+        with self._lock:
+            self.unhandled = [f for f in self.unhandled if not set(f.ranks) <= set(failed)]
+
+    def failed_on(self, shape: Shape) -> dict[int, str]:
+        with self._lock:
+            return {r: self.reasons.get(r, "failed") for r in shape.ranks if self.status[r] == "failed"}
+
+    def describe(self, shape: Shape) -> str:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for r in shape.ranks:
+                counts[self.status[r]] = counts.get(self.status[r], 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+    def on_rank_exit(self, rank: int, reason: str) -> None:
+        with self._lock:
+            if self.status.get(rank) != "live":
+                return
+            self.status[rank] = "failed"
+            self.reasons[rank] = f"its rank died ({reason})"
+            caller_knows = any(rank in p for p in self._inflight.values())
+        deliver(self, ActorFailure(self.label(self.shape), (rank,), "died", f"died ({reason})"), caller_knows)
+
+
+class Registry:
+    """Every actor mesh of one controller: the `Client` of controller-side actor meshes."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.records: dict[str, ActorRecord] = {}
+        self._ids = itertools.count(1)
+        self._unsubscribe: Callable[[], None] = controller.subscribe(self._on_event)
+
+    def new_id(self, name: str) -> str:
+        return f"{name}-{next(self._ids)}"
+
+    def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
+               args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
+        record = self.control(info)
+        record.check_callable(shape)
+        signed, data = record.pack(args, kwargs, f"{record.name}.{endpoint}")
+        return record.send(shape, endpoint, adverb, signed, data, on_result)
+
+    def control(self, info: ActorMeshInfo) -> ActorRecord:
+        return self.records[info.id]
+
+    def mesh(self, info: ActorMeshInfo, shape: Shape) -> ActorMesh:
+        return ActorMesh(info, shape, self)
+
+    # --- events (controller IO thread) -------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if event["type"] == "rank_exit":
+            for record in list(self.records.values()):
+                record.on_rank_exit(event["rank"], event["reason"])
+        elif event["type"] == "publish" and event["kind"] == REQUEST:
+            self._on_request(event["rank"], event["data"])
+        elif event["type"] == "publish" and event["kind"] == ONEWAY_ERROR:
+            d = event["data"]
+            failed = self.records.get(d["actor"])
+            if failed is not None:
+                failed.on_oneway_error(d["rank"], d["ep"], d["summary"], d["tb"])
+
+    def _on_request(self, from_rank: int, req: dict[str, Any]) -> None:
+        """A rank calls an actor mesh it was given: send it on, and the outcome back."""
+        record = self.records.get(req["actor"])
+        if record is None:
+            self._reply(from_rank, req, ("raise", RuntimeError(f"actor mesh {req['name']} is unknown to this mesh")))
+            return
+        try:
+            record.check_callable(Shape(req["dims"], req["ranks"]))
+            fut = record.send(Shape(req["dims"], req["ranks"]), req["ep"], req["adverb"], [req["args"]],
+                              req["bufs"])
+        except Exception as exc:
+            self._reply(from_rank, req, ("raise", exc))
+            return
+        if req["adverb"] != "broadcast":
+            fut.add_done_callback(lambda f: self._reply(from_rank, req, _outcome(f)))
+
+    def _reply(self, rank: int, req: dict[str, Any], outcome: tuple[Any, ...]) -> None:
+        if req["adverb"] == "broadcast" or self.controller.closed:
+            return
+        try:
+            payload, bufs = serialize.dumps(outcome)
+        except Exception as exc:  # e.g. a value that unpickled here but cannot pickle back
+            payload, bufs = serialize.dumps(("raise", TypeError(f"the result cannot be sent to rank {rank}: {exc}")))
+        self.controller.submit("actor", Shape({"ranks": 1}, [rank]), {"a": "reply", "req": req["req"]},
+                               [payload], [b.raw() for b in bufs], label="actor reply", fail_fast=False)
+
+
+def _outcome(f: Future[Any]) -> tuple[Any, ...]:
+    exc = f.exception()
+    if exc is None:
+        vm: ValueMesh[Any] = f.get()
+        return ("ok", vm)
+    if isinstance(exc, MeshError):
+        return ("mesh_error", exc.what, exc.failures, exc.partial, exc.hint)
+    return ("raise", exc)
+
+
+_by_token: weakref.WeakValueDictionary[str, Registry] = weakref.WeakValueDictionary()
+_registries_lock = threading.Lock()
+
+
+def registry_for(controller: Controller) -> Registry:
+    # Kept on the controller itself (a cycle the collector frees with it), not in a global
+    # table that would keep every controller ever started alive.
+    with _registries_lock:
+        reg: Registry | None = getattr(controller, "_actor_registry", None)
+        if reg is None:
+            reg = Registry(controller)
+            controller._actor_registry = reg  # type: ignore[attr-defined]
+            _by_token[controller.token] = reg
+        return reg
+
+
+def registry_for_token(token: str) -> Registry | None:
+    return _by_token.get(token)
