@@ -144,7 +144,9 @@ class Engine:
             return
         if self.mesh._controller.closed:
             return
-        fut = self.mesh.run(worker.apply_batch, ops, frees, block=False, label="tensor ops")
+        # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
+        # ranks' tensor tables stay consistent with each other.
+        fut = self.mesh.run(worker.apply_batch, ops, frees, block=False, label="tensor ops", fail_fast=False)
         self._pending.append(fut)
 
     def sync(self) -> None:
