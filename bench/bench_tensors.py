@@ -50,25 +50,20 @@ def child_engine() -> None:
             a = torch.ones(16)
         a.fetch()
 
-        def mesh_ops() -> None:
-            with mesh.activate():
-                y = a
-                for _ in range(1000):
-                    y = y * 1.0001 + 1
-            t0 = time.perf_counter()
-            y.sum().fetch(gpus=0)
-            return time.perf_counter() - t0
-
-        times = []
+        times, cpu = [], []
         for _ in range(6):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             with mesh.activate():
                 y = a
                 for _ in range(1000):
                     y = y * 1.0001 + 1
-            times.append(time.perf_counter() - t0)  # controller side: dispatch only
+            # The controller's side: dispatch only. CPU time of this thread is the cost; wall
+            # time also holds the ranks running the ops on the same two cores meanwhile.
+            cpu.append(time.thread_time() - c0)
+            times.append(time.perf_counter() - t0)
             y.sum().fetch(gpus=0)
         emit("mesh_1000_ops_dispatch", median(times[1:]))
+        emit("mesh_1000_ops_dispatch_cpu", median(cpu[1:]))
 
         big = torch.ones(BIG // 4)
         mesh.slice(gpus=0).push(big=big)
@@ -82,9 +77,12 @@ def main() -> None:
     v = {k: r["value"] for k, r in m.items()}
     gbs = lambda s: f"{BIG / s / 1e9:.2f} GB/s"  # noqa: E731
     rows = [
-        ("per op, 1,000 ops pipelined (controller)", fmt_time(v["mesh_1000_ops_dispatch"] / 1000),
-         f"same ops locally: {fmt_time(v['local_1000_ops'] / 1000)}", f"{v['mesh_1000_ops_dispatch'] / v['local_1000_ops']:.1f}x",
+        ("per op, 1,000 ops pipelined (controller CPU)", fmt_time(v["mesh_1000_ops_dispatch_cpu"] / 1000),
+         f"same ops locally: {fmt_time(v['local_1000_ops'] / 1000)}", f"{v['mesh_1000_ops_dispatch_cpu'] / v['local_1000_ops']:.1f}x",
          "<= 50 us per op"),
+        ("per op, 1,000 ops pipelined (controller wall)", fmt_time(v["mesh_1000_ops_dispatch"] / 1000),
+         f"same ops locally: {fmt_time(v['local_1000_ops'] / 1000)}", f"{v['mesh_1000_ops_dispatch'] / v['local_1000_ops']:.1f}x",
+         ""),
         ("pull 64 MiB from one rank", gbs(v["pull_64MiB"]), f"memcpy: {gbs(v['memcpy'])}",
          f"{v['memcpy'] / v['pull_64MiB'] * 100:.0f} %", ">= 50 %"),
         ("push 64 MiB to 4 ranks, per rank", gbs(v["push_64MiB_4ranks"] / 4), f"memcpy: {gbs(v['memcpy'])}",

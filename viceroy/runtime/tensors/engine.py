@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Engine:
         # Meta results by op signature: a loop of the same ops is checked once, not each time
         # (meta kernels cost up to a millisecond each).
         self._plans: dict[Any, _Plan] = {}
+        self._refs: dict[int, weakref.ref[MeshTensor]] = {}
 
     def describe(self) -> str:
         return self.mesh._shape.describe()
@@ -123,8 +125,17 @@ class Engine:
         if len(self._queue) >= BATCH_MAX:
             self.flush()
 
+    def track(self, t: MeshTensor, tid: int) -> None:
+        """Free tensor `tid` on the ranks once `t` is garbage (a weak reference's callback: far
+        cheaper per op than weakref.finalize)."""
+        def gone(_ref: weakref.ref[MeshTensor], tid: int = tid) -> None:
+            self.release(tid)
+
+        self._refs[tid] = weakref.ref(t, gone)
+
     def release(self, tid: int) -> None:
         """A MeshTensor was garbage-collected: free its tensor on the ranks, with the next batch."""
+        self._refs.pop(tid, None)
         with self._lock:
             self._frees.append(tid)
             n = len(self._frees)
@@ -146,7 +157,7 @@ class Engine:
             return
         # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
         # ranks' tensor tables stay consistent with each other.
-        fut = self.mesh.run(worker.apply_batch, ops, frees, block=False, label="tensor ops", fail_fast=False)
+        fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops", fail_fast=False)
         self._pending.append(fut)
 
     def sync(self) -> None:

@@ -7,7 +7,6 @@ nothing reaches the ranks. Ops that pass are queued and sent to the ranks in ord
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,7 +43,7 @@ class MeshTensor(torch.Tensor):
         t._engine = engine
         t._id = tid
         t._sig = (tuple(meta.shape), meta.stride(), meta.dtype)
-        weakref.finalize(t, engine.release, tid)
+        engine.track(t, tid)
         return t
 
     def _refresh_sig(self) -> None:

@@ -47,8 +47,24 @@ def _device() -> Any:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def apply_batch(ops: list[Op], frees: list[int]) -> None:
+def pack_ops(ops: list[Op]) -> bytes | list[Op]:
+    """Ops pickled with the standard (C) pickler: torch functions and methods travel by name,
+    several times faster than through cloudpickle. Ops holding code defined in a notebook
+    (a lambda as an argument) need cloudpickle: those stay a list."""
+    import pickle
+
+    try:
+        return pickle.dumps(ops, protocol=5)
+    except Exception:
+        return ops
+
+
+def apply_batch(packed: bytes | list[Op], frees: list[int]) -> None:
+    import pickle
+
     from torch.utils import _pytree as pytree
+
+    ops: list[Op] = pickle.loads(packed) if isinstance(packed, bytes) else packed
 
     tab = table()
 
