@@ -25,6 +25,13 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def wait_running(mesh: vr.Mesh, text: str = "<mesh-cell", timeout: float = 10) -> None:
+    """Wait until every rank of `mesh` is inside user code whose stack shows `text` (a line of
+    the call, a function name): the call has really started, not just been sent."""
+    wait_until(lambda: all(text in s for s in mesh.stacks(timeout=1).values()), timeout,
+               f"every rank to be running {text!r}")
+
+
 def live_pids(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:

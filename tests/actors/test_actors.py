@@ -399,16 +399,23 @@ def test_stop_answers_every_call_sent_before_it(start_mesh):
     assert queued.get(timeout=10) == 1
 
 
+class Napper(vr.Actor):
+    @vr.endpoint
+    async def nap(self) -> None:
+        print("napping", flush=True)
+        await asyncio.sleep(30)
+
+
 def test_interrupting_the_mesh_cancels_running_async_endpoints_at_once(start_mesh):
     mesh = start_mesh(gpus=2)
-    counters = mesh.spawn(Counter, 0)
-    fut = counters.slow.call("long", 30)
-    wait_until(lambda: set(mesh.states().values()) == {"running"}, 5, "the calls to run")
-    time.sleep(0.2)  # let the endpoints start awaiting
+    nappers = mesh.spawn(Napper)
+    fut = nappers.nap.call()
+    wait_until(lambda: all("napping" in mesh.logs(r) for r in (0, 1)), 10, "both endpoints to be awaiting")
     t0 = time.monotonic()
     mesh.interrupt()
     with pytest.raises(vr.MeshError) as info:
         fut.get(timeout=5)
     assert time.monotonic() - t0 < 0.9  # cancelled, not given up on after the grace period
-    assert "did not stop" not in str(info.value)
-    assert counters.incr.call().get().values() == [1, 1]  # the actors live on
+    assert "did not stop" not in str(info.value) and "before it started" not in str(info.value)
+    counters = mesh.spawn(Counter, 0)
+    assert counters.incr.call().get().values() == [1, 1]  # the ranks and their actors live on

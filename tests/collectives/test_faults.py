@@ -11,7 +11,7 @@ import pytest
 
 import viceroy as vr
 from tests.collectives.conftest import SETUP
-from tests.conftest import wait_until
+from tests.conftest import wait_running, wait_until
 
 NEXT = "t = torch.ones(2) * (rank + 1); vr.all_reduce(t); t.tolist()"
 
@@ -68,7 +68,7 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
     mesh = torch_mesh(gpus=4)
     mesh.run(NEXT)
     fut = mesh.run("if rank == 3: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
-    time.sleep(0.5)  # the three are inside the collective
+    wait_running(mesh.slice(gpus=slice(0, 3)), "vr.all_reduce")  # the three are inside the collective
     t0 = time.monotonic()
     mesh.interrupt()
     with pytest.raises(vr.MeshError, match="interrupted"):
@@ -117,7 +117,7 @@ def test_interrupt_while_the_group_is_still_forming(torch_mesh):
     mesh = torch_mesh(gpus=3)
     # First use: ranks 0-1 wait for rank 2 to build the communicator at all.
     fut = mesh.run("if rank == 2: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
-    time.sleep(0.5)
+    wait_running(mesh.slice(gpus=slice(0, 2)), "vr.all_reduce")
     t0 = time.monotonic()
     mesh.interrupt()
     with pytest.raises(vr.MeshError, match="interrupted"):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import viceroy as vr
-from tests.conftest import live_pids, wait_until
+from tests.conftest import live_pids, wait_running, wait_until
 
 
 def test_one_rank_raising_fails_the_call_fast_and_interrupts_the_others(start_mesh):
@@ -50,7 +50,7 @@ def test_sigkilled_rank_fails_the_call_within_a_second_and_restarts_alone(start_
     mesh.run("state = rank * 100")
     fut = mesh.run("import time\ntime.sleep(60)", block=False)
     victim = mesh.pids()[1]
-    time.sleep(0.2)
+    wait_running(mesh, "time.sleep(60)")
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(vr.MeshError) as info:
@@ -77,7 +77,7 @@ def test_a_rank_exiting_by_itself_is_reported_with_its_code(start_mesh):
 def test_interrupt_stops_busy_loops_on_every_rank_within_a_second(start_mesh):
     mesh = start_mesh(gpus=4)
     fut = mesh.run("while True:\n    pass", block=False)
-    time.sleep(0.3)
+    wait_running(mesh)
     t0 = time.monotonic()
     mesh.interrupt()
     with pytest.raises(vr.MeshError) as info:
@@ -91,7 +91,7 @@ def test_interrupt_gets_through_code_that_swallows_keyboard_interrupt(start_mesh
     mesh = start_mesh(gpus=1)
     code = "import time\ncaught = 0\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    caught += 1\ntime.sleep(30)"
     fut = mesh.run(code, block=False)
-    time.sleep(0.3)
+    wait_running(mesh, "line 4,")  # inside the try
     mesh.interrupt()
     with pytest.raises(vr.MeshError):
         fut.get(timeout=3)

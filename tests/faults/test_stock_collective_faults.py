@@ -5,7 +5,7 @@ import time
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_until
+from tests.conftest import wait_running, wait_until
 
 pytest.importorskip("torch")
 
@@ -38,8 +38,9 @@ def test_a_rank_raising_releases_peers_blocked_in_a_stock_all_reduce(start_mesh)
 def test_interrupt_releases_ranks_blocked_in_a_stock_barrier(start_mesh):
     mesh = start_mesh(gpus=2, preload=["torch"])
     _init(mesh)
-    fut = mesh.slice(gpus=0).run("import torch.distributed as dist\ndist.barrier()", block=False)
-    time.sleep(0.5)
+    rank0 = mesh.slice(gpus=0)
+    fut = rank0.run("import torch.distributed as dist\ndist.barrier()", block=False)
+    wait_running(rank0, "dist.barrier()")
     t0 = time.monotonic()
     mesh.interrupt()
     with pytest.raises(vr.MeshError):

@@ -14,6 +14,10 @@ from typing import Any
 import psutil
 from jupyter_client.manager import KernelManager
 
+from tests.conftest import wait_until
+
+__all__ = ["Execution", "Kernel", "error_text", "wait_until"]
+
 OUTPUT_TYPES = ("stream", "error", "execute_result", "display_data", "update_display_data")
 
 
@@ -51,18 +55,6 @@ class Execution:
 def error_text(error: dict[str, Any]) -> str:
     """An error output's traceback as plain text (ANSI colours removed)."""
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
-
-
-def wait_until(condition: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition()`` until truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Kernel:

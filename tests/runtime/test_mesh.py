@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import viceroy as vr
+from tests.conftest import wait_running
 
 
 def test_code_returns_each_ranks_last_expression(start_mesh):
@@ -171,8 +172,8 @@ def test_states_and_pids(start_mesh):
 
 def test_stacks_answer_while_ranks_are_busy(start_mesh):
     mesh = start_mesh(gpus=2)
-    fut = mesh.run("def deep_in_user_code():\n    import time\n    time.sleep(2)\ndeep_in_user_code()", block=False)
-    time.sleep(0.2)
+    fut = mesh.run("def deep_in_user_code():\n    import time\n    time.sleep(5)\ndeep_in_user_code()", block=False)
+    wait_running(mesh)
     t0 = time.monotonic()
     stacks = mesh.stacks()
     assert time.monotonic() - t0 < 1.5

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,6 +25,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import shm
+from viceroy.runtime.forkserver import ChildExits, ForkServer
 from viceroy.runtime.procs import become_subreaper, describe_exit, die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
 
@@ -65,8 +63,9 @@ class Agent:
         self.host: int = cfg["host"]
         self.signer = Signer(bytes.fromhex(cfg["key"]))
         become_subreaper()
+        self.exits = ChildExits()
         self.lifeline_r, self.lifeline_w = os.pipe()
-        self.zygote = self._start_zygote()
+        self.zygote = ForkServer(cfg.get("cwd"), cfg.get("sys_path", []), cfg.get("preload", []), self.lifeline_r)
 
         self.ctx = zmq.Context()
         self.from_ctrl = self.ctx.socket(zmq.DEALER)
@@ -114,49 +113,14 @@ class Agent:
         self.by_pid: dict[int, int] = {}
         self.early_exits: dict[int, int] = {}
         self.calls: dict[int, PendingCall] = {}
-        self.deaths_r, self.deaths_w = os.pipe()
-        self.zygote_out = self.zygote.stdout
         self.stopping = False
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _start_zygote(self) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "viceroy.runtime.zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            pass_fds=(self.lifeline_r,),
-            # The controller's directory, where this host has it (a shared filesystem); else home.
-            cwd=self.cfg["cwd"] if os.path.isdir(self.cfg.get("cwd") or "") else os.path.expanduser("~"),
-        )
-        zcfg = {
-            "sys_path": self.cfg.get("sys_path", []),
-            "preload": self.cfg.get("preload", []),
-            "lifeline_fd": self.lifeline_r,
-        }
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps({"config": zcfg}) + "\n").encode())
-        proc.stdin.flush()
-        return proc
-
     def _spawn(self, rank: int) -> None:
         slot = self.slots[rank]
         slot.pid, slot.ready, slot.alive, slot.respawn, slot.hellos = None, False, True, False, 0
-        assert self.zygote.stdin is not None
-        self.zygote.stdin.write((json.dumps({"spawn": slot.cfg}) + "\n").encode())
-        self.zygote.stdin.flush()
-
-    def _reap(self) -> None:
-        """Thread: learn of every child's exit from the OS, at once."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                time.sleep(0.05)
-                continue
-            except InterruptedError:
-                continue
-            os.write(self.deaths_w, f"{pid} {status}\n".encode())
+        self.zygote.spawn(slot.cfg)
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         for slot in self.slots.values():
@@ -168,10 +132,7 @@ class Agent:
 
     def _on_controller_gone(self) -> None:
         self.kill_all()
-        try:
-            self.zygote.kill()
-        except OSError:
-            pass
+        self.zygote.kill()
         shutil.rmtree(self.rundir, ignore_errors=True)
         shm.discard_mesh(self.cfg["token"])
         die_now(0)
@@ -280,8 +241,7 @@ class Agent:
         self.by_pid[header["pid"]] = slot.rank
         self._to_controller({"op": "rank_ready", "r": slot.rank, "pid": header["pid"]})
 
-    def _on_zygote_line(self, line: bytes) -> None:
-        msg = json.loads(line)
+    def _on_zygote_reply(self, msg: dict[str, Any]) -> None:
         if "ready" in msg:
             self._to_controller({"op": "agent_ready", "preloaded": msg["preloaded"], "failed": msg["failed"],
                                  "seconds": msg["seconds"]})
@@ -333,21 +293,15 @@ class Agent:
 
     def run(self) -> None:
         hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
-        threading.Thread(target=self._reap, name="viceroy-reaper", daemon=True).start()
         self._to_controller({"op": "agent_hello", "pid": os.getpid(), "zygote": self.zygote.pid,
                              "endpoints": [f"ipc://{self.rundir}/in", f"ipc://{self.rundir}/out"]})
         for r in self.slots:
             self._spawn(r)
         poller = zmq.Poller()
-        poller.register(self.from_ctrl, zmq.POLLIN)
-        poller.register(self.from_ranks, zmq.POLLIN)
-        poller.register(self.to_ranks, zmq.POLLIN)
-        poller.register(self.deaths_r, zmq.POLLIN)
-        assert self.zygote_out is not None
-        zfd = self.zygote_out.fileno()
-        poller.register(zfd, zmq.POLLIN)
-        death_buf = b""
-        zbuf = b""
+        for sock in (self.from_ctrl, self.from_ranks, self.to_ranks):
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self.exits.fileno(), zmq.POLLIN)
+        poller.register(self.zygote.fileno(), zmq.POLLIN)
         while not self.stopping:
             for sock, _ in poller.poll():
                 if sock is self.from_ctrl:
@@ -356,21 +310,14 @@ class Agent:
                     self._drain(self.from_ranks, self._on_rank_message)
                 elif sock is self.to_ranks:
                     self._drain(self.to_ranks, self._on_hello)
-                elif sock == self.deaths_r:
-                    death_buf += os.read(self.deaths_r, 4096)
-                    *lines, death_buf = death_buf.split(b"\n")
-                    for ln in lines:
-                        pid, status = map(int, ln.split())
+                elif sock == self.exits.fileno():
+                    for pid, status in self.exits.read():
                         self._on_death(pid, status)
-                elif sock == zfd:
-                    chunk = os.read(zfd, 65536)
-                    if not chunk:
-                        poller.unregister(zfd)
-                        continue
-                    zbuf += chunk
-                    *lines, zbuf = zbuf.split(b"\n")
-                    for ln in lines:
-                        self._on_zygote_line(ln)
+                elif sock == self.zygote.fileno():
+                    for msg in self.zygote.replies():
+                        self._on_zygote_reply(msg)
+                    if self.zygote.closed:
+                        poller.unregister(self.zygote.fileno())
         self._shutdown()
 
     def _shutdown(self) -> None:
@@ -378,24 +325,17 @@ class Agent:
         self.kill_all(signal.SIGTERM)
         deadline = time.monotonic() + 0.5
         alive = {s.pid for s in self.slots.values() if s.alive and s.pid}
-        buf = b""
         while alive and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.deaths_r], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+            exited = self.exits.wait(deadline - time.monotonic())
+            if not exited:
                 break
-            buf += os.read(self.deaths_r, 4096)
-            *lines, buf = buf.split(b"\n")
-            for ln in lines:
-                alive.discard(int(ln.split()[0]))
+            alive -= {pid for pid, _ in exited}
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            self.zygote.kill()
-        except OSError:
-            pass
+        self.zygote.kill()
         shutil.rmtree(self.rundir, ignore_errors=True)
         self._to_controller({"op": "bye"})
         self.to_ctrl.close(linger=500)

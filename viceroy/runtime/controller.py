@@ -67,7 +67,6 @@ class Controller:
         self._tasks: deque[Callable[[], None]] = deque()
         self._closed = False
         self._startup_error: str | None = None
-        self.preload_report: dict[int, dict[str, Any]] = {}
         self.agent_info: dict[int, dict[str, Any]] = {}
 
         self._sockets = ControllerSockets(launcher.same_host, interface)
@@ -412,8 +411,9 @@ class Controller:
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False))
         elif op == "agent_hello":
             self.agent_info[header["host"]] = header
-        elif op == "agent_ready":
-            self.preload_report[header["host"]] = header
+        elif op == "agent_ready" and header.get("failed"):
+            for name, why in header["failed"].items():  # the ranks will import it themselves, slowly
+                print(f"viceroy: host {header['host']} could not preload {name}: {why}", file=sys.__stderr__)
         elif op == "agent_error":
             with self._changed:
                 self._startup_error = header["error"]

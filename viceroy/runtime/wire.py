@@ -100,7 +100,3 @@ def _peek_signed(header: bytes) -> int:
         raise BadMessage("bad signed count")
     return int(header[j:k])
 
-
-def frame_bytes(f: Frame) -> bytes:
-    """The bytes of a received frame (zmq.Frame or buffer)."""
-    return f.bytes if hasattr(f, "bytes") else bytes(f)

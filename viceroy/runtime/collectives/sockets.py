@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import socket
+from collections.abc import Iterator
 
 
 def socket_fds() -> dict[int, str]:
@@ -33,17 +34,31 @@ def socket_fds() -> dict[int, str]:
 Socket = tuple[int, str]  # (fd, "socket:[inode]")
 
 
+@contextlib.contextmanager
+def _borrowed(fd: int, link: str | None = None) -> Iterator[socket.socket | None]:
+    """A socket object over a dup of `fd` (None if it is gone, or no longer the socket `link`
+    names); the dup is closed after, the fd stays its owner's."""
+    try:
+        if link is not None and os.readlink(f"/proc/self/fd/{fd}") != link:
+            yield None
+            return
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        yield None
+        return
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 def tcp_sockets(fds: dict[int, str], exclude_port: int) -> dict[Socket, tuple[int, bool]]:
     """(fd, inode) -> (local port, listening?), for the TCP sockets among `fds` that do not
     touch `exclude_port` (the store's)."""
     out: dict[Socket, tuple[int, bool]] = {}
     for fd, link in fds.items():
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+        with _borrowed(fd) as s, contextlib.suppress(OSError):
+            if s is None or s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
                 continue
             local = s.getsockname()[1]
             try:
@@ -53,10 +68,6 @@ def tcp_sockets(fds: dict[int, str], exclude_port: int) -> dict[Socket, tuple[in
             if exclude_port not in (local, remote):
                 listening = bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
                 out[(fd, link)] = (local, listening)
-        except OSError:
-            continue
-        finally:
-            s.close()
     return out
 
 
@@ -71,57 +82,33 @@ def is_current(sock: Socket) -> bool:
 def cut(sockets: list[Socket]) -> None:
     """Shut down (not close: the owner closes its fds) each of `sockets` still open."""
     for fd, link in sockets:
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != link:
-                continue  # closed by its owner, the number since reused
-        except OSError:
-            continue
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already gone, or a listener
-        finally:
-            s.close()
+        # None: closed by its owner, the number perhaps since reused; OSError: already gone,
+        # or a listener.
+        with _borrowed(fd, link) as s, contextlib.suppress(OSError):
+            if s is not None:
+                s.shutdown(socket.SHUT_RDWR)
 
 
 def connection_to(port: int, fds: dict[int, str]) -> Socket | None:
     """The socket among `fds` connected to `port` (a client's connection to a server)."""
     for fd, link in fds.items():
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if s.type == socket.SOCK_STREAM and s.getpeername()[1] == port:
+        with _borrowed(fd) as s, contextlib.suppress(OSError, IndexError):
+            if s is not None and s.type == socket.SOCK_STREAM and s.getpeername()[1] == port:
                 return (fd, link)
-        except (OSError, IndexError):
-            continue
-        finally:
-            s.close()
     return None
 
 
 def is_open(sock: Socket) -> bool:
     """False once the peer closed the connection (or the fd is gone)."""
-    fd, link = sock
-    try:
-        if os.readlink(f"/proc/self/fd/{fd}") != link:
+    with _borrowed(*sock) as s:
+        if s is None:
             return False
-        s = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return False
-    try:
-        return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-    except BlockingIOError:
-        return True  # open, nothing to read
-    except OSError:
-        return False
-    finally:
-        s.close()
+        try:
+            return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True  # open, nothing to read
+        except OSError:
+            return False
 
 
 _ESTABLISHED = 1  # tcpi_state, the first byte of struct tcp_info

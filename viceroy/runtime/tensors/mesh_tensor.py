@@ -14,7 +14,6 @@ from torch.utils import _pytree as pytree
 
 if TYPE_CHECKING:
     from viceroy.runtime.tensors.engine import Engine
-    from viceroy.runtime.values import ValueMesh
 
 # Asking for data that lives on the ranks: explain instead of failing inside torch.
 _NEEDS_DATA = {
@@ -86,11 +85,3 @@ class MeshTensor(torch.Tensor):
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
-
-    @property
-    def mesh_dims(self) -> dict[str, int]:
-        return self._engine.mesh.dims
-
-
-def fetch(t: MeshTensor, **coords: int) -> ValueMesh[Any] | torch.Tensor:
-    return t.fetch(**coords)

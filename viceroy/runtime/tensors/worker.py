@@ -6,7 +6,7 @@ rank's main thread, in order with its other calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from viceroy.runtime.context import context
@@ -29,7 +29,6 @@ class Op:
     out_ids: list[int | None]
     where: str
     factory: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class OpFailed(RuntimeError):
