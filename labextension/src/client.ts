@@ -1,0 +1,80 @@
+/** The side panel's connection to a kernel: the `viceroy.mesh` comm. */
+
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+import { IRequest } from './view/protocol';
+
+export const COMM_TARGET = 'viceroy.mesh';
+
+export class MeshClient {
+  constructor(kernel: Kernel.IKernelConnection) {
+    this.kernel = kernel;
+    this._comm = kernel.createComm(COMM_TARGET);
+    this._comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => {
+      if (!this._connected) {
+        this._connected = true;
+        this._connectedChanged.emit(true);
+      }
+      this._message.emit(msg.content.data);
+    };
+    // A kernel without the target closes the comm at once: not a Viceroy kernel (yet).
+    this._comm.onClose = () => this._finish();
+    this._comm.open({ request: 'snapshot' });
+  }
+
+  readonly kernel: Kernel.IKernelConnection;
+
+  /** Each message of the kernel (snapshots, diffs, replies). */
+  get message(): ISignal<this, unknown> {
+    return this._message;
+  }
+
+  /** True once the kernel answered (it has the target); false when the comm closed. */
+  get connectedChanged(): ISignal<this, boolean> {
+    return this._connectedChanged;
+  }
+
+  get connected(): boolean {
+    return this._connected;
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  send(request: IRequest): void {
+    if (!this._disposed && !this._comm.isDisposed) {
+      this._comm.send(request as unknown as KernelMessage.ICommMsgMsg['content']['data']);
+    }
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    if (!this._comm.isDisposed) {
+      try {
+        this._comm.close();
+      } catch {
+        // the kernel is gone already
+      }
+    }
+    this._finish();
+  }
+
+  private _finish(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._connected = false;
+    this._connectedChanged.emit(false);
+    Signal.clearData(this);
+  }
+
+  private _comm: Kernel.IComm;
+  private _connected = false;
+  private _disposed = false;
+  private _message = new Signal<this, unknown>(this);
+  private _connectedChanged = new Signal<this, boolean>(this);
+}

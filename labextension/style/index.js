@@ -1,0 +1,2 @@
+import './view.css';
+import './base.css';
