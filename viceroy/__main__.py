@@ -2,7 +2,9 @@
 
     viceroy install [--user | --sys-prefix | --prefix P] [--name N] [--display-name D]
     viceroy demo [NOTEBOOK]        run the quickstart notebook headlessly and print its outputs
-    viceroy agent                  a host agent (started by launchers, not by hand)
+    viceroy agent                  a host agent (started by launchers: config on stdin)
+    viceroy agent --connect HOST:PORT --key-file F [--host N]
+                                   a host agent that attaches to a waiting mesh (Mesh.attach)
 
 Each subcommand is one entry in `COMMANDS`: ``name: (help, add_arguments, run)``.
 """
@@ -61,17 +63,41 @@ def _demo(ns: argparse.Namespace) -> int:
 # --- agent -----------------------------------------------------------------------------------
 
 
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", metavar="HOST:PORT", help="attach to the mesh waiting there (Mesh.attach)")
+    p.add_argument("--key-file", help="the mesh key, hex, in a file only you can read (chmod 600); "
+                   "or set $VICEROY_MESH_KEY")
+    p.add_argument("--host", type=int, help="ask for this host index (default: the lowest still waiting)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to keep trying to reach the controller")
+
+
 def _agent(ns: argparse.Namespace) -> int:
+    from viceroy.runtime.agent import Agent
     from viceroy.runtime.agent import main as agent_main
 
-    agent_main()
+    if ns.connect is None:
+        if ns.key_file or ns.host is not None:
+            print("viceroy agent: --key-file and --host go with --connect HOST:PORT", file=sys.stderr)
+            return 2
+        agent_main()
+        return 0
+    from viceroy.runtime.attach import read_key, request_config
+
+    try:
+        cfg = request_config(ns.connect, read_key(ns.key_file), want=ns.host, wait=ns.wait)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"viceroy agent: {e}", file=sys.stderr)
+        return 1
+    print(f"viceroy agent: attached to {ns.connect} as host {cfg['host']} "
+          f"({len(cfg['ranks'])} rank(s))", file=sys.stderr, flush=True)
+    Agent(cfg).run()
     return 0
 
 
 COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "install": ("install the Viceroy kernelspec for Jupyter", _install_args, _install),
     "demo": ("run the quickstart notebook headlessly and print its outputs", _demo_args, _demo),
-    "agent": ("run a host agent (launchers start it; not for hand use)", _no_arguments, _agent),
+    "agent": ("run a host agent (launchers start it, or attach one with --connect)", _agent_args, _agent),
 }
 
 

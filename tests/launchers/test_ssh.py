@@ -13,8 +13,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import live_pids, wait_until
-
-SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+from tests.launchers.conftest import SSH_OPTS
 
 
 def _ssh_mesh(sshd, **dims):

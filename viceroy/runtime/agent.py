@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +27,14 @@ import zmq
 
 from viceroy.runtime import shm
 from viceroy.runtime.forkserver import ChildExits, ForkServer
-from viceroy.runtime.procs import become_subreaper, describe_exit, die_now, hold_lifeline
+from viceroy.runtime.procs import (
+    HEARTBEAT_S,
+    agent_timeout,
+    become_subreaper,
+    describe_exit,
+    die_now,
+    hold_lifeline,
+)
 from viceroy.runtime.wire import BadMessage, Signer
 
 
@@ -61,7 +69,10 @@ class Agent:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         self.host: int = cfg["host"]
+        self.gen: int = cfg.get("gen", 0)  # which launch of this host (a restarted host is a new one)
         self.signer = Signer(bytes.fromhex(cfg["key"]))
+        self.silence_limit = agent_timeout(cfg.get("host_timeout", 3.0))
+        self.last_from_ctrl = time.monotonic()
         become_subreaper()
         self.exits = ChildExits()
         self.lifeline_r, self.lifeline_w = os.pipe()
@@ -69,7 +80,7 @@ class Agent:
 
         self.ctx = zmq.Context()
         self.from_ctrl = self.ctx.socket(zmq.DEALER)
-        self.from_ctrl.setsockopt(zmq.IDENTITY, f"agent-{self.host}".encode())
+        self.from_ctrl.setsockopt(zmq.IDENTITY, f"agent-{self.host}.{self.gen}".encode())
         self.from_ctrl.setsockopt(zmq.LINGER, 0)
         self.from_ctrl.connect(cfg["controller_in"])
         self.to_ctrl = self.ctx.socket(zmq.PUSH)
@@ -140,7 +151,7 @@ class Agent:
     # --- messages ------------------------------------------------------------------------------
 
     def _to_controller(self, header: dict[str, Any], signed: Iterable[Any] = (), data: Iterable[Any] = ()) -> None:
-        header["host"] = self.host
+        header["host"], header["gen"] = self.host, self.gen
         self.to_ctrl.send_multipart(self.signer.pack(header, list(signed), list(data)), copy=False)
 
     def _send_rank(self, rank: int, frames: list[Any], control: bool = False) -> bool:
@@ -156,7 +167,10 @@ class Agent:
             header, _, _ = self.signer.unpack(frames)
         except BadMessage:
             return
+        self.last_from_ctrl = time.monotonic()
         op = header.get("op")
+        if op == "heartbeat":
+            return
         mine = [r for r in header.get("ranks", []) if r in self.slots]
         if op in ("run", "push", "actor"):
             call = PendingCall(set())
@@ -291,8 +305,34 @@ class Agent:
 
     # --- main loop -------------------------------------------------------------------------------
 
+    def _heartbeat(self) -> None:
+        """From a thread with its own socket: it proves the host and the process are alive,
+        even while the event loop is busy forking or relaying."""
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 4)  # a cut link queues a few beats, not hours of them
+        sock.connect(self.cfg["controller_out"])
+        while not self.stopping:
+            header = {"op": "heartbeat", "host": self.host, "gen": self.gen}
+            try:
+                sock.send_multipart(self.signer.pack(header), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            time.sleep(HEARTBEAT_S)
+        sock.close()
+
+    def _check_controller(self) -> None:
+        silent = time.monotonic() - self.last_from_ctrl
+        if silent > self.silence_limit:
+            print(f"viceroy agent (host {self.host}): nothing from the controller at "
+                  f"{self.cfg['controller_in']} for {silent:.1f} s; stopping this host's ranks",
+                  file=sys.stderr, flush=True)
+            self._on_controller_gone()
+
     def run(self) -> None:
-        hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
+        if self.cfg.get("stdin_lifeline", True):
+            hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
+        threading.Thread(target=self._heartbeat, name="viceroy-heartbeat", daemon=True).start()
         self._to_controller({"op": "agent_hello", "pid": os.getpid(), "zygote": self.zygote.pid,
                              "endpoints": [f"ipc://{self.rundir}/in", f"ipc://{self.rundir}/out"]})
         for r in self.slots:
@@ -303,7 +343,8 @@ class Agent:
         poller.register(self.exits.fileno(), zmq.POLLIN)
         poller.register(self.zygote.fileno(), zmq.POLLIN)
         while not self.stopping:
-            for sock, _ in poller.poll():
+            self._check_controller()
+            for sock, _ in poller.poll(int(HEARTBEAT_S * 1000)):
                 if sock is self.from_ctrl:
                     self._drain(self.from_ctrl, self._on_controller_message)
                 elif sock is self.from_ranks:

@@ -8,6 +8,7 @@ One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import secrets
@@ -25,8 +26,9 @@ from viceroy.runtime import serialize, shm
 from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
-from viceroy.runtime.launcher import AgentProcess, Launcher, rendezvous_env
+from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvous_env
 from viceroy.runtime.logs import RankLogs
+from viceroy.runtime.procs import HEARTBEAT_S, host_timeout
 from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer, new_key
@@ -49,7 +51,7 @@ class Controller:
     ) -> None:
         self.shape = Shape(dims)
         self.launcher = launcher
-        self.signer = Signer(new_key())
+        self.signer = Signer(launcher.mesh_key or new_key())  # attach mode: the user's key
         self.token = secrets.token_hex(6)  # names this mesh (handles, shared-memory files)
         self.logs = RankLogs(echo)
         self._listeners: list[Listener] = []
@@ -64,6 +66,13 @@ class Controller:
         self._exit_reason: dict[int, str] = {}
         self._agents: dict[int, AgentProcess] = {}
         self._host_of: dict[int, int] = {}
+        # Hosts: which launch of each is current, when its agent was last heard, which are lost.
+        self._plans: dict[int, HostPlan] = {}
+        self._gen: dict[int, int] = {}
+        self._last_seen: dict[int, float] = {}
+        self._lost: dict[int, str] = {}
+        self._host_timeout = host_timeout()
+        self._beat_thread = threading.Thread(target=self._heartbeats, name="viceroy-heartbeat", daemon=True)
         self._tasks: deque[Callable[[], None]] = deque()
         self._closed = False
         self._startup_error: str | None = None
@@ -87,6 +96,7 @@ class Controller:
             "sys_path": [p or os.getcwd() for p in sys.path],
             "preload": list(preload),
             "output_limit": output_limit,
+            "host_timeout": self._host_timeout,
             "env": {**rendezvous_env(interface), **(env or {})},
         }
         _live.add(self)
@@ -99,14 +109,11 @@ class Controller:
             plans = self.launcher.plan(self.shape.dims)
             self._direct = self.launcher.same_host and len(plans) == 1
             for plan in plans:
-                cfg = {**self._config, "host": plan.index, "ranks": plan.ranks, "direct": self._direct}
-                agent = self.launcher.start(plan, cfg)
-                self._agents[plan.index] = agent
+                self._plans[plan.index] = plan
                 for rc in plan.ranks:
                     self._host_of[rc["rank"]] = plan.index
-                threading.Thread(
-                    target=self._watch_agent, args=(agent,), name="viceroy-agent-watch", daemon=True
-                ).start()
+                self._launch(plan.index)
+            self._beat_thread.start()
         except BaseException:
             self.shutdown()  # nothing half-started stays behind
             raise
@@ -135,7 +142,7 @@ class Controller:
         for call in calls:
             call.future._set_exception(MeshClosedError("the mesh was shut down while this call ran"))
         with contextlib.suppress(zmq.ZMQError):
-            self._broadcast({"op": "shutdown", "ranks": []})
+            self._broadcast({"op": "shutdown", "ranks": []}, hosts=set(self._agents) - set(self._lost))
         # Agents stop their ranks and exit by themselves; whatever is left after a second is
         # killed (with its whole session).
         deadline = time.monotonic() + 1.0
@@ -144,7 +151,10 @@ class Controller:
             agent.kill()
         self._wake()
         self._io.join(timeout=2)
+        if self._beat_thread.ident is not None:
+            self._beat_thread.join(timeout=2)
         self._sockets.close()
+        self.launcher.close()
         shm.discard_mesh(self.token)
         _live.discard(self)
 
@@ -237,10 +247,22 @@ class Controller:
             self._check_open()
             for r in ranks:
                 self._state[r] = "starting"
-        self._broadcast({"op": "restart", "ranks": list(ranks)})
+            lost = {self._host_of[r] for r in ranks} & set(self._lost)
+            for h in lost:  # a new agent for a lost host brings all its ranks back
+                ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
+                for r in self._plans[h].ranks_ids():
+                    self._state[r] = "starting"
+        for h in sorted(lost):
+            self._launch(h)
+        others = [r for r in ranks if self._host_of[r] not in lost]
+        if others:
+            self._broadcast({"op": "restart", "ranks": others})
         deadline = time.monotonic() + timeout
         with self._changed:
             while any(self._state[r] != "idle" for r in ranks):
+                again = {self._host_of[r] for r in ranks} & set(self._lost)
+                if again:
+                    raise RuntimeError("; ".join(self._lost[h] for h in sorted(again)) + " (during restart)")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
@@ -301,7 +323,7 @@ class Controller:
     def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
         """To agents (lifecycle: restart, shutdown, their own stats)."""
         frames = self.signer.pack(header)
-        self._send([f"agent-{h}".encode() for h in sorted(set(self._agents) if hosts is None else hosts)], frames)
+        self._send([self._agent_ident(h) for h in sorted(set(self._agents) if hosts is None else hosts)], frames)
 
     def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
         """Work (or control) for some ranks: straight to them in direct mode, else one copy per
@@ -310,7 +332,7 @@ class Controller:
             kind = "c" if control else "w"
             self._send([f"{kind}{r}".encode() for r in ranks], frames)
         else:
-            self._send([f"agent-{h}".encode() for h in sorted({self._host_of[r] for r in ranks})], frames)
+            self._send([self._agent_ident(h) for h in sorted({self._host_of[r] for r in ranks})], frames)
 
     def _send(self, idents: list[bytes], frames: list[Any]) -> None:
         self._sockets.send(idents, frames)
@@ -382,6 +404,12 @@ class Controller:
     def _handle(self, frames: list[Any]) -> None:
         header, signed, data = self.signer.unpack(frames)
         op = header.get("op")
+        if "gen" in header and header["gen"] != self._gen.get(header.get("host", -1)):
+            return  # from an agent given up for lost (its ranks were reported dead): ignore it
+        if "gen" in header:
+            self._last_seen[header["host"]] = time.monotonic()
+        if op == "heartbeat":
+            return
         if op == "results":
             self._on_results(header, signed, data)
         elif op == "out":
@@ -461,22 +489,66 @@ class Controller:
         for c in finished:
             self._finish(c)
 
-    def _watch_agent(self, agent: AgentProcess) -> None:
-        code = agent.wait()
-        if self._closed:
+    # --- hosts: launch, heartbeats, loss --------------------------------------------------------
+
+    def _agent_ident(self, h: int) -> bytes:
+        return f"agent-{h}.{self._gen.get(h, 0)}".encode()
+
+    def _launch(self, h: int) -> None:
+        """Start (or, after a loss, start again) host `h`'s agent, as a new generation."""
+        plan = self._plans[h]
+        gen = self._gen[h] = self._gen.get(h, -1) + 1
+        self._last_seen.pop(h, None)
+        self._lost.pop(h, None)
+        cfg = {**self._config, "host": h, "gen": gen, "ranks": plan.ranks, "direct": self._direct}
+        agent = self.launcher.start(plan, cfg)
+        self._agents[h] = agent
+        threading.Thread(target=self._watch_agent, args=(agent, gen), name="viceroy-agent-watch", daemon=True).start()
+
+    def _heartbeats(self) -> None:
+        """Beat to every live agent; give up a host whose agent has been silent too long."""
+        beat = self.signer.pack({"op": "heartbeat"})
+        while not self._closed:
+            now = time.monotonic()
+            for h in list(self._agents):
+                if h in self._lost:
+                    continue
+                with contextlib.suppress(zmq.ZMQError), self._sockets._router_lock:
+                    if self._closed:
+                        return
+                    # once, without the retries of `send`: a lost peer must not stall the beat
+                    self._sockets._router.send_multipart([self._agent_ident(h), *beat], flags=zmq.NOBLOCK)
+                seen = self._last_seen.get(h)
+                if seen is not None and now - seen > self._host_timeout:
+                    why = f"no heartbeat from its agent for {now - seen:.1f} s: a cut link, a host down, or a frozen agent"
+                    self._post(functools.partial(self._host_lost, h, self._gen[h], why))
+            time.sleep(HEARTBEAT_S)
+
+    def _host_lost(self, h: int, gen: int, why: str) -> None:
+        """On the IO thread: host `h` (launch `gen`) is gone; its ranks are dead, its calls fail
+        naming it. `restart(failed_only=True)` launches it again."""
+        if self._closed or self._gen.get(h) != gen or h in self._lost:
             return
-
-        def lost() -> None:
-            ranks = [r for r, h in self._host_of.items() if h == agent.host and self._state[r] != "dead"]
-            reason = f"its agent on host {agent.host} exited ({code})"
-            with self._changed:
-                if any(s == "starting" for s in self._state.values()):
-                    self._startup_error = f"the agent for host {agent.host} exited with code {code}"
-                self._changed.notify_all()
-            for r in ranks:
+        agent = self._agents[h]
+        reason = f"{agent.label} lost: {why}"
+        self._lost[h] = reason
+        with self._changed:
+            if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
+                self._startup_error = reason
+            self._changed.notify_all()
+        for r in self._plans[h].ranks_ids():
+            if self._state[r] != "dead":
                 self._on_rank_exit(r, reason, False)
+        threading.Thread(target=agent.kill, name="viceroy-agent-kill", daemon=True).start()
 
-        self._post(lost)
+    def lost_hosts(self) -> dict[int, str]:
+        """host -> why it was given up, for hosts lost and not yet restarted."""
+        return dict(self._lost)
+
+    def _watch_agent(self, agent: AgentProcess, gen: int) -> None:
+        code = agent.wait()
+        if not self._closed:
+            self._post(lambda: self._host_lost(agent.host, gen, f"its agent on host {agent.host} exited ({agent.describe_exit(code)})"))
 
     def _finish(self, call: Call) -> None:
         with self._lock:

@@ -21,6 +21,9 @@ class HostPlan:
     index: int
     ranks: list[dict[str, Any]]
 
+    def ranks_ids(self) -> list[int]:
+        return [rc["rank"] for rc in self.ranks]
+
 
 class AgentProcess(ABC):
     """The controller's handle on one running agent."""
@@ -38,6 +41,17 @@ class AgentProcess(ABC):
     @abstractmethod
     def log_tail(self, n: int = 40) -> str: ...
 
+    def describe_exit(self, code: int | None) -> str:
+        """How `wait`'s result reads in an error message."""
+        if code is None:
+            return "no exit code"
+        if code < 0:
+            try:
+                return signal.Signals(-code).name
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit code {code}"
+
 
 class Launcher(ABC):
     """Where agents run. `plan` splits the mesh's ranks over hosts; `start` launches one agent
@@ -45,12 +59,17 @@ class Launcher(ABC):
 
     name: str = "?"
     same_host: bool = False  # agents run on the controller's machine: use Unix sockets
+    mesh_key: bytes | None = None  # a key of the user's (attach mode); else a fresh one per mesh
 
     @abstractmethod
     def plan(self, dims: dict[str, int]) -> list[HostPlan]: ...
 
     @abstractmethod
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess: ...
+
+    def close(self) -> None:
+        """The mesh is shut down (a launcher that listens stops listening)."""
+        return None
 
 
 def rendezvous_env(interface: str) -> dict[str, str]:

@@ -133,6 +133,36 @@ class Mesh(ShapeOps):
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
 
+    @classmethod
+    def attach(
+        cls,
+        *,
+        listen: str = "127.0.0.1:7777",
+        key_file: str | None = None,
+        **kwargs: Any,
+    ) -> Mesh:
+        """Wait on `listen` for agents started by anything else (Kubernetes, torchrun, mpirun,
+        a shell), one per host: ``Mesh.attach(hosts=2, gpus=8, listen="0.0.0.0:7777",
+        key_file="mesh.key")``, then on each host ``viceroy agent --connect ADDR:7777 --key-file
+        mesh.key``. The key file is created (mode 0600) if missing; without one the key comes
+        from $VICEROY_MESH_KEY. Listening beyond loopback is opt-in (name the interface).
+        Returns when every rank answers (`startup_timeout`); other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.attach import AttachLauncher
+
+        if "hosts" not in kwargs:
+            raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
+        launcher = AttachLauncher(listen, key_file)
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        if options.get("echo", True):
+            print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
+        dims = {"hosts": kwargs.pop("hosts"), **kwargs}
+        try:
+            return cls.local(dims, launcher=launcher, interface=launcher.interface, **options)
+        except BaseException:
+            launcher.close()
+            raise
+
     def _reshaped(self, shape: Shape) -> Mesh:
         return Mesh(self._controller, shape)
 

@@ -56,3 +56,23 @@ def describe_exit(status: int) -> str:
 
 def die_now(code: int = 1) -> None:
     os._exit(code)
+
+
+# --- heartbeats: the lifeline across hosts -------------------------------------------------------
+# Agents and the controller send each other a signed heartbeat every HEARTBEAT_S. The
+# controller declares a host lost after host_timeout() of silence from its agent (a SIGKILLed
+# agent, a cut link, a frozen machine); an agent that hears nothing from its controller for
+# agent_timeout() kills its ranks and exits, so a controller that vanished (or a link that never
+# came back) leaves no process behind on any host, whatever started the agent.
+
+HEARTBEAT_S = 0.5
+
+
+def host_timeout() -> float:
+    """Seconds of silence after which the controller gives a host up ($VICEROY_HOST_TIMEOUT)."""
+    return float(os.environ.get("VICEROY_HOST_TIMEOUT", "3.0"))
+
+
+def agent_timeout(host_timeout_s: float) -> float:
+    """An agent waits longer than the controller does: the controller decides first."""
+    return host_timeout_s + 2.0

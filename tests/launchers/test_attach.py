@@ -1,0 +1,161 @@
+"""Attach mode: agents started by something else (here, the test) connect to a mesh that waits
+for them. The key comes from a 0600 file or an environment variable, never a command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import viceroy as vr
+from tests.conftest import live_pids, wait_until
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _agent(addr: str, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*(prefix or []), sys.executable, "-m", "viceroy", "agent", "--connect", addr, *args],
+        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )
+
+
+def _attach_later(addr: str, n: int, *args: str, **kw) -> tuple[list[subprocess.Popen[str]], threading.Thread]:
+    """Start `n` agents once the mesh is waiting (as a cluster's own launcher would)."""
+    procs: list[subprocess.Popen[str]] = []
+    t = threading.Thread(target=lambda: procs.extend(_agent(addr, *args, **kw) for _ in range(n)))
+    t.start()
+    return procs, t
+
+
+def _reap(procs: list[subprocess.Popen[str]]) -> list[int]:
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=10))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+    return codes
+
+
+def test_agents_started_by_anything_attach_to_a_waiting_mesh(tmp_path, capsys):
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    procs, t = _attach_later(f"127.0.0.1:{port}", 2, "--key-file", key_file)
+    try:
+        mesh = vr.Mesh.attach(hosts=2, gpus=2, listen=f"127.0.0.1:{port}", key_file=key_file, preload=[])
+        t.join()
+        try:
+            assert os.stat(key_file).st_mode & 0o777 == 0o600  # made for us, private
+            assert f"viceroy agent --connect 127.0.0.1:{port} --key-file {key_file}" in capsys.readouterr().out
+            assert mesh.run("rank * 10").values() == [0, 10, 20, 30]
+            assert mesh.run("coords['hosts']").values() == [0, 0, 1, 1]
+            agents = {psutil.Process(p).parent().pid for p in mesh.pids().values()}
+            assert agents == {p.pid for p in procs}  # the ranks hang off the agents we started
+            with open(key_file) as f:
+                key = f.read().strip()
+            for p in psutil.process_iter(["cmdline"]):
+                assert key not in " ".join(p.info["cmdline"] or [])
+            # a third agent is told the mesh is full
+            extra = _agent(f"127.0.0.1:{port}", "--key-file", key_file)
+            assert extra.wait(timeout=30) == 1
+            assert "refused this agent: every host of this mesh has an agent already" in extra.stderr.read()
+        finally:
+            mesh.shutdown()
+    finally:
+        t.join()
+        assert _reap(procs) == [0, 0]
+
+
+def test_the_key_can_come_from_the_environment(tmp_path, monkeypatch):
+    key, port = os.urandom(32).hex(), _port()
+    monkeypatch.setenv("VICEROY_MESH_KEY", key)
+    procs, t = _attach_later(f"127.0.0.1:{port}", 1)
+    try:
+        with vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{port}", preload=[], echo=False) as mesh:
+            assert mesh._controller.signer._key.hex() == key
+            assert mesh.run("rank").values() == [0]
+    finally:
+        t.join()
+        _reap(procs)
+
+
+def test_bad_keys_are_explained(tmp_path):
+    loose = tmp_path / "loose.key"
+    loose.write_text(os.urandom(32).hex())
+    loose.chmod(0o644)
+    p = _agent("127.0.0.1:9", "--key-file", str(loose))
+    assert p.wait(timeout=30) == 1
+    assert f"{loose} is readable by others (mode 644); the mesh key must be private: chmod 600" in p.stderr.read()
+    p = _agent("127.0.0.1:9", env={"VICEROY_MESH_KEY": ""})
+    assert p.wait(timeout=30) == 1
+    assert "no mesh key: pass --key-file FILE (a 0600 file) or set $VICEROY_MESH_KEY" in p.stderr.read()
+
+
+def test_an_agent_with_another_key_is_ignored_and_says_why(tmp_path):
+    port = _port()
+    mine, theirs = tmp_path / "mine.key", tmp_path / "theirs.key"
+    for f in (mine, theirs):
+        f.write_text(os.urandom(32).hex())
+        f.chmod(0o600)
+    with pytest.raises(RuntimeError, match=r"(?s)did not start.*no agent attached; start one with `viceroy agent --connect"):
+        vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{port}", key_file=str(mine), preload=[],
+                       echo=False, startup_timeout=3)
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import viceroy as vr
+        try:
+            vr.Mesh.attach(hosts=1, gpus=1, listen="127.0.0.1:{port}", key_file={str(mine)!r}, preload=[],
+                           echo=False, startup_timeout=8)
+        except RuntimeError:
+            pass
+    """)])
+    try:
+        p = _agent(f"127.0.0.1:{port}", "--key-file", str(theirs), "--wait", "2")
+        assert p.wait(timeout=30) == 1
+        assert "is this the mesh's key?" in p.stderr.read()
+    finally:
+        server.wait(timeout=30)
+
+
+CONTROLLER = textwrap.dedent("""
+    import json, sys, time, viceroy as vr
+    mesh = vr.Mesh.attach(hosts=2, gpus=1, listen=sys.argv[1], key_file=sys.argv[2], preload=[], echo=False)
+    mesh.run("import time\\ntime.sleep(60)", block=False)
+    print(json.dumps(list(mesh.pids().values())), flush=True)
+    time.sleep(120)
+""")
+
+
+def test_controller_death_leaves_no_attached_agent_or_rank(tmp_path):
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    ctrl = subprocess.Popen([sys.executable, "-c", CONTROLLER, f"127.0.0.1:{port}", key_file], stdout=subprocess.PIPE, text=True)
+    wait_until(lambda: os.path.exists(key_file), 30, "the controller to write the key file")
+    procs = [_agent(f"127.0.0.1:{port}", "--key-file", key_file) for _ in range(2)]
+    try:
+        assert ctrl.stdout is not None
+        ranks = json.loads(ctrl.stdout.readline())
+        os.kill(ctrl.pid, signal.SIGKILL)
+        ctrl.wait()
+        t0 = time.monotonic()
+        everything = ranks + [p.pid for p in procs]
+        wait_until(lambda: not live_pids(everything), 10, f"the agents and ranks to exit: {live_pids(everything)}")
+        assert time.monotonic() - t0 < 8
+        assert "nothing from the controller" in procs[0].stderr.read()
+    finally:
+        if ctrl.poll() is None:
+            ctrl.kill()
+            ctrl.wait()
+        _reap(procs)

@@ -1,0 +1,92 @@
+"""Hosts as network namespaces (real veth links, real sshd in each): a host whose link is cut
+is given up within 5 s, the running call fails naming it, and it comes back on restart once the
+link returns. Needs root (skips otherwise)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+import viceroy as vr
+from tests.conftest import live_pids, wait_running, wait_until
+from tests.launchers.conftest import SSH_OPTS
+from tests.launchers.netns import CONTROLLER_ADDR
+
+
+def _mesh(ns_hosts, **dims):
+    return vr.Mesh.ssh(
+        ns_hosts.addresses, port=ns_hosts.port, identity=ns_hosts.identity, ssh_options=SSH_OPTS,
+        interface=CONTROLLER_ADDR, preload=[], echo=False, **dims,
+    )
+
+
+def _remote_pids(mesh, host):
+    """The agent, its fork server and its ranks for one host (all inside that namespace)."""
+    ranks = [p for r, p in mesh.pids().items() if mesh._controller._host_of[r] == host]
+    agent = psutil.Process(ranks[0]).parent()
+    return [agent.pid, *(c.pid for c in agent.children()), *ranks]
+
+
+def test_each_host_is_its_own_namespace_and_traffic_crosses_its_link(ns_hosts):
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        before = [ns_hosts.net.bytes_through(i) for i in (1, 2)]
+        nets = mesh.run("import os\nos.readlink('/proc/self/ns/net')").values()
+        assert nets[0] == nets[1] != nets[2] == nets[3]
+        assert os.readlink("/proc/self/ns/net") not in nets
+        mesh.run("x = bytes(100_000)\nlen(x)")
+        after = [ns_hosts.net.bytes_through(i) for i in (1, 2)]
+        assert all(a - b > 1000 for a, b in zip(after, before, strict=True))
+    finally:
+        mesh.shutdown()
+
+
+def test_a_cut_link_fails_the_call_naming_the_host_and_restart_brings_it_back(ns_hosts):
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        mesh.run("x = rank * 10")
+        old = _remote_pids(mesh, 1)
+        fut = mesh.run("import time\ntime.sleep(60)", block=False)
+        wait_running(mesh, "time.sleep")
+        t0 = time.monotonic()
+        ns_hosts.net.cut(2)
+        with pytest.raises(vr.MeshError) as err:
+            fut.get(timeout=10)
+        assert time.monotonic() - t0 < 5.0
+        msg = str(err.value)
+        assert "ranks 2-3: died (host 1 (10.213.2.2, via ssh) lost" in msg, msg
+        assert mesh.states() == {0: "idle", 1: "idle", 2: "dead", 3: "dead"}
+        assert mesh.slice(hosts=0).run("x").values() == [0, 10]  # the other host carries on
+        with pytest.raises(vr.MeshError, match="ranks 2-3: dead"):
+            mesh.run("x")
+        # Cut off, the old agent hears no controller and takes its ranks down by itself.
+        wait_until(lambda: not live_pids(old), 10, f"the cut-off host's processes to exit: {live_pids(old)}")
+        ns_hosts.net.mend(2)
+        mesh.restart(failed_only=True)
+        assert mesh.states() == dict.fromkeys(range(4), "idle")
+        assert mesh.run("globals().get('x')").values() == [0, 10, None, None]  # host 0 kept its state
+        assert mesh.run("rank").values() == [0, 1, 2, 3]
+    finally:
+        ns_hosts.net.mend(2)
+        mesh.shutdown()
+
+
+def test_a_killed_agent_fails_the_call_naming_the_host_and_restart_brings_it_back(ns_hosts):
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        agent = _remote_pids(mesh, 0)[0]
+        fut = mesh.run("import time\ntime.sleep(60)", block=False)
+        wait_running(mesh, "time.sleep")
+        t0 = time.monotonic()
+        os.kill(agent, signal.SIGKILL)
+        with pytest.raises(vr.MeshError, match=r"ranks 0-1: died \(host 0 \(10.213.1.2, via ssh\) lost"):
+            fut.get(timeout=10)
+        assert time.monotonic() - t0 < 5.0
+        mesh.restart(failed_only=True)
+        assert mesh.run("rank").values() == [0, 1, 2, 3]
+    finally:
+        mesh.shutdown()

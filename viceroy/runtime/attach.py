@@ -1,0 +1,248 @@
+"""Attach mode: agents started by anything (Kubernetes, torchrun, mpirun, a shell on each host)
+connect to a controller that waits for them.
+
+    controller:  Mesh.attach(hosts=2, gpus=8, listen="0.0.0.0:7777", key_file="mesh.key")
+    each host:   viceroy agent --connect 10.0.0.1:7777 --key-file mesh.key   (or $VICEROY_MESH_KEY)
+
+The controller listens on `listen` (loopback unless the user names another interface) with a
+ZeroMQ ROUTER; an agent sends a signed "attach" request there, retrying until the controller is
+up, and gets back its host's configuration: which ranks, and the ports of the mesh's own
+sockets (on the address the agent used to reach it). The key never travels: both sides read it
+from a 0600 file or an environment variable, and anything not signed with it is dropped unread.
+An attached agent has no pipe from the controller: heartbeats are its lifeline, so when the
+controller dies or the link stays cut it kills its ranks and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, plan_by_hosts
+from viceroy.runtime.wire import BadMessage, Signer
+
+KEY_ENV = "VICEROY_MESH_KEY"
+
+
+# --- the key ---------------------------------------------------------------------------------
+
+
+def read_key(path: str | None) -> bytes:
+    """The mesh key from a 0600 file (hex), else from $VICEROY_MESH_KEY."""
+    if path is None:
+        text = os.environ.get(KEY_ENV)
+        if not text:
+            raise ValueError(f"no mesh key: pass --key-file FILE (a 0600 file) or set ${KEY_ENV}")
+        where = f"${KEY_ENV}"
+    else:
+        mode = os.stat(path).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise PermissionError(
+                f"{path} is readable by others (mode {stat.S_IMODE(mode):o}); the mesh key must be "
+                f"private: chmod 600 {path}"
+            )
+        with open(path) as f:
+            text = f.read()
+        where = path
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError(f"the mesh key in {where} is not hex (expected 64 hex digits)") from None
+    if len(key) < 16:
+        raise ValueError(f"the mesh key in {where} is {len(key)} bytes; use at least 16 (32 is the default)")
+    return key
+
+
+def key_for_controller(path: str | None) -> tuple[bytes, str | None]:
+    """The key of an attach mesh: from `path` if it exists, else a fresh one written there
+    (mode 0600); with no path, from $VICEROY_MESH_KEY or fresh (in memory only)."""
+    if path is not None and os.path.exists(path):
+        return read_key(path), path
+    if path is None:
+        return (read_key(None), None) if os.environ.get(KEY_ENV) else (secrets.token_bytes(32), None)
+    key = secrets.token_bytes(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return key, path
+
+
+def split_address(addr: str) -> tuple[str, int]:
+    """``"tcp://10.0.0.1:7777"``, ``"10.0.0.1:7777"`` -> ("10.0.0.1", 7777)."""
+    host, _, port = addr.removeprefix("tcp://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:7777), got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+# --- the controller's side -------------------------------------------------------------------
+
+
+class AttachedAgent(AgentProcess):
+    """A host whose agent someone else starts: waiting until one attaches, then live until the
+    controller gives it up (heartbeats) or it says goodbye."""
+
+    def __init__(self, host: int, hint: str) -> None:
+        self.host = host
+        self.label = f"host {host} (waiting for an agent to attach)"
+        self._hint = hint
+        self._gone = threading.Event()
+        self.attached_from: str | None = None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return 0 if self._gone.wait(timeout) else None
+
+    def kill(self) -> None:
+        self._gone.set()  # it hears no more heartbeats and stops by itself
+
+    def log_tail(self, n: int = 40) -> str:
+        return "" if self.attached_from else f"host {self.host}: no agent attached; {self._hint}"
+
+    def describe_exit(self, code: int | None) -> str:
+        return "it was given up"
+
+
+class AttachLauncher(Launcher):
+    """Waits on `listen` for agents; the first to ask gets the lowest free host (or the one
+    it asks for with ``--host N``)."""
+
+    name = "attach"
+    same_host = False
+
+    def __init__(self, listen: str = "127.0.0.1:7777", key_file: str | None = None) -> None:
+        self.host_addr, self.port = split_address(listen)
+        self.mesh_key, self.key_file = key_for_controller(key_file)
+        self._signer = Signer(self.mesh_key)
+        self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
+        self._answered: dict[tuple[Any, Any], list[Any]] = {}
+        self._lock = threading.Lock()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self._sock.bind(f"tcp://{self.host_addr}:{self.port}")
+        except zmq.ZMQError as e:
+            self._sock.close()
+            self._ctx.term()
+            raise OSError(f"cannot listen on {listen} for agents: {e}; pick another port") from None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="viceroy-attach", daemon=True)
+        self._thread.start()
+
+    @property
+    def interface(self) -> str:
+        return self.host_addr
+
+    def command(self) -> str:
+        where = "localhost" if self.host_addr in ("0.0.0.0", "::") else self.host_addr
+        key = f"--key-file {self.key_file}" if self.key_file else f"${KEY_ENV} set to the key"
+        return f"viceroy agent --connect {where}:{self.port} {key}"
+
+    def plan(self, dims: dict[str, int]) -> list[HostPlan]:
+        if list(dims)[:1] != ["hosts"]:
+            raise ValueError(f"an attach mesh's first dim is 'hosts' (one per agent), e.g. hosts=2, gpus=8; got {dims}")
+        return plan_by_hosts(dims)
+
+    def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        agent = AttachedAgent(host.index, f"start one with `{self.command()}`")
+        with self._lock:
+            self._pending[host.index] = (config, agent)
+        return agent
+
+    def waiting(self) -> list[int]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(timeout=2)
+
+    def _serve(self) -> None:
+        try:
+            while not self._closed:
+                if not self._sock.poll(200):
+                    continue
+                ident, *frames = self._sock.recv_multipart()
+                try:
+                    header, _, _ = self._signer.unpack(frames)
+                except BadMessage:
+                    continue  # not signed with the mesh key: dropped unread
+                if header.get("op") == "attach":
+                    self._sock.send_multipart([ident, *self._answer(header)])
+        finally:
+            self._sock.close()
+            self._ctx.term()
+
+    def _answer(self, req: dict[str, Any]) -> list[Any]:
+        who = (req.get("hostname"), req.get("pid"))
+        with self._lock:
+            if who in self._answered:  # a retry whose first answer is still on its way
+                return self._answered[who]
+            want = req.get("want")
+            if want is not None and want not in self._pending:
+                why = f"host {want} is not waiting for an agent (waiting: {sorted(self._pending) or 'none'})"
+                return self._signer.pack({"op": "refused", "why": why})
+            if not self._pending:
+                return self._signer.pack({"op": "refused", "why": "every host of this mesh has an agent already"})
+            h = want if want is not None else min(self._pending)
+            config, agent = self._pending.pop(h)
+        agent.attached_from = f"{req.get('hostname', '?')}, pid {req.get('pid', '?')}"
+        agent.label = f"host {h} ({agent.attached_from}, attached)"
+        cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
+        reply = self._signer.pack({"op": "config"}, [json.dumps(cfg).encode()])
+        with self._lock:
+            self._answered[who] = reply
+        return reply
+
+
+# --- the agent's side ------------------------------------------------------------------------
+
+
+def request_config(addr: str, key: bytes, want: int | None = None, wait: float = 60.0) -> dict[str, Any]:
+    """Ask the controller at `addr` for this agent's configuration, retrying until it answers or
+    `wait` seconds pass (the controller may start after the agent)."""
+    host, port = split_address(addr)
+    signer = Signer(key)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # no requests queued up while connecting: one per try
+    sock.connect(f"tcp://{host}:{port}")
+    deadline = time.monotonic() + wait
+    try:
+        while True:
+            req = {"op": "attach", "hostname": socket.gethostname(), "pid": os.getpid(), "want": want}
+            try:
+                sock.send_multipart(signer.pack(req), flags=zmq.NOBLOCK)
+                patience = 1000
+            except zmq.Again:
+                patience = 50  # not connected yet: try again soon
+            if sock.poll(patience):
+                header, signed, _ = signer.unpack(sock.recv_multipart())
+                if header.get("op") == "refused":
+                    raise RuntimeError(f"the controller at {host}:{port} refused this agent: {header['why']}")
+                cfg: dict[str, Any] = json.loads(bytes(signed[0]))
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no answer from a controller at {host}:{port} within {wait:.0f} s: is a mesh "
+                    "waiting there (Mesh.attach / %mesh up --launcher attach), and is this the mesh's key? "
+                    "(messages signed with another key are dropped unread)"
+                )
+    finally:
+        sock.close()
+        ctx.term()
+    # The mesh's sockets, on the address this agent reached the controller by.
+    for k in ("controller_in", "controller_out"):
+        cfg[k] = f"tcp://{host}:{cfg[k].rsplit(':', 1)[1]}"
+    cfg["key"] = key.hex()
+    cfg["stdin_lifeline"] = False
+    return cfg
