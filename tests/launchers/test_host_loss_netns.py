@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -90,3 +91,47 @@ def test_a_killed_agent_fails_the_call_naming_the_host_and_restart_brings_it_bac
         assert mesh.run("rank").values() == [0, 1, 2, 3]
     finally:
         mesh.shutdown()
+
+
+def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restart(ns_hosts, tmp_path):
+    """Attach mode over real links: the controller listens on its own address; agents in each
+    namespace connect to it. A cut host is given up; its agent, cut off, stops its ranks; a new
+    agent (as a cluster's launcher would start) takes the host back on restart."""
+    from tests.launchers.test_attach import _agent, _attach_later, _reap
+
+    key_file, addr = str(tmp_path / "mesh.key"), f"{CONTROLLER_ADDR}:7790"
+    ns = ns_hosts.net
+    first = [_attach_later(addr, 1, "--key-file", key_file, "--host", str(h), prefix=ns.exec_argv(h + 1)) for h in (0, 1)]
+    extra: list = []
+    try:
+        mesh = vr.Mesh.attach(hosts=2, gpus=1, listen=addr, key_file=key_file, preload=[], echo=False)
+        for _, t in first:
+            t.join()
+        procs = [p for ps, _ in first for p in ps]
+        try:
+            nets = mesh.run("import os\nos.readlink('/proc/self/ns/net')").values()
+            assert nets[0] != nets[1]
+            fut = mesh.run("import time\ntime.sleep(60)", block=False)
+            wait_running(mesh, "time.sleep")
+            t0 = time.monotonic()
+            ns.cut(2)
+            with pytest.raises(vr.MeshError, match=r"rank 1: died \(host 1 \(.*attached\) lost: no heartbeat"):
+                fut.get(timeout=10)
+            assert time.monotonic() - t0 < 5.0
+            assert procs[1].wait(timeout=10) == 0  # cut off, it stopped its ranks and left
+            assert "nothing from the controller" in procs[1].stderr.read()
+            ns.mend(2)
+            launcher = mesh._controller.launcher
+            restart = threading.Thread(target=mesh.restart, kwargs={"failed_only": True})
+            restart.start()
+            wait_until(lambda: launcher.waiting() == [1], 10, "the mesh to wait for host 1 again")
+            extra.append(_agent(addr, "--key-file", key_file, prefix=ns.exec_argv(2)))
+            restart.join(timeout=60)
+            assert mesh.run("rank").values() == [0, 1]
+        finally:
+            mesh.shutdown()
+    finally:
+        ns.mend(2)
+        for _, t in first:
+            t.join()
+        _reap([p for ps, _ in first for p in ps] + extra)
