@@ -1,131 +1,302 @@
-"""The ``viceroy.mesh`` comm target: mesh state for the widget and the JupyterLab panel.
+"""Live mesh state for front ends: the ``viceroy.mesh`` comm target and the MeshView widgets.
 
-A front end opens a comm with target ``viceroy.mesh``; the kernel answers with a state snapshot
-and sends a new one whenever the mesh changes (at most ~10 per second). Messages from the front
-end are requests:
+Every front end (a comm opened on target ``viceroy.mesh`` by the JupyterLab side panel, or a
+`MeshView` widget) gets its own numbered stream of messages; ``seq`` grows by one per message:
 
-    {"request": "snapshot"}                 -> {"type": "state", "dims", "ranks", "calls", "auto"}
-    {"request": "logs", "rank": 2}          -> {"type": "logs", "rank": 2, "text": "..."}
-    {"request": "stacks"}                   -> {"type": "stacks", "stacks": {"0": "..."}}
-    {"request": "interrupt"}                -> {"type": "interrupted", "ranks": [...]}
+    {"type": "state", "seq", "dims", "ranks": [...], "calls": [...], "auto", "summary"}
+        the full snapshot: on open, on request, and when the mesh's shape changed
+    {"type": "diff", "seq", "ranks": {"<rank>": {changed fields}}, "calls", "auto", "summary"}
+        what changed since the previous message (``calls`` is the full list)
 
-Comm messages may arrive on a subshell thread while a cell runs, so the handlers only enqueue;
-one worker thread does the work and sends the replies (sending on iopub is thread-safe).
+at most 5 per second per front end (changes in between are coalesced), none when nothing
+changed. A front end that sees a gap in ``seq`` asks for a snapshot. Requests and replies:
+
+    {"request": "snapshot"}                  -> the next message is a "state"
+    {"request": "logs", "rank": 2, "tail"?}  -> {"type": "logs", "rank": 2, "text": "..."}
+    {"request": "traceback", "rank": 2}      -> {"type": "traceback", "rank": 2, "text": "..."}
+    {"request": "stacks"}                    -> {"type": "stacks", "stacks": {"0": "..."}}
+    {"request": "interrupt"}                 -> {"type": "interrupted", "ranks": [...]}
+    {"request": "restart_failed"}            -> {"type": "restarted", "ranks": [...]}
+    anything that fails                      -> {"type": "error", "request", "message"}
+
+Comm messages may arrive on a subshell thread while a cell runs, so handlers only enqueue. One
+thread pumps state messages, one serves requests (a restart takes seconds; state keeps
+flowing meanwhile), one polls the ranks' memory and GPU use every 2 s while a front end is open.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from viceroy.extension.session import MeshSession
+from viceroy.extension.state import Stream
 
 TARGET = "viceroy.mesh"
-MIN_INTERVAL = 0.1  # seconds between state pushes
+MIN_INTERVAL = 0.2  # seconds between messages to one front end: at most 5 per second
+STATS_INTERVAL = 2.0  # seconds between polls of the ranks' memory and GPU use
+STATS_TIMEOUT = 1.5
+LOG_TAIL = 200
+REQUESTS = ("snapshot", "logs", "traceback", "stacks", "interrupt", "restart_failed")
+
+Send = Callable[[dict[str, Any]], None]
+_channels: weakref.WeakKeyDictionary[MeshSession, StateChannel] = weakref.WeakKeyDictionary()
+
+
+class FrontEnd:
+    """One front end: how to reach it, its numbered `Stream`, and when it last got a message.
+
+    ``send`` takes diffs and replies; ``send_state`` full snapshots (a widget syncs those as a
+    trait, so a saved notebook keeps them); by default both go through ``send``.
+    """
+
+    def __init__(self, send: Send, send_state: Send | None = None) -> None:
+        self.stream = Stream()
+        self.sent_at = -math.inf
+        self.pending = True
+        self._send = send
+        self._send_state = send_state or send
+
+    def deliver(self, msg: dict[str, Any]) -> bool:
+        """Send one message; False when the front end is gone."""
+        try:
+            (self._send_state if msg.get("type") == "state" else self._send)(msg)
+            return True
+        except Exception:
+            return False
 
 
 class StateChannel:
-    """Serves the comm target for one `MeshSession`."""
+    """Serves the mesh state of one `MeshSession` to every front end watching it."""
 
-    def __init__(self, session: MeshSession) -> None:
+    def __init__(
+        self,
+        session: MeshSession,
+        clock: Callable[[], float] = time.monotonic,
+        stats_interval: float = STATS_INTERVAL,
+    ) -> None:
         self.session = session
-        self._comms: dict[str, Any] = {}
-        self._work: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.clock = clock
+        self.stats_interval = stats_interval
+        self._front_ends: dict[int, FrontEnd] = {}
+        self._cond = threading.Condition()
+        self._requests: queue.SimpleQueue[tuple[FrontEnd, Any] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._stop = threading.Event()
+
+    # --- lifecycle ---------------------------------------------------------------------------
 
     def register(self) -> None:
-        """Register the target with the kernel's comm manager and watch the session."""
+        """Register the comm target with the kernel's comm manager and start serving."""
         import comm
 
         comm.get_comm_manager().register_target(TARGET, self._on_open)
-        self.session.add_listener(self.changed)
+        self.start()
 
     def unregister(self) -> None:
         import comm
 
-        self.session.remove_listener(self.changed)
         manager = comm.get_comm_manager()
         if manager.targets.get(TARGET) == self._on_open:
             manager.unregister_target(TARGET, self._on_open)
-        self._work.put(("stop", None))
+        self.stop()
 
-    # --- handlers: enqueue only --------------------------------------------------------------
+    def start(self) -> None:
+        """Watch the session; front ends attached from now on are served by threads."""
+        _channels[self.session] = self
+        self.session.add_listener(self.changed)
+        with self._cond:
+            self._running = True
+            if self._front_ends:
+                self._ensure_threads()
 
-    def _on_open(self, c: Any, msg: dict[str, Any]) -> None:
-        c.on_msg(lambda m: self._work.put(("request", (c, m["content"]["data"]))))
-        c.on_close(lambda m: self._work.put(("closed", c)))
-        self._work.put(("opened", c))
-        self._ensure_thread()
+    def stop(self) -> None:
+        self.session.remove_listener(self.changed)
+        if _channels.get(self.session) is self:
+            del _channels[self.session]
+        with self._cond:
+            self._running = False
+            self._stop.set()
+            self._cond.notify_all()
+        self._requests.put(None)
+
+    def attach(self, fe: FrontEnd) -> None:
+        with self._cond:
+            self._front_ends[id(fe)] = fe
+            if self._running:
+                self._ensure_threads()
+            self._cond.notify_all()
+
+    def detach(self, fe: FrontEnd) -> None:
+        with self._cond:
+            self._front_ends.pop(id(fe), None)
+
+    @property
+    def front_ends(self) -> int:
+        with self._cond:
+            return len(self._front_ends)
+
+    # --- from any thread: enqueue only -------------------------------------------------------
 
     def changed(self) -> None:
         """The session's state changed (called on any thread)."""
-        if self._comms:
-            self._work.put(("dirty", None))
+        with self._cond:
+            for fe in self._front_ends.values():
+                fe.pending = True
+            self._cond.notify_all()
 
-    # --- the worker --------------------------------------------------------------------------
+    def request(self, fe: FrontEnd, data: Any) -> None:
+        """A front end's request: a snapshot is the pump's next message to it; the rest is
+        served in order by the request thread."""
+        if isinstance(data, dict) and data.get("request") == "snapshot":
+            with self._cond:
+                fe.stream.want_snapshot = fe.pending = True
+                self._cond.notify_all()
+            return
+        self._requests.put((fe, data))
 
-    def _ensure_thread(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="viceroy-comm", daemon=True)
-                self._thread.start()
+    def _on_open(self, c: Any, msg: dict[str, Any]) -> None:
+        fe = FrontEnd(c.send)
+        c.on_msg(lambda m: self.request(fe, m["content"]["data"]))
+        c.on_close(lambda m: self.detach(fe))
+        self.attach(fe)
 
-    def _loop(self) -> None:
-        last_push = 0.0
-        dirty = False
+    # --- state messages ----------------------------------------------------------------------
+
+    def flush(self, now: float | None = None) -> float | None:
+        """Send each front end that is due its next message (see `Stream`); returns the seconds
+        until the next one falls due, or None when none is pending."""
+        now = self.clock() if now is None else now
+        with self._cond:
+            due = [fe for fe in self._front_ends.values() if fe.pending and now - fe.sent_at >= MIN_INTERVAL]
+            for fe in due:
+                fe.pending = False
+        if due:
+            snap = self.session.state.snapshot()
+            for fe in due:
+                msg = fe.stream.next(snap)
+                if msg is None:
+                    continue
+                fe.sent_at = now
+                if not fe.deliver(msg):
+                    self.detach(fe)
+        return self._next_due(now)
+
+    def _next_due(self, now: float) -> float | None:
+        with self._cond:
+            waits = [fe.sent_at + MIN_INTERVAL - now for fe in self._front_ends.values() if fe.pending]
+        return max(0.0, min(waits)) if waits else None
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            self.flush()
+            with self._cond:
+                wait = self._next_due(self.clock())
+                if wait != 0.0 and not self._stop.is_set():
+                    self._cond.wait(wait)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def _serve_requests(self) -> None:
         while True:
-            timeout = max(0.0, last_push + MIN_INTERVAL - time.monotonic()) if dirty else None
-            try:
-                kind, item = self._work.get(timeout=timeout)
-            except queue.Empty:
-                kind, item = "flush", None
-            if kind == "stop":
+            item = self._requests.get()
+            if item is None:
                 return
-            if kind == "opened":
-                self._comms[item.comm_id] = item
-                self._send(item, self.session.state.snapshot())
-            elif kind == "closed":
-                self._comms.pop(item.comm_id, None)
-            elif kind == "dirty":
-                dirty = True
-            elif kind == "request":
-                self._request(*item)
-            if dirty and time.monotonic() - last_push >= MIN_INTERVAL:
-                snap = self.session.state.snapshot()
-                for c in list(self._comms.values()):
-                    self._send(c, snap)
-                last_push, dirty = time.monotonic(), False
+            fe, data = item
+            fe.deliver(self.answer(data))
 
-    def _request(self, c: Any, data: Any) -> None:
+    def answer(self, data: Any) -> dict[str, Any]:
+        """The reply to one request (never raises: failures become ``{"type": "error"}``)."""
         req = data.get("request") if isinstance(data, dict) else None
-        mesh = self.session.mesh
         try:
-            if req == "snapshot":
-                self._send(c, self.session.state.snapshot())
-            elif mesh is None and req in ("logs", "stacks", "interrupt"):
-                self._send(c, {"type": "error", "request": req, "message": "no mesh is up"})
-            elif req == "logs":
-                rank = int(data.get("rank", -1))
-                text = mesh.logs(rank, tail=int(data.get("tail", 200)))  # type: ignore[union-attr]
-                self._send(c, {"type": "logs", "rank": rank, "text": text})
-            elif req == "stacks":
-                stacks = mesh.stacks().by_rank()  # type: ignore[union-attr]
-                self._send(c, {"type": "stacks", "stacks": {str(r): s for r, s in stacks.items()}})
-            elif req == "interrupt":
-                mesh.interrupt()  # type: ignore[union-attr]
-                self._send(c, {"type": "interrupted", "ranks": list(mesh.ranks)})  # type: ignore[union-attr]
-            else:
-                self._send(
-                    c, {"type": "error", "request": req, "message": f"unknown request {req!r}"}
-                )
+            return self._answer(req, data)
         except Exception as e:  # a bad request must not kill the worker
-            self._send(c, {"type": "error", "request": req, "message": f"{type(e).__name__}: {e}"})
+            return {"type": "error", "request": req, "message": f"{type(e).__name__}: {e}"}
 
-    @staticmethod
-    def _send(c: Any, data: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):  # the front end went away
-            c.send(data)
+    def _answer(self, req: Any, data: Any) -> dict[str, Any]:
+        def error(message: str) -> dict[str, Any]:
+            return {"type": "error", "request": req, "message": message}
+
+        if req not in REQUESTS:
+            return error(f"unknown request {req!r}; known: {', '.join(REQUESTS)}")
+        if req == "snapshot":
+            return dict(self.session.state.snapshot(), type="state")  # unnumbered; see request()
+        mesh = self.session.mesh
+        if mesh is None:
+            return error("no mesh is up: start one with `%mesh up gpus=4`")
+        rank = data.get("rank")
+        if req in ("logs", "traceback") and not isinstance(rank, int):
+            return error(f"request {req!r} needs \"rank\": an int (one of ranks {mesh.ranks[0]}..{mesh.ranks[-1]})")
+        if req == "logs":
+            return {"type": "logs", "rank": rank, "text": mesh.logs(rank, tail=int(data.get("tail", LOG_TAIL)))}
+        if req == "traceback":
+            return {"type": "traceback", "rank": rank, "text": self.session.state.traceback(rank)}
+        if req == "stacks":
+            return {"type": "stacks", "stacks": {str(r): s for r, s in mesh.stacks().by_rank().items()}}
+        if req == "interrupt":
+            running = sorted(r for r, s in self.session.state.states().items() if s == "running")
+            mesh.interrupt()
+            return {"type": "interrupted", "ranks": running}
+        dead = sorted(r for r, s in mesh.states().items() if s == "dead")
+        if dead:
+            self.session.restart(failed_only=True)
+        return {"type": "restarted", "ranks": dead}
+
+    # --- resource use ------------------------------------------------------------------------
+
+    def poll_stats(self) -> bool:
+        """Ask the ranks for their memory and GPU use, and reconcile states with the runtime's;
+        True if the state changed (front ends then hear of it)."""
+        mesh = self.session.mesh
+        if mesh is None:
+            return False
+        try:
+            stats = mesh.stats(timeout=STATS_TIMEOUT)["ranks"]
+            states = mesh.states()
+        except Exception:  # the mesh is shutting down; the next poll sees the new one
+            return False
+        state = self.session.state
+        changed = state.apply_stats(stats) | state.set_states(states)
+        if changed:
+            self.changed()
+        return changed
+
+    def _poll(self) -> None:
+        # One thread, so a poll never overlaps the previous one.
+        while not self._stop.wait(self.stats_interval):
+            if self.front_ends:
+                self.poll_stats()
+
+    def _ensure_threads(self) -> None:
+        """Start the pump, request and stats threads (caller holds the lock)."""
+        if self._threads and all(t.is_alive() for t in self._threads):
+            return
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=fn, name=f"viceroy-{name}", daemon=True)
+            for fn, name in ((self._pump, "state"), (self._serve_requests, "requests"), (self._poll, "stats"))
+        ]
+        for t in self._threads:
+            t.start()
+
+
+def channel_for(session: MeshSession) -> StateChannel:
+    """The running `StateChannel` of ``session`` (the extension registers one); one is started,
+    without a comm target, where the extension is not loaded."""
+    channel = _channels.get(session)
+    if channel is None:
+        channel = StateChannel(session)
+        channel.start()
+    return channel
+
+
+def send_quietly(send: Send, msg: dict[str, Any]) -> None:
+    with contextlib.suppress(Exception):  # the front end went away
+        send(msg)

@@ -104,21 +104,37 @@ class MeshMagics(Magics):
             torch_dist=cmd.torch_dist,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
+        self.show_view()
 
     def _cmd_down(self, cmd: Command) -> None:
         print("mesh stopped" if self.session.down() else "no mesh was up")
 
     def _cmd_status(self, cmd: Command) -> None:
         print(self.status_text())
+        if self.session.mesh is not None:
+            self.show_view()
+
+    def show_view(self) -> None:
+        """Display the live mesh view in the current cell (static HTML without anywidget)."""
+        from IPython.display import display
+
+        from viceroy.extension.widget import view
+
+        display(view(self.session))
 
     def status_text(self) -> str:
-        """``mesh gpus=4: ranks 0-2 idle, rank 3 dead (SIGKILL)``"""
+        """``mesh gpus=4: ranks 0-1 idle, rank 2 error (ZeroDivisionError: ...), rank 3 dead
+        (SIGKILL)``; ranks whose last call returned count as idle."""
         snap = self.session.state.snapshot()
         if snap["dims"] is None:
             return "no mesh is up; start one with `%mesh up gpus=4`"
         groups: dict[str, list[int]] = {}
         for r in snap["ranks"]:
-            key = r["state"] + (f" ({r['exit']})" if r["state"] == "dead" and r["exit"] else "")
+            key = "idle" if r["state"] == "done" else r["state"]
+            if r["state"] == "dead" and r["exit"]:
+                key += f" ({r['exit']})"
+            elif r["state"] == "error" and r["error"]:
+                key += f" ({r['error']})"
             groups.setdefault(key, []).append(r["rank"])
         parts = [
             f"{'rank' if len(rs) == 1 else 'ranks'} {format_rank_set(rs)} {key}"

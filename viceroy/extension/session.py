@@ -11,12 +11,14 @@ One `MeshSession` per IPython shell; the magics, the comm and the kernel all go 
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import os
 import queue
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -56,6 +58,28 @@ def _init_torch_distributed() -> None:
         dist.init_process_group()
 
 
+def _rank_hosts(mesh: Mesh) -> dict[int, str]:
+    """rank -> the host it runs on, as its launcher names it (this machine's name locally)."""
+    import socket
+
+    controller = getattr(mesh, "_controller", None)
+    host_of: dict[int, int] = getattr(controller, "_host_of", {})
+    names = [str(getattr(h, "address", h)) for h in getattr(getattr(controller, "launcher", None), "hosts", [])]
+    here = socket.gethostname()
+    return {r: names[h] if h < len(names) else here for r, h in host_of.items()}
+
+
+def _failure_of(mesh: Mesh | None, ev: dict[str, Any]) -> dict[str, Any]:
+    """How a rank failed a call (``kind``, ``summary``, ``tb``), read from the call's record
+    while `rank_done` is being emitted: the event itself says only ``ok``. Empty if unknown."""
+    calls = getattr(getattr(mesh, "_controller", None), "_calls", {})
+    call = calls.get(ev.get("call"))
+    failure = getattr(call, "failures", {}).get(ev.get("rank")) if call is not None else None
+    if failure is None:
+        return {}
+    return {"kind": failure.kind, "summary": failure.summary, "tb": failure.traceback}
+
+
 class MeshSession:
     """Owns at most one mesh for a shell and turns runtime events into cell output and state."""
 
@@ -67,6 +91,8 @@ class MeshSession:
         self._unsubscribe: Callable[[], Any] | None = None
         self._cell_active = False
         self._listeners: list[Callable[[], None]] = []
+        self._setup = threading.local()
+        self._hidden_calls: set[Any] = set()
         self._echo = ApiEcho(all_ranks=lambda: self.mesh.ranks if self.mesh is not None else [])
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -126,12 +152,13 @@ class MeshSession:
         else:
             mesh = vr.Mesh.local(**kwargs)
         self._attach(mesh)
-        mesh.run(display_hook.install)
-        if torch_dist:
-            try:
-                mesh.run(_init_torch_distributed, label="torch.distributed.init_process_group")
-            except Exception as e:
-                raise UsageError(f"%mesh up --torch-dist: {str(e).splitlines()[-1]}") from None
+        with self._setup_calls():
+            mesh.run(display_hook.install)
+            if torch_dist:
+                try:
+                    mesh.run(_init_torch_distributed, label="torch.distributed.init_process_group")
+                except Exception as e:
+                    raise UsageError(f"%mesh up --torch-dist: {str(e).splitlines()[-1]}") from None
         if self.shell is not None:
             self.shell.user_ns["mesh"] = mesh
         return mesh
@@ -154,7 +181,7 @@ class MeshSession:
     def _attach(self, mesh: Mesh) -> None:
         self.mesh = mesh
         self._unsubscribe = mesh.subscribe(self._on_event)
-        self.state.reset(mesh.dims, mesh.states())
+        self.state.reset(mesh.dims, mesh.states(), mesh.pids(), _rank_hosts(mesh))
         self._notify()
 
     def down(self) -> bool:
@@ -176,10 +203,18 @@ class MeshSession:
 
     def restart(self, failed_only: bool = False) -> None:
         mesh = self.require()
-        mesh.restart(failed_only=failed_only)
-        mesh.run(display_hook.install)
-        self.state.set_states(mesh.states())
+        ranks = [r for r, s in mesh.states().items() if s == "dead" or not failed_only]
+        if not ranks:
+            return
+        self.state.starting(ranks)
         self._notify()
+        try:
+            mesh.restart(failed_only=failed_only)
+            with self._setup_calls():  # only on the new processes: the others may be busy
+                mesh.select(ranks).run(display_hook.install)
+        finally:
+            self.state.set_states(mesh.states())
+            self._notify()
 
     def require(self) -> Mesh:
         """The running mesh; starts ``$VICEROY_MESH`` if set and none is up."""
@@ -205,9 +240,28 @@ class MeshSession:
         for fn in list(self._listeners):
             fn()
 
+    @contextlib.contextmanager
+    def _setup_calls(self) -> Iterator[None]:
+        """Calls this thread makes inside are the session's own (installing hooks): the mesh
+        state does not show them, so ranks stay "idle" until the user's first call."""
+        self._setup.active = True
+        try:
+            yield
+        finally:
+            self._setup.active = False
+
     def _on_event(self, ev: dict[str, Any]) -> None:
-        # Runs on the runtime's IO thread: record and enqueue, nothing else.
-        if self.state.apply(ev):
+        # Runs on the runtime's IO thread (call_started: on the submitting thread): record and
+        # enqueue, nothing else.
+        kind, call = ev.get("type"), ev.get("call")
+        if kind == "call_started" and getattr(self._setup, "active", False):
+            self._hidden_calls.add(call)
+        if kind == "rank_done" and not ev.get("ok") and "kind" not in ev:
+            ev = {**ev, **_failure_of(self.mesh, ev)}
+        if call in self._hidden_calls and kind in ("call_started", "rank_done", "call_finished"):
+            if kind == "call_finished":
+                self._hidden_calls.discard(call)
+        elif self.state.apply(ev):
             self._notify()
         kind = ev.get("type")
         if self._cell_active or kind == "rank_exit":

@@ -1,7 +1,10 @@
-"""What the notebook knows about its mesh right now, kept current from runtime events.
+"""What the notebook knows about its mesh right now, and how a front end is told of changes.
 
-Events arrive on the runtime's IO thread while cells and comm handlers read snapshots from
-others, so every access holds one lock and snapshots are plain copies.
+`MeshState` folds runtime events (and polled resource use) into one record per rank; events
+arrive on the runtime's IO thread while front ends read snapshots from others, so every access
+holds one lock and snapshots are plain copies. `Stream` turns successive snapshots into the
+numbered messages one front end receives: a full ``state`` first (and after a gap), then
+``diff``s holding only the changed fields. The wire format is in docs of `viceroy.extension.comm`.
 
 >>> s = MeshState()
 >>> s.reset({"gpus": 2}, {0: "idle", 1: "idle"})
@@ -14,11 +17,18 @@ True
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from viceroy.extension.output import terminal_line
 
 LAST_LINE_CHARS = 200
+LABEL_CHARS = 80
+STATES = ("starting", "idle", "running", "done", "error", "dead", "interrupted")
+FAILED_STATES = ("error", "dead")
+# How a finished call leaves a rank, by the failure kind the rank reported.
+_AFTER_CALL = {"error": "error", "interrupted": "interrupted", "timeout": "interrupted"}
 
 
 def rank_coords(dims: dict[str, int], rank_position: int) -> dict[str, int]:
@@ -31,89 +41,270 @@ def rank_coords(dims: dict[str, int], rank_position: int) -> dict[str, int]:
     return {name: coords[name] for name in dims}
 
 
-class MeshState:
-    """Thread-safe record of the mesh's shape, each rank's state and last line, the running call."""
+def first_line(text: str, limit: int = LABEL_CHARS) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters (with an ellipsis)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
-    def __init__(self) -> None:
+
+def summarize(ranks: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """``{"total", "alive", "running", "failed"}``; failed counts ranks in error or dead."""
+    states = [r["state"] for r in ranks]
+    return {
+        "total": len(states),
+        "alive": sum(s != "dead" for s in states),
+        "running": states.count("running"),
+        "failed": sum(s in FAILED_STATES for s in states),
+    }
+
+
+def _new_record(rank: int, coords: dict[str, int], state: str, host: str, pid: int | None) -> dict[str, Any]:
+    return {
+        "rank": rank, "coords": coords, "host": host, "state": state, "call": None, "label": "",
+        "started": None, "elapsed": None, "rss": None, "gpu_mem": None, "gpu_util": None,
+        "last_line": "", "pid": pid, "exit": None, "error": None,
+    }
+
+
+class MeshState:
+    """Thread-safe record of the mesh's shape, each rank's state and work, and the calls in flight.
+
+    A rank is "idle" only before its first call, "running" while any call runs on it, then
+    "done", "error" or "interrupted" by how its last call ended; "dead" once its process exited,
+    "starting" while it is (re)started. ``clock`` gives the epoch seconds stamped on calls.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._dims: dict[str, int] | None = None
         self._ranks: dict[int, dict[str, Any]] = {}
         self._calls: dict[int, dict[str, Any]] = {}
+        self._in_flight: dict[int, list[int]] = {}  # rank -> calls running there, oldest first
+        self._tracebacks: dict[int, str] = {}
         self.auto = False
 
-    def reset(self, dims: dict[str, int] | None, states: dict[int, str] | None = None) -> None:
-        """A new mesh (or none, when ``dims`` is None)."""
+    def reset(
+        self,
+        dims: dict[str, int] | None,
+        states: dict[int, str] | None = None,
+        pids: dict[int, int] | None = None,
+        hosts: dict[int, str] | None = None,
+    ) -> None:
+        """A new mesh (or none, when ``dims`` is None); ``states`` as `Mesh.states` gives them."""
         with self._lock:
             self._dims = dict(dims) if dims is not None else None
             self._calls.clear()
+            self._in_flight.clear()
+            self._tracebacks.clear()
             self._ranks = {
-                r: {
-                    "rank": r,
-                    "coords": rank_coords(self._dims or {}, i),
-                    "state": state,
-                    "last_line": "",
-                    "pid": None,
-                    "exit": None,
-                }
-                for i, (r, state) in enumerate(sorted((states or {}).items()))
+                r: _new_record(
+                    r, rank_coords(self._dims or {}, i), "running" if s == "running" else s,
+                    (hosts or {}).get(r, "localhost"), (pids or {}).get(r),
+                )
+                for i, (r, s) in enumerate(sorted((states or {}).items()))
             }
 
-    def set_states(self, states: dict[int, str]) -> None:
+    def starting(self, ranks: Iterable[int]) -> None:
+        """These ranks are being (re)started: their exits until ready do not make them dead."""
         with self._lock:
-            for r, state in states.items():
+            for r in ranks:
                 if r in self._ranks:
-                    self._ranks[r]["state"] = state
+                    self._ranks[r]["state"] = "starting"
+
+    def set_states(self, states: dict[int, str]) -> bool:
+        """Reconcile with the runtime's own view (`Mesh.states`): a dead, starting or idle rank
+        there is so here, except that a rank idle there after a call keeps how the call ended.
+        A rank still "running" here only for calls that have finished, and idle there, was given
+        up on by those calls (it answered too late): it becomes "interrupted". True if anything
+        changed."""
+        changed = False
+        with self._lock:
+            for r, theirs in states.items():
+                rec = self._ranks.get(r)
+                if rec is None:
+                    continue
+                ours = rec["state"]
+                new = ours
+                if theirs in ("dead", "starting"):
+                    new = theirs
+                elif theirs == "idle" and ours in ("dead", "starting"):
+                    new = "idle"
+                elif theirs == "idle" and ours == "running" and not any(
+                    c in self._calls for c in self._in_flight.get(r, [])
+                ):
+                    new = "interrupted"
+                    self._in_flight.pop(r, None)
+                    self._finish_timing(rec)
+                if new != ours:
+                    rec["state"], changed = new, True
+        return changed
 
     def apply(self, ev: dict[str, Any]) -> bool:
-        """Fold one runtime event in; True if the snapshot changed."""
+        """Fold one runtime event in; True if the snapshot changed.
+
+        A ``rank_done`` event may carry the rank's failure (``kind``, ``summary``, ``tb``);
+        without it a failed rank counts as "error" with no summary.
+        """
         kind = ev.get("type")
         with self._lock:
-            rank = self._ranks.get(ev.get("rank", -1))
-            if kind == "output" and rank is not None:
+            rec = self._ranks.get(ev.get("rank", -1))
+            if kind == "output" and rec is not None:
                 last = terminal_line(ev.get("text", "").rstrip("\n").rsplit("\n", 1)[-1])
-                if last.strip():
-                    rank["last_line"] = last[:LAST_LINE_CHARS]
+                if last.strip() and last[:LAST_LINE_CHARS] != rec["last_line"]:
+                    rec["last_line"] = last[:LAST_LINE_CHARS]
                     return True
                 return False
             if kind == "call_started":
-                self._calls[ev["call"]] = {
-                    "call": ev["call"],
-                    "label": ev.get("label") or "",
-                    "ranks": list(ev.get("ranks", [])),
-                }
-                for r in ev.get("ranks", []):
-                    if r in self._ranks and self._ranks[r]["state"] != "dead":
-                        self._ranks[r]["state"] = "running"
-                return True
-            if kind == "rank_done" and rank is not None:
-                if rank["state"] == "running":
-                    rank["state"] = "idle"
-                return True
+                return self._call_started(ev)
+            if kind == "rank_done" and rec is not None:
+                return self._rank_done(rec, ev)
             if kind == "call_finished":
-                self._calls.pop(ev.get("call", -1), None)
+                return self._calls.pop(ev.get("call", -1), None) is not None
+            if kind == "rank_exit" and rec is not None:
+                self._in_flight.pop(rec["rank"], None)
+                if rec["state"] == "running":
+                    self._finish_timing(rec)
+                if rec["state"] != "starting":  # a restart replaces the process: not a death
+                    rec["state"] = "dead"
+                rec["exit"], rec["pid"] = ev.get("reason"), None
                 return True
-            if kind == "rank_exit" and rank is not None:
-                rank["state"], rank["exit"] = "dead", ev.get("reason")
-                return True
-            if kind == "rank_ready" and rank is not None:
-                rank["state"], rank["pid"], rank["exit"] = "idle", ev.get("pid"), None
+            if kind == "rank_ready" and rec is not None:
+                # A fresh process: nothing has run on it yet.
+                rec.update(
+                    state="idle", pid=ev.get("pid"), exit=None, call=None, label="", started=None,
+                    elapsed=None, last_line="", error=None, rss=None, gpu_mem=None, gpu_util=None,
+                )
+                self._in_flight.pop(rec["rank"], None)
+                self._tracebacks.pop(rec["rank"], None)
                 return True
         return False
 
-    def snapshot(self) -> dict[str, Any]:
-        """A JSON-ready copy: ``{"type": "state", "dims", "ranks": [...], "calls": [...], "auto"}``."""
+    def _call_started(self, ev: dict[str, Any]) -> bool:
+        now = self._clock()
+        label = first_line(ev.get("label") or "")
+        call = ev["call"]
+        ranks = list(ev.get("ranks", []))
+        self._calls[call] = {"call": call, "label": label, "ranks": ranks, "started": now}
+        for r in ranks:
+            rec = self._ranks.get(r)
+            if rec is None or rec["state"] in ("dead", "starting"):
+                continue
+            self._in_flight.setdefault(r, []).append(call)
+            rec.update(state="running", call=call, label=label, started=now, elapsed=None)
+        return True
+
+    def _rank_done(self, rec: dict[str, Any], ev: dict[str, Any]) -> bool:
+        r, call = rec["rank"], ev.get("call")
+        calls = self._in_flight.get(r, [])
+        if call in calls:
+            calls.remove(call)
+        if ev.get("ok"):
+            outcome = "done"
+        else:
+            outcome = _AFTER_CALL.get(ev.get("kind") or "error", "error")
+            if outcome == "error":
+                rec["error"] = first_line(ev.get("summary") or "", LAST_LINE_CHARS) or "failed"
+                self._tracebacks[r] = ev.get("tb") or ""
+        if calls:  # another call still runs here (the Python API can overlap calls)
+            latest = self._calls.get(calls[-1])
+            if latest is not None:
+                rec.update(call=latest["call"], label=latest["label"], started=latest["started"])
+            return True
+        self._in_flight.pop(r, None)
+        if rec["state"] in ("dead", "starting"):
+            return True
+        rec["state"] = outcome
+        self._finish_timing(rec)
+        return True
+
+    def _finish_timing(self, rec: dict[str, Any]) -> None:
+        if rec["started"] is not None and rec["elapsed"] is None:
+            rec["elapsed"] = round(max(0.0, self._clock() - rec["started"]), 3)
+
+    def apply_stats(self, ranks: dict[int, dict[str, Any]]) -> bool:
+        """Fold in per-rank ``rss``, ``gpu_mem``, ``gpu_util`` (as `Mesh.stats` gives them)."""
+        changed = False
         with self._lock:
+            for r, stats in ranks.items():
+                rec = self._ranks.get(r)
+                if rec is None or rec["state"] == "dead":
+                    continue
+                for key in ("rss", "gpu_mem", "gpu_util"):
+                    if key in stats and stats[key] != rec[key]:
+                        rec[key], changed = stats[key], True
+        return changed
+
+    def traceback(self, rank: int) -> str:
+        """The full traceback (user frames) of this rank's last error; "" if none."""
+        with self._lock:
+            if rank not in self._ranks:
+                raise IndexError(f"no rank {rank} in this mesh")
+            return self._tracebacks.get(rank, "")
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready copy: ``{"type": "state", "dims", "ranks", "calls", "auto", "summary"}``
+        (`Stream` adds the ``seq``)."""
+        with self._lock:
+            ranks = [dict(self._ranks[r], coords=dict(self._ranks[r]["coords"])) for r in sorted(self._ranks)]
             return {
                 "type": "state",
                 "dims": dict(self._dims) if self._dims is not None else None,
-                "ranks": [
-                    dict(self._ranks[r], coords=dict(self._ranks[r]["coords"]))
-                    for r in sorted(self._ranks)
-                ],
+                "ranks": ranks,
                 "calls": [dict(c, ranks=list(c["ranks"])) for c in self._calls.values()],
                 "auto": self.auto,
+                "summary": summarize(ranks),
             }
 
     def states(self) -> dict[int, str]:
         with self._lock:
             return {r: info["state"] for r, info in self._ranks.items()}
+
+
+def diff_ranks(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{"<rank>": {only the fields that changed}}`` between two rank lists of the same ranks."""
+    before = {r["rank"]: r for r in old}
+    out: dict[str, dict[str, Any]] = {}
+    for rec in new:
+        prev = before.get(rec["rank"], {})
+        changed = {k: v for k, v in rec.items() if prev.get(k, object()) != v}
+        if changed:
+            out[str(rec["rank"])] = changed
+    return out
+
+
+class Stream:
+    """The numbered messages one front end receives, made from successive snapshots.
+
+    ``seq`` grows by one per message, snapshots and diffs alike. `next` gives a full ``state``
+    the first time, when asked (`want_snapshot`, e.g. after the front end saw a gap) and when
+    the mesh's shape changed; otherwise a ``diff`` of what changed since the last message, or
+    None when nothing did.
+    """
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.want_snapshot = True
+        self._sent: dict[str, Any] | None = None
+
+    def next(self, snap: dict[str, Any]) -> dict[str, Any] | None:
+        sent = self._sent
+        same_shape = (
+            sent is not None
+            and sent["dims"] == snap["dims"]
+            and [r["rank"] for r in sent["ranks"]] == [r["rank"] for r in snap["ranks"]]
+        )
+        if self.want_snapshot or sent is None or not same_shape:
+            self.want_snapshot = False
+            return self._number(snap, dict(snap))
+        ranks = diff_ranks(sent["ranks"], snap["ranks"])
+        if not ranks and all(sent[k] == snap[k] for k in ("calls", "auto", "summary")):
+            return None
+        msg = {"type": "diff", "ranks": ranks, "calls": snap["calls"], "auto": snap["auto"], "summary": snap["summary"]}
+        return self._number(snap, msg)
+
+    def _number(self, snap: dict[str, Any], msg: dict[str, Any]) -> dict[str, Any]:
+        self.seq += 1
+        self._sent = snap
+        msg["seq"] = self.seq
+        return msg

@@ -358,17 +358,20 @@ class Mesh(ShapeOps):
         return ValueMesh(self._shape, {r: replies.get(r, "(no answer: the rank is dead or unresponsive)") for r in self._shape.ranks})
 
     def stats(self, timeout: float = 3.0) -> dict[str, Any]:
-        """Transport counters: ``dropped`` is the number of messages thrown away unread because
-        they were not signed with this mesh's key.
+        """Transport counters and the ranks' resource use. ``dropped`` is the number of messages
+        thrown away unread because they were not signed with this mesh's key; per rank, ``rss``
+        is its resident memory in bytes, ``gpu_mem`` the GPU memory it holds in bytes and
+        ``gpu_util`` its GPU's utilisation (0-100), None where unknown (no GPU, or neither torch
+        with CUDA initialised nor pynvml on that rank). Live ranks only; waits up to `timeout`.
 
         -> ``{"controller": {"dropped": n}, "agents": {host: {...}}, "ranks": {rank: {...}}}``
         """
         replies = self._controller.query("stats", self._shape.ranks, timeout)
-        pick = ("dropped",)
+        rank_fields = ("dropped", "rss", "gpu_mem", "gpu_util")
         return {
             "controller": {"dropped": self._controller.signer.dropped},
-            "agents": {k[1]: {p: v[p] for p in pick} for k, v in replies.items() if isinstance(k, tuple)},
-            "ranks": {k: {p: v[p] for p in pick} for k, v in replies.items() if not isinstance(k, tuple)},
+            "agents": {k[1]: {"dropped": v["dropped"]} for k, v in replies.items() if isinstance(k, tuple)},
+            "ranks": {k: {p: v.get(p) for p in rank_fields} for k, v in replies.items() if not isinstance(k, tuple)},
         }
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
