@@ -156,6 +156,10 @@ def test_the_widget_opens_with_mesh_up_and_receives_diffs(kernel: Kernel):
     assert any(d["data"].get("application/vnd.jupyter.widget-view+json", {}).get("model_id") == w.comm_id
                and "text/html" in d["data"] for d in shown)
 
+    shown = w.run("mesh").of_type("execute_result")[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown, "`mesh` as a cell's value shows the view"
+    assert shown["text/plain"].startswith("mesh gpus=4 · 4/4 alive")
+
     w.run("%%mesh\nprint('ok', rank)")
     w.until(ended(lambda s: [r["state"] for r in s["ranks"]] == ["done"] * 4), "every rank done")
     w.run(RAISE_ON_2)
@@ -165,3 +169,10 @@ def test_the_widget_opens_with_mesh_up_and_receives_diffs(kernel: Kernel):
 
     w.send({"request": "traceback", "rank": 2})
     assert "x = 1 / 0" in w.reply("traceback")["text"]
+
+    # an interrupt from the view stops a call the Python API left running
+    w.run("fut = mesh.run('import time; time.sleep(60)', block=False)")
+    w.until(ended(lambda s: [r["state"] for r in s["ranks"]] == ["running"] * 4), "every rank running")
+    w.send({"request": "interrupt"})
+    assert w.reply("interrupted")["ranks"] == [0, 1, 2, 3]
+    w.until(ended(lambda s: [r["state"] for r in s["ranks"]] == ["interrupted"] * 4), "every rank interrupted")

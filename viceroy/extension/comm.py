@@ -26,7 +26,6 @@ flowing meanwhile), one polls the ranks' memory and GPU use every 2 s while a fr
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
 import threading
@@ -87,7 +86,7 @@ class StateChannel:
         self._front_ends: dict[int, FrontEnd] = {}
         self._cond = threading.Condition()
         self._requests: queue.SimpleQueue[tuple[FrontEnd, Any] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[str, threading.Thread] = {}
         self._running = False
         self._stop = threading.Event()
 
@@ -180,8 +179,9 @@ class StateChannel:
                 fe.pending = False
         if due:
             snap = self.session.state.snapshot()
+            memo: dict[int, Any] = {}  # front ends flushed together share their diffs
             for fe in due:
-                msg = fe.stream.next(snap)
+                msg = fe.stream.next(snap, memo)
                 if msg is None:
                     continue
                 fe.sent_at = now
@@ -207,8 +207,10 @@ class StateChannel:
     def _serve_requests(self) -> None:
         while True:
             item = self._requests.get()
-            if item is None:
-                return
+            if item is None:  # stop() woke us
+                if self._stop.is_set():
+                    return
+                continue
             fe, data = item
             fe.deliver(self.answer(data))
 
@@ -275,16 +277,14 @@ class StateChannel:
                 self.poll_stats()
 
     def _ensure_threads(self) -> None:
-        """Start the pump, request and stats threads (caller holds the lock)."""
-        if self._threads and all(t.is_alive() for t in self._threads):
-            return
+        """Start the pump, request and stats threads that are not running (caller holds the
+        lock); one of each at most, so one thread numbers each front end's messages."""
         self._stop.clear()
-        self._threads = [
-            threading.Thread(target=fn, name=f"viceroy-{name}", daemon=True)
-            for fn, name in ((self._pump, "state"), (self._serve_requests, "requests"), (self._poll, "stats"))
-        ]
-        for t in self._threads:
-            t.start()
+        for name, fn in (("state", self._pump), ("requests", self._serve_requests), ("stats", self._poll)):
+            thread = self._threads.get(name)
+            if thread is None or not thread.is_alive():
+                self._threads[name] = threading.Thread(target=fn, name=f"viceroy-{name}", daemon=True)
+                self._threads[name].start()
 
 
 def channel_for(session: MeshSession) -> StateChannel:
@@ -296,7 +296,3 @@ def channel_for(session: MeshSession) -> StateChannel:
         channel.start()
     return channel
 
-
-def send_quietly(send: Send, msg: dict[str, Any]) -> None:
-    with contextlib.suppress(Exception):  # the front end went away
-        send(msg)

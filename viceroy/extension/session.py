@@ -29,7 +29,7 @@ from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
 from viceroy.extension.output import format_rank_set
-from viceroy.extension.state import MeshState
+from viceroy.extension.state import MeshState, failure_of, rank_hosts
 from viceroy.runtime.handles import Ref
 
 if TYPE_CHECKING:
@@ -56,28 +56,6 @@ def _init_torch_distributed() -> None:
     install_torch_hooks()
     if not dist.is_initialized():
         dist.init_process_group()
-
-
-def _rank_hosts(mesh: Mesh) -> dict[int, str]:
-    """rank -> the host it runs on, as its launcher names it (this machine's name locally)."""
-    import socket
-
-    controller = getattr(mesh, "_controller", None)
-    host_of: dict[int, int] = getattr(controller, "_host_of", {})
-    names = [str(getattr(h, "address", h)) for h in getattr(getattr(controller, "launcher", None), "hosts", [])]
-    here = socket.gethostname()
-    return {r: names[h] if h < len(names) else here for r, h in host_of.items()}
-
-
-def _failure_of(mesh: Mesh | None, ev: dict[str, Any]) -> dict[str, Any]:
-    """How a rank failed a call (``kind``, ``summary``, ``tb``), read from the call's record
-    while `rank_done` is being emitted: the event itself says only ``ok``. Empty if unknown."""
-    calls = getattr(getattr(mesh, "_controller", None), "_calls", {})
-    call = calls.get(ev.get("call"))
-    failure = getattr(call, "failures", {}).get(ev.get("rank")) if call is not None else None
-    if failure is None:
-        return {}
-    return {"kind": failure.kind, "summary": failure.summary, "tb": failure.traceback}
 
 
 class MeshSession:
@@ -181,7 +159,7 @@ class MeshSession:
     def _attach(self, mesh: Mesh) -> None:
         self.mesh = mesh
         self._unsubscribe = mesh.subscribe(self._on_event)
-        self.state.reset(mesh.dims, mesh.states(), mesh.pids(), _rank_hosts(mesh))
+        self.state.reset(mesh.dims, mesh.states(), mesh.pids(), rank_hosts(mesh))
         self._notify()
 
     def down(self) -> bool:
@@ -257,7 +235,7 @@ class MeshSession:
         if kind == "call_started" and getattr(self._setup, "active", False):
             self._hidden_calls.add(call)
         if kind == "rank_done" and not ev.get("ok") and "kind" not in ev:
-            ev = {**ev, **_failure_of(self.mesh, ev)}
+            ev = {**ev, **failure_of(self.mesh, ev)}
         if call in self._hidden_calls and kind in ("call_started", "rank_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)

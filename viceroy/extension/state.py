@@ -4,7 +4,9 @@
 arrive on the runtime's IO thread while front ends read snapshots from others, so every access
 holds one lock and snapshots are plain copies. `Stream` turns successive snapshots into the
 numbered messages one front end receives: a full ``state`` first (and after a gap), then
-``diff``s holding only the changed fields. The wire format is in docs of `viceroy.extension.comm`.
+``diff``s holding only the changed fields (the wire format: `viceroy.extension.comm`).
+`rank_hosts` and `failure_of` read what the runtime's events leave out: where each rank runs,
+and how a rank failed a call.
 
 >>> s = MeshState()
 >>> s.reset({"gpus": 2}, {0: "idle", 1: "idle"})
@@ -16,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -64,6 +67,26 @@ def _new_record(rank: int, coords: dict[str, int], state: str, host: str, pid: i
         "started": None, "elapsed": None, "rss": None, "gpu_mem": None, "gpu_util": None,
         "last_line": "", "pid": pid, "exit": None, "error": None,
     }
+
+
+def rank_hosts(mesh: Any) -> dict[int, str]:
+    """rank -> the host it runs on, as its launcher names it (this machine's name locally)."""
+    controller = getattr(mesh, "_controller", None)
+    host_of: dict[int, int] = getattr(controller, "_host_of", {})
+    names = [str(getattr(h, "address", h)) for h in getattr(getattr(controller, "launcher", None), "hosts", [])]
+    here = socket.gethostname()
+    return {r: names[h] if h < len(names) else here for r, h in host_of.items()}
+
+
+def failure_of(mesh: Any, ev: dict[str, Any]) -> dict[str, Any]:
+    """How a rank failed a call (``kind``, ``summary``, ``tb``), read from the call's record
+    while `rank_done` is being emitted: the event itself says only ``ok``. Empty if unknown."""
+    calls = getattr(getattr(mesh, "_controller", None), "_calls", {})
+    call = calls.get(ev.get("call"))
+    failure = getattr(call, "failures", {}).get(ev.get("rank")) if call is not None else None
+    if failure is None:
+        return {}
+    return {"kind": failure.kind, "summary": failure.summary, "tb": failure.traceback}
 
 
 class MeshState:
@@ -287,7 +310,9 @@ class Stream:
         self.want_snapshot = True
         self._sent: dict[str, Any] | None = None
 
-    def next(self, snap: dict[str, Any]) -> dict[str, Any] | None:
+    def next(self, snap: dict[str, Any], memo: dict[int, Any] | None = None) -> dict[str, Any] | None:
+        """The message that brings this front end to ``snap``, or None. Streams that last sent
+        the same snapshot share one diff through ``memo`` (one dict per ``snap``)."""
         sent = self._sent
         same_shape = (
             sent is not None
@@ -297,7 +322,12 @@ class Stream:
         if self.want_snapshot or sent is None or not same_shape:
             self.want_snapshot = False
             return self._number(snap, dict(snap))
-        ranks = diff_ranks(sent["ranks"], snap["ranks"])
+        if memo is None or id(sent) not in memo:
+            ranks = diff_ranks(sent["ranks"], snap["ranks"])
+            if memo is not None:
+                memo[id(sent)] = ranks
+        else:
+            ranks = memo[id(sent)]
         if not ranks and all(sent[k] == snap[k] for k in ("calls", "auto", "summary")):
             return None
         msg = {"type": "diff", "ranks": ranks, "calls": snap["calls"], "auto": snap["auto"], "summary": snap["summary"]}

@@ -233,3 +233,15 @@ def view(session: MeshSession) -> Any:
     if HAVE_ANYWIDGET:
         return MeshView(session)
     return StaticView(session.state.snapshot())
+
+
+def mesh_bundle(mesh: Any) -> Any:
+    """The display bundle of ``mesh`` as a cell's value (`Mesh._repr_mimebundle_`): the view
+    of the session running it, or None when no session does (the plain repr is shown then)."""
+    from viceroy.extension import _SESSIONS
+
+    controller = getattr(mesh, "_controller", None)
+    for session in list(_SESSIONS.values()):
+        if session.mesh is not None and getattr(session.mesh, "_controller", None) is controller:
+            return view(session)._repr_mimebundle_()
+    return None

@@ -180,6 +180,13 @@ class Mesh(ShapeOps):
         status = "shut down" if self._controller.closed else ", ".join(f"{n} {s}" for s, n in counts.items())
         return f"<viceroy.Mesh {self._shape.describe()}: {status}>"
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        """As a notebook cell's value: the live mesh view, when the Viceroy extension that
+        shows it is loaded and runs this mesh (looked up, never imported: the runtime does
+        not depend on it); else None, and the plain repr is shown."""
+        widget = sys.modules.get("viceroy.extension.widget")
+        return widget.mesh_bundle(self) if widget is not None else None
+
     # --- running code ------------------------------------------------------------------------
 
     @overload
