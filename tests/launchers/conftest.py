@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.launchers.netns import Hosts, skip_reason
+from tests.launchers.slurm_cluster import SlurmCluster
+from tests.launchers.slurm_cluster import skip_reason as slurm_skip_reason
 
 SSHD = "/usr/sbin/sshd"
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
@@ -128,3 +130,21 @@ def ns_hosts(tmp_path: Path) -> Iterator[NsHosts]:
             p.kill()
             p.wait()
         net.close()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A one-node Slurm cluster (munged, slurmctld, slurmd) for this module; SLURM_CONF points
+    at it while it runs. Skips (saying why) where Slurm is not installed or not root."""
+    why = slurm_skip_reason()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(cluster.conf))
+        for var in [v for v in os.environ if v.startswith("SLURM_") and v != "SLURM_CONF"]:
+            mp.delenv(var)  # tests that want an allocation's variables set them
+        try:
+            yield cluster
+        finally:
+            cluster.stop()

@@ -152,7 +152,7 @@ class ChildAgent(AgentProcess):
             return ""
 
 
-def _agent_env() -> dict[str, str]:
+def agent_env() -> dict[str, str]:
     """The agent must import the same viceroy as this process, installed or not."""
     import viceroy
 
@@ -174,7 +174,7 @@ class LocalLauncher(Launcher):
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
         agent = start_child_agent(
-            [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"), env=_agent_env()
+            [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"), env=agent_env()
         )
         agent.label = f"host {host.index} (local, pid {agent.proc.pid})"
         return agent

@@ -134,6 +134,40 @@ class Mesh(ShapeOps):
         return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
 
     @classmethod
+    def slurm(
+        cls,
+        hosts: int | None = None,
+        *,
+        agents_per_node: int = 1,
+        python: str | None = None,
+        srun_options: list[str] | None = None,
+        salloc_options: list[str] | None = None,
+        interface: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> Mesh:
+        """One agent per node as Slurm job steps (`srun`); dims are ``hosts`` then yours:
+        ``Mesh.slurm(hosts=4, gpus=8)``. Inside an allocation (salloc/sbatch) its nodes are used
+        and `hosts` defaults to their number; outside one, ``salloc --no-shell`` asks for one
+        (with `salloc_options`, e.g. ``["-p", "gpu", "-t", "60"]``), cancelled at shutdown.
+        `agents_per_node` > 1 puts several hosts on each node. `interface`: an address every node
+        can reach (loopback by default: one-node clusters only). Other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.slurm import SlurmLauncher
+
+        launcher = SlurmLauncher(
+            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ())
+        )
+        hosts = hosts or SlurmLauncher.hosts_in_allocation(agents_per_node)
+        if hosts is None:
+            raise TypeError("outside a Slurm allocation, say how many hosts: Mesh.slurm(hosts=4, gpus=8)")
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        try:
+            return cls.local({"hosts": hosts, **kwargs}, launcher=launcher, interface=interface, **options)
+        except BaseException:
+            launcher.close()
+            raise
+
+    @classmethod
     def attach(
         cls,
         *,

@@ -1,0 +1,103 @@
+"""The Slurm launcher against a real one-node cluster (munged + slurmctld + slurmd, started by
+the fixture): agents are job steps, inside an allocation or in one the launcher asks for."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import viceroy as vr
+from tests.conftest import live_pids, wait_running, wait_until
+
+pytestmark = pytest.mark.slow  # a real cluster: ~10 s to start; CI runs the slow tier
+
+
+def _remote(mesh):
+    """Every agent and rank pid (they hang off slurmstepd, not off us)."""
+    ranks = list(mesh.pids().values())
+    return ranks + sorted({psutil.Process(p).parent().pid for p in ranks})
+
+
+def test_a_mesh_in_an_allocation_it_asked_for(slurm):
+    mesh = vr.Mesh.slurm(hosts=2, gpus=2, agents_per_node=2, preload=[], echo=False)
+    try:
+        job = mesh._controller.launcher.job_id
+        assert job in slurm.jobs()
+        assert mesh.dims == {"hosts": 2, "gpus": 2}
+        seen = mesh.run("import os\n(os.environ['SLURM_JOB_ID'], os.environ['SLURM_STEP_ID'], rank)").values()
+        assert [s[0] for s in seen] == [job] * 4
+        assert seen[0][1] == seen[1][1] != seen[2][1] == seen[3][1]  # one step per agent
+        assert all(psutil.Process(p).parent().parent().name() == "slurmstepd" for p in mesh.pids().values())
+        key = mesh._controller.signer._key.hex()
+        for p in psutil.process_iter(["cmdline"]):
+            assert key not in " ".join(p.info["cmdline"] or [])
+        remote = _remote(mesh)
+    finally:
+        mesh.shutdown()
+    wait_until(lambda: not live_pids(remote), 10, "the agents and ranks to exit")
+    wait_until(lambda: job not in slurm.jobs(), 10, f"job {job} to be cancelled")
+
+
+def test_a_mesh_inside_the_users_allocation(slurm, monkeypatch):
+    slurm.run("salloc", "--no-shell", "--nodes=1", "--job-name=users-job")
+    job = slurm.run("squeue", "-h", "-n", "users-job", "-o", "%i").strip()
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_JOB_NODELIST", slurm.node)
+        monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+        with vr.Mesh.slurm(gpus=1, agents_per_node=2, preload=[], echo=False) as mesh:  # hosts from the allocation
+            assert mesh.dims == {"hosts": 2, "gpus": 1}
+            assert mesh.run("import os\nos.environ['SLURM_JOB_ID']").values() == [job, job]
+        assert job in slurm.jobs()  # the user's allocation is theirs to end
+    finally:
+        slurm.run("scancel", job)
+
+
+def test_a_killed_agent_step_loses_its_host_and_comes_back(slurm):
+    mesh = vr.Mesh.slurm(hosts=2, gpus=1, agents_per_node=2, preload=[], echo=False)
+    try:
+        agent = psutil.Process(mesh.pids()[1]).parent().pid
+        fut = mesh.run("import time\ntime.sleep(60)", block=False)
+        wait_running(mesh, "time.sleep")
+        t0 = time.monotonic()
+        os.kill(agent, signal.SIGKILL)
+        with pytest.raises(vr.MeshError, match=rf"rank 1: died \(host 1 \({slurm.node}, Slurm job \d+\) lost"):
+            fut.get(timeout=10)
+        assert time.monotonic() - t0 < 5.0
+        mesh.restart(failed_only=True)
+        assert mesh.run("rank").values() == [0, 1]
+    finally:
+        mesh.shutdown()
+
+
+CONTROLLER = textwrap.dedent("""
+    import json, time, viceroy as vr
+    mesh = vr.Mesh.slurm(hosts=2, gpus=1, agents_per_node=2, preload=[], echo=False)
+    mesh.run("import time\\ntime.sleep(60)", block=False)
+    print(json.dumps(list(mesh.pids().values())), flush=True)
+    time.sleep(120)
+""")
+
+
+def test_controller_death_leaves_nothing_on_the_nodes(slurm):
+    proc = subprocess.Popen([sys.executable, "-c", CONTROLLER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ranks = json.loads(proc.stdout.readline())
+        everything = ranks + [psutil.Process(p).parent().pid for p in ranks]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_until(lambda: not live_pids(everything), 10, f"the agents and ranks to exit: {live_pids(everything)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["scancel", "--name=viceroy"], capture_output=True)  # the dead controller's allocation

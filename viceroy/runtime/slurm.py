@@ -1,0 +1,144 @@
+"""The Slurm launcher: one agent per node, each a job step started with `srun`.
+
+Inside an allocation (``salloc``/``sbatch``: $SLURM_JOB_ID is set) the steps run in it;
+otherwise the launcher asks for one (``salloc --no-shell``) and cancels it when the mesh shuts
+down. Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
+its configuration, key included, goes on srun's stdin (Slurm forwards it to the task), never
+on a command line, and that stdin stays open as the agent's lifeline, as with ssh.
+
+Several agents may share a node (``agents_per_node``, e.g. one per GPU group, or a test cluster
+of one node). Ranks connect back to the controller's address: pass ``interface=`` an address
+the nodes can reach (loopback by default, which only works on a one-node cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from viceroy.runtime.launcher import (
+    AgentProcess,
+    HostPlan,
+    Launcher,
+    agent_env,
+    plan_by_hosts,
+    start_child_agent,
+)
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def _run(argv: list[str], timeout: float = 30.0) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not installed here: the Slurm launcher needs Slurm's client commands") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout:.0f} s; is slurmctld up (sinfo)?") from None
+    if proc.returncode != 0:
+        raise SlurmError(f"`{' '.join(argv)}` failed (exit code {proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout + proc.stderr
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``node[1-3],gpu7`` -> ["node1", "node2", "node3", "gpu7"] (Slurm's own expansion)."""
+    return _run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+@dataclass
+class SlurmLauncher(Launcher):
+    """Agents as Slurm job steps; see the module's docstring."""
+
+    python: str = sys.executable
+    agents_per_node: int = 1
+    srun_options: Sequence[str] = field(default_factory=tuple)
+    salloc_options: Sequence[str] = field(default_factory=tuple)
+    allocation_timeout: float = 300.0
+    name = "slurm"
+    same_host = False
+
+    def __post_init__(self) -> None:
+        self.job_id: str | None = None
+        self.nodes: list[str] = []
+        self.created = False  # we asked for the allocation: we cancel it
+
+    @staticmethod
+    def hosts_in_allocation(agents_per_node: int = 1) -> int | None:
+        """How many hosts the current allocation holds (None outside one)."""
+        n = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
+        return int(n) * agents_per_node if os.environ.get("SLURM_JOB_ID") and n else None
+
+    def plan(self, dims: dict[str, int]) -> list[HostPlan]:
+        if list(dims)[:1] != ["hosts"]:
+            raise ValueError(f"a Slurm mesh's first dim is 'hosts' (one agent each), e.g. hosts=4, gpus=8; got {dims}")
+        hosts = dims["hosts"]
+        if hosts % self.agents_per_node:
+            raise ValueError(f"hosts={hosts} does not split into nodes of agents_per_node={self.agents_per_node}")
+        self._allocate(hosts // self.agents_per_node)
+        return plan_by_hosts(dims)
+
+    def _allocate(self, n_nodes: int) -> None:
+        if self.job_id is not None:
+            return
+        if shutil.which("srun") is None:
+            raise SlurmError("srun is not installed here: the Slurm launcher needs Slurm's client commands")
+        job = os.environ.get("SLURM_JOB_ID")
+        if job:
+            nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+            nodes = expand_nodelist(nodelist) if nodelist else []
+            if len(nodes) < n_nodes:
+                raise SlurmError(
+                    f"allocation {job} has {len(nodes)} node(s) ({nodelist or 'none listed'}) but the mesh needs "
+                    f"{n_nodes} ({self.agents_per_node} agent(s) per node); ask salloc for more, or lower hosts="
+                )
+            self.job_id, self.nodes = job, nodes[:n_nodes]
+            return
+        wait = max(1, int(self.allocation_timeout))
+        try:
+            out = _run(["salloc", "--no-shell", f"--immediate={wait}", f"--nodes={n_nodes}",
+                        f"--ntasks-per-node={self.agents_per_node}", "--job-name=viceroy", *self.salloc_options],
+                       timeout=wait + 30)
+        except SlurmError as e:
+            raise SlurmError(
+                f"no allocation of {n_nodes} node(s) within {wait} s ({e}); check `sinfo`, pass salloc_options "
+                "(partition, time), or put several agents on a node with agents_per_node"
+            ) from None
+        m = re.search(r"Granted job allocation (\d+)", out)
+        if not m:
+            raise SlurmError(f"salloc granted no allocation: {out.strip()}")
+        self.job_id, self.created = m.group(1), True
+        try:
+            nodelist = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
+            self.nodes = expand_nodelist(nodelist)
+        except BaseException:
+            self.close()
+            raise
+
+    def node_of(self, host: int) -> str:
+        return self.nodes[host // self.agents_per_node]
+
+    def srun_argv(self, host: int) -> list[str]:
+        assert self.job_id is not None
+        return [
+            "srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={self.node_of(host)}",
+            f"--job-name=viceroy-agent{host}", "--kill-on-bad-exit=0", "--quiet", *self.srun_options,
+            self.python, "-m", "viceroy.runtime.agent",
+        ]
+
+    def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        agent = start_child_agent(self.srun_argv(host.index), config, host.index, env=agent_env())
+        agent.label = f"host {host.index} ({self.node_of(host.index)}, Slurm job {self.job_id})"
+        return agent
+
+    def close(self) -> None:
+        if self.created and self.job_id is not None:
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=30)
+            self.created = False
