@@ -170,8 +170,10 @@ def test_the_pump_thread_throttles_real_time_updates():
         times = [t for t, _ in got]
         seqs = [m["seq"] for _, m in got]
     assert seqs == list(range(1, len(seqs) + 1))
-    assert min(b - a for a, b in itertools.pairwise(times)) >= MIN_INTERVAL - 0.02
-    assert len(got) <= 1 + 1.4 / MIN_INTERVAL + 1
+    # At most 5 a second: any 6 consecutive messages span a second (less a little jitter in
+    # delivery; the exact spacing is checked with a fake clock above).
+    assert len(times) >= 6
+    assert all(times[i + 5] - times[i] >= 0.9 for i in range(len(times) - 5))
 
 
 # --- requests ----------------------------------------------------------------------------------
