@@ -582,7 +582,7 @@ export class MeshView {
 
   private _elapsedText(record: Readonly<IRankRecord>): string {
     const seconds = elapsedOf(record, this._now());
-    return seconds === null ? '' : `⏱ ${formatDuration(seconds)}`;
+    return seconds === null ? '' : formatDuration(seconds);
   }
 
   private _tickElapsed(): void {

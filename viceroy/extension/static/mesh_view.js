@@ -869,7 +869,7 @@ ${typeof text === "string" ? text : ""}`);
   }
   _elapsedText(record) {
     const seconds = elapsedOf(record, this._now());
-    return seconds === null ? "" : `\u23F1 ${formatDuration(seconds)}`;
+    return seconds === null ? "" : formatDuration(seconds);
   }
   _tickElapsed() {
     for (const r of this._running) {

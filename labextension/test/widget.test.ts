@@ -1,0 +1,50 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import widget from '../src/widget';
+import { FakeModel, snapshot } from './fixtures';
+
+afterEach(() => document.body.replaceChildren());
+
+async function frame(): Promise<void> {
+  await new Promise(resolve => requestAnimationFrame(() => resolve(undefined)));
+}
+
+describe('anywidget render()', () => {
+  it('renders the state trait and follows diffs and replies', async () => {
+    const model = new FakeModel(snapshot({ gpus: 4 }, 1));
+    const el = document.createElement('div');
+    document.body.append(el);
+    const cleanup = widget.render({ model, el });
+    await frame();
+    expect(el.querySelectorAll('.viceroy-tile')).toHaveLength(4);
+    expect(model.sent).toEqual([]);
+
+    model.custom({ type: 'diff', seq: 2, ranks: { '2': { state: 'error', error: 'ZeroDivisionError' } } });
+    await frame();
+    expect(el.querySelector<HTMLElement>('.viceroy-tile[data-rank="2"]')!.dataset.state).toBe('error');
+
+    el.querySelector<HTMLElement>('.viceroy-tile[data-rank="2"]')!.click();
+    expect(model.sent).toEqual([{ request: 'traceback', rank: 2 }]);
+    model.custom({ type: 'traceback', rank: 2, text: 'ZeroDivisionError: division by zero' });
+    expect(el.querySelector('.viceroy-detail-text')!.textContent).toContain('ZeroDivisionError');
+
+    // a gap asks for a snapshot; the kernel answers by setting the trait
+    model.custom({ type: 'diff', seq: 9, ranks: {} });
+    expect(model.sent.at(-1)).toEqual({ request: 'snapshot' });
+    model.setState(snapshot({ hosts: 2, gpus: 4 }, 10));
+    await frame();
+    expect(el.querySelectorAll('.viceroy-tile')).toHaveLength(8);
+
+    cleanup();
+    expect(model.listenerCount()).toBe(0);
+    expect(el.querySelector('.viceroy-mesh')).toBeNull();
+  });
+
+  it('asks for a snapshot when the trait is still empty', () => {
+    const model = new FakeModel({});
+    const el = document.createElement('div');
+    const cleanup = widget.render({ model, el });
+    expect(model.sent).toEqual([{ request: 'snapshot' }]);
+    expect(el.querySelector('.viceroy-summary')!.textContent).toBe('no mesh');
+    cleanup();
+  });
+});

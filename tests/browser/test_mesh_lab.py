@@ -1,0 +1,105 @@
+"""The mesh view in a real JupyterLab: the anywidget in the notebook, the side panel, the status
+bar, clicks that fetch a traceback; and the extension activating in Notebook 7."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import LabServer, copy_if, kernel_idle_js, write_notebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+FAIL_ON_2 = "%%mesh\nif rank == 2:\n    1/0\nprint('rank', rank, 'fine')"
+
+
+def run_cell(page: Any, index: int) -> None:
+    """Select cell `index` of the current notebook and run it (through the app's commands)."""
+    page.evaluate(
+        """(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                    nb.activeCellIndex = i;
+                    return window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+        index,
+    )
+
+
+def test_mesh_view_in_lab(lab: LabServer, page: Any, artifacts: Path) -> None:
+    from playwright.sync_api import expect
+
+    write_notebook(lab.root / "mesh.ipynb", ["%mesh up gpus=4", FAIL_ON_2])
+    page.goto(lab.page_url("/lab/tree/mesh.ipynb"), wait_until="domcontentloaded")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+
+    # %mesh up: the widget in the output shows 4 tiles
+    run_cell(page, 0)
+    widget = page.locator(".jp-OutputArea .viceroy-mesh").first
+    tiles = widget.locator(".viceroy-tile")
+    expect(tiles).to_have_count(4, timeout=60_000)
+    expect(widget.locator(".viceroy-tile[data-state='idle']")).to_have_count(4, timeout=30_000)
+
+    # a cell that fails on rank 2 only
+    run_cell(page, 1)
+    expect(widget.locator(".viceroy-tile[data-rank='2'][data-state='error']")).to_be_visible(
+        timeout=60_000
+    )
+    for r in (0, 1, 3):
+        expect(widget.locator(f".viceroy-tile[data-rank='{r}']")).to_have_attribute(
+            "data-state", "done", timeout=30_000
+        )
+    expect(widget.locator(".viceroy-tile[data-rank='2'] .viceroy-state")).to_have_text("error")
+    expect(widget.locator(".viceroy-summary")).to_have_text(re.compile(r"1 failed"))
+
+    # the side panel and the status bar agree
+    page.evaluate("window.jupyterapp.commands.execute('viceroy:open-mesh-panel')")
+    panel = page.locator("#viceroy-mesh-panel")
+    expect(panel).to_be_visible()
+    expect(panel.locator(".viceroy-tile")).to_have_count(4)
+    expect(panel.locator(".viceroy-tile[data-rank='2']")).to_have_attribute("data-state", "error")
+    expect(panel.locator(".viceroy-tile[data-state='done']")).to_have_count(3)
+    expect(panel.locator(".viceroy-summary")).to_have_text("mesh 4/4 · 1 failed")
+    status = page.locator(".viceroy-statusbar")
+    expect(status).to_have_text("mesh 4/4 · 1 failed")
+
+    # click tile 2 (in the widget, then in the panel): its traceback
+    widget.locator(".viceroy-tile[data-rank='2']").click()
+    detail = widget.locator(".viceroy-detail")
+    expect(detail.locator(".viceroy-detail-title")).to_have_text("rank 2 · traceback")
+    expect(detail.locator(".viceroy-detail-text")).to_contain_text("ZeroDivisionError", timeout=30_000)
+    panel.locator(".viceroy-tile[data-rank='2']").click()
+    expect(panel.locator(".viceroy-detail-text")).to_contain_text("ZeroDivisionError", timeout=30_000)
+
+    shot = artifacts / "mesh-view-lab.png"
+    page.screenshot(path=str(shot))
+    widget.screenshot(path=str(artifacts / "mesh-view-widget.png"))
+    panel.screenshot(path=str(artifacts / "mesh-view-panel.png"))
+    copy_if(shot, _readme_target())
+    assert not [e for e in page.console_errors if "viceroy" in e.lower()], page.console_errors
+
+
+def test_extension_activates_in_notebook7(lab: LabServer, page: Any, artifacts: Path) -> None:
+    from playwright.sync_api import expect
+
+    write_notebook(lab.root / "nb7.ipynb", ["%mesh up gpus=2"])
+    page.goto(lab.page_url("/notebooks/nb7.ipynb"), wait_until="domcontentloaded")
+    page.wait_for_function(
+        "() => document.body.dataset.viceroyExtension === 'activated'", timeout=60_000
+    )
+    assert page.evaluate("window.jupyterapp.commands.hasCommand('viceroy:interrupt-mesh')")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    # the panel follows the notebook's kernel here too
+    page.evaluate("window.jupyterapp.commands.execute('viceroy:open-mesh-panel')")
+    run_cell(page, 0)
+    panel = page.locator("#viceroy-mesh-panel")
+    expect(panel.locator(".viceroy-tile")).to_have_count(2, timeout=60_000)
+    expect(panel.locator(".viceroy-summary")).to_have_text("mesh 2/2 · idle", timeout=30_000)
+    expect(page.locator(".jp-OutputArea .viceroy-tile")).to_have_count(2)
+    page.screenshot(path=str(artifacts / "mesh-view-notebook7.png"))
+
+
+def _readme_target() -> str | None:
+    import os
+
+    return os.environ.get("VICEROY_README_SCREENSHOT")
