@@ -42,7 +42,7 @@ class Hosts:
     n: int
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     _lock_fd: int = -1
-    _made: list[tuple[str, str]] = field(default_factory=list)  # ("netns"|"link"|"addr", name)
+    _made: list[tuple[str, str]] = field(default_factory=list)  # ("netns"|"link"|"addr"|"route", name)
 
     def ns(self, i: int) -> str:
         return f"vr{self.tag}h{i}"
@@ -59,6 +59,10 @@ class Hosts:
         try:
             ip("addr", "add", f"{CONTROLLER_ADDR}/32", "dev", "lo")  # up whichever link is cut
             self._made.append(("addr", CONTROLLER_ADDR))
+            # While a host's link is down, its address must not fall through to the default
+            # route (out of this machine): it is unreachable, at once.
+            ip("route", "add", "unreachable", "10.213.0.0/16")
+            self._made.append(("route", "10.213.0.0/16"))
             for i in range(1, self.n + 1):
                 ns, root, inner = self.ns(i), self.root_end(i), f"vr{self.tag}n{i}"
                 ip("netns", "add", ns)
@@ -95,6 +99,8 @@ class Hosts:
         for kind, name in reversed(self._made):
             if kind == "netns":
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            elif kind == "route":
+                subprocess.run(["ip", "route", "del", "unreachable", name], capture_output=True)
             elif kind == "addr":
                 subprocess.run(["ip", "addr", "del", f"{name}/32", "dev", "lo"], capture_output=True)
             else:

@@ -66,6 +66,9 @@ def test_a_cut_link_fails_the_call_naming_the_host_and_restart_brings_it_back(ns
             mesh.run("x")
         # Cut off, the old agent hears no controller and takes its ranks down by itself.
         wait_until(lambda: not live_pids(old), 10, f"the cut-off host's processes to exit: {live_pids(old)}")
+        with pytest.raises(RuntimeError, match=r"(?s)during restart: host 1 \(10.213.2.2, via ssh\) lost: its agent "
+                           r"on host 1 exited \(exit code 255\).*last words:.*10.213.2.2 port 2222: No route to host"):
+            mesh.restart(failed_only=True)  # the link is still down: ssh says so
         ns_hosts.net.mend(2)
         mesh.restart(failed_only=True)
         assert mesh.states() == dict.fromkeys(range(4), "idle")

@@ -101,3 +101,16 @@ def test_controller_death_leaves_nothing_on_the_nodes(slurm):
             proc.kill()
             proc.wait()
         subprocess.run(["scancel", "--name=viceroy"], capture_output=True)  # the dead controller's allocation
+
+
+def test_the_magic_starts_a_slurm_mesh(slurm):
+    from viceroy.extension.args import parse_command
+    from viceroy.extension.session import MeshSession
+
+    cmd = parse_command("up hosts=1 gpus=2 --launcher slurm --preload none")
+    session = MeshSession(None)
+    try:
+        mesh = session.up(cmd.dims, launcher=cmd.launcher, preload=cmd.preload)
+        assert mesh.run("import os\n'SLURM_JOB_ID' in os.environ").values() == [True, True]
+    finally:
+        session.close()

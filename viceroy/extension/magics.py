@@ -5,6 +5,8 @@
                            run the cell on the ranks, output streamed live
 %mesh status | down | restart [--failed] | interrupt | logs RANK | stacks
 %mesh push lr=0.1 | pull t | auto on|off
+%mesh up hosts=2 gpus=8 --launcher ssh --hostfile F | --launcher slurm | --launcher attach --listen A
+%mesh sync [DIR] [--to PATH] [--dry-run]   copy DIR to every host of an ssh mesh (rsync)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class MeshMagics(Magics):
 
         Line: ``%mesh up gpus=4`` · ``down`` · ``status`` · ``restart [--failed]`` ·
         ``interrupt`` · ``logs RANK [--tail N]`` · ``stacks`` · ``push NAME=EXPR ...`` ·
-        ``pull NAME ...`` · ``auto on|off``.
+        ``pull NAME ...`` · ``auto on|off`` · ``sync [DIR] [--to PATH]``.
 
         Cell: ``%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]`` runs
         the cell on the ranks, streams their output, and returns the ranks' values of the
@@ -101,10 +103,15 @@ class MeshMagics(Magics):
             preload=cmd.preload,
             hostfile=cmd.hostfile,
             listen=cmd.listen,
+            key_file=cmd.key_file,
             torch_dist=cmd.torch_dist,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
         self.show_view()
+
+    def _cmd_sync(self, cmd: Command) -> None:
+        for line in self.session.sync(cmd.sync_src, cmd.sync_dest, cmd.dry_run):
+            print(f"synced {cmd.sync_src} -> {line}")
 
     def _cmd_down(self, cmd: Command) -> None:
         print("mesh stopped" if self.session.down() else "no mesh was up")

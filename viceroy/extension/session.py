@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from viceroy.extension import display_hook
-from viceroy.extension.args import RunOptions, parse_dims
+from viceroy.extension.args import (
+    RunOptions,
+    check_launcher_options,
+    parse_dims,
+    start_with_launcher,
+    sync_hosts,
+)
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
@@ -93,6 +99,7 @@ class MeshSession:
         hostfile: str | None = None,
         listen: str | None = None,
         torch_dist: bool = False,
+        key_file: str | None = None,
     ) -> Mesh:
         """Start a local mesh with these dims (stopping the previous one) and bind ``mesh``.
 
@@ -100,14 +107,7 @@ class MeshSession:
         """
         import viceroy as vr
 
-        if launcher not in ("local", "ssh"):
-            raise UsageError(
-                f"%mesh up: --launcher {launcher} is not available yet; use --launcher local or ssh"
-            )
-        if launcher == "ssh" and not hostfile:
-            raise UsageError("%mesh up --launcher ssh needs --hostfile FILE (one host per line)")
-        if launcher == "local" and (hostfile or listen):
-            raise UsageError("%mesh up: --hostfile and --listen go with --launcher ssh")
+        check_launcher_options(launcher, dims, hostfile, listen, key_file)
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -127,6 +127,8 @@ class MeshSession:
             print(f"stopped the previous mesh ({old})")
         if launcher == "ssh":
             mesh = self._up_ssh(dims, kwargs, str(hostfile), listen)
+        elif launcher in ("slurm", "attach"):
+            mesh = start_with_launcher(launcher, dims, kwargs, listen, key_file)
         else:
             mesh = vr.Mesh.local(**kwargs)
         self._attach(mesh)
@@ -155,6 +157,10 @@ class MeshSession:
         params: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in dims}
         params.update({k: v for k, v in dims.items() if k != "hosts"})
         return vr.Mesh.ssh(hostfile, interface=listen or "127.0.0.1", **params)
+
+    def sync(self, src: str, dest: str | None, dry_run: bool) -> list[str]:
+        """``%mesh sync``: copy a directory to every host of the ssh mesh that is up."""
+        return sync_hosts(self.mesh, src, dest, dry_run)
 
     def _attach(self, mesh: Mesh) -> None:
         self.mesh = mesh

@@ -61,13 +61,17 @@ def read_key(path: str | None) -> bytes:
     return key
 
 
-def key_for_controller(path: str | None) -> tuple[bytes, str | None]:
+def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
     """The key of an attach mesh: from `path` if it exists, else a fresh one written there
-    (mode 0600); with no path, from $VICEROY_MESH_KEY or fresh (in memory only)."""
-    if path is not None and os.path.exists(path):
-        return read_key(path), path
+    (mode 0600); with no path, from $VICEROY_MESH_KEY, else ~/.viceroy/attach-PORT.key."""
     if path is None:
-        return (read_key(None), None) if os.environ.get(KEY_ENV) else (secrets.token_bytes(32), None)
+        if os.environ.get(KEY_ENV):
+            return read_key(None), None
+        folder = os.path.expanduser("~/.viceroy")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, f"attach-{port}.key")
+    if os.path.exists(path):
+        return read_key(path), path
     key = secrets.token_bytes(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -119,7 +123,7 @@ class AttachLauncher(Launcher):
 
     def __init__(self, listen: str = "127.0.0.1:7777", key_file: str | None = None) -> None:
         self.host_addr, self.port = split_address(listen)
-        self.mesh_key, self.key_file = key_for_controller(key_file)
+        self.mesh_key, self.key_file = key_for_controller(key_file, self.port)
         self._signer = Signer(self.mesh_key)
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
         self._answered: dict[tuple[Any, Any], list[Any]] = {}

@@ -262,7 +262,7 @@ class Controller:
             while any(self._state[r] != "idle" for r in ranks):
                 again = {self._host_of[r] for r in ranks} & set(self._lost)
                 if again:
-                    raise RuntimeError("; ".join(self._lost[h] for h in sorted(again)) + " (during restart)")
+                    raise RuntimeError("during restart: " + "\n".join(self._lost[h] for h in sorted(again)))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
@@ -531,7 +531,8 @@ class Controller:
             return
         agent = self._agents[h]
         reason = f"{agent.label} lost: {why}"
-        self._lost[h] = reason
+        log = agent.log_tail(5).strip()
+        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "")
         with self._changed:
             if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
                 self._startup_error = reason

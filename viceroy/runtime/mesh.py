@@ -179,7 +179,8 @@ class Mesh(ShapeOps):
         a shell), one per host: ``Mesh.attach(hosts=2, gpus=8, listen="0.0.0.0:7777",
         key_file="mesh.key")``, then on each host ``viceroy agent --connect ADDR:7777 --key-file
         mesh.key``. The key file is created (mode 0600) if missing; without one the key comes
-        from $VICEROY_MESH_KEY. Listening beyond loopback is opt-in (name the interface).
+        from $VICEROY_MESH_KEY, else from ~/.viceroy/attach-PORT.key (made on first use).
+        Listening beyond loopback is opt-in (name the interface).
         Returns when every rank answers (`startup_timeout`); other keywords as `Mesh.local`.
         """
         from viceroy.runtime.attach import AttachLauncher
@@ -188,8 +189,7 @@ class Mesh(ShapeOps):
             raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
         launcher = AttachLauncher(listen, key_file)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
-        if options.get("echo", True):
-            print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
+        print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
         dims = {"hosts": kwargs.pop("hosts"), **kwargs}
         try:
             return cls.local(dims, launcher=launcher, interface=launcher.interface, **options)

@@ -28,6 +28,9 @@ from viceroy.runtime.launcher import (
     start_child_agent,
 )
 
+# Not worth copying to the hosts: version control, environments, caches.
+SYNC_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules")
+
 
 @dataclass(frozen=True)
 class SshHost:
@@ -63,15 +66,49 @@ class SshLauncher(Launcher):
     def addresses(self) -> list[str]:
         return [h.address for h in self.hosts]  # type: ignore[union-attr]
 
-    def ssh_argv(self, host: SshHost) -> list[str]:
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
+    def ssh_base(self) -> list[str]:
+        """ssh and its options, without a host: what every connection to the hosts uses."""
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity is not None:
             argv += ["-i", self.identity]
-        argv += [*shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options, host.address]
+        return [*argv, *shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options]
+
+    def ssh_argv(self, host: SshHost) -> list[str]:
         python = host.python or self.python
-        return [*argv, f"exec {shlex.quote(python)} -m viceroy.runtime.agent"]
+        return [*self.ssh_base(), host.address, f"exec {shlex.quote(python)} -m viceroy.runtime.agent"]
+
+    def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False) -> list[str]:
+        """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing)."""
+        return [
+            "rsync", "-az", "--mkpath", *(["--dry-run", "--itemize-changes"] if dry_run else []),
+            *(f"--exclude={p}" for p in SYNC_EXCLUDES),
+            "-e", shlex.join(self.ssh_base()), src.rstrip("/") + "/", f"{host.address}:{dest.rstrip('/')}/",
+        ]
+
+    def sync(self, src: str, dest: str | None = None, dry_run: bool = False) -> list[str]:
+        """Copy the directory `src` to every host (at `dest`, by default the same absolute path,
+        where the ranks look for the controller's working directory). One line per host."""
+        import subprocess
+
+        src = os.path.abspath(src)
+        if not os.path.isdir(src):
+            raise NotADirectoryError(f"{src} is not a directory")
+        dest = dest or src
+        lines = []
+        for host in dict.fromkeys(self.hosts):  # each distinct host once
+            assert isinstance(host, SshHost)
+            proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run), capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"rsync to {host.address}:{dest} failed (exit code {proc.returncode}): {proc.stderr.strip()} "
+                    "(is rsync installed on that host?)"
+                )
+            files = sum(1 for ln in proc.stdout.splitlines() if ln[1:2] == "f")  # itemized: ">f+++++++++ path"
+            lines.append(f"{host.address}:{dest}" + (f" (would copy {files} file(s))" if dry_run else ""))
+        return lines
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
         target = self.hosts[host.index]

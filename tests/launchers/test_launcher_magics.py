@@ -1,0 +1,102 @@
+"""`%mesh up --launcher ssh|slurm|attach` options and `%mesh sync` (rsync over the mesh's ssh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from IPython.core.error import UsageError
+
+from tests.launchers.conftest import SSH_OPTS
+from viceroy.extension.args import check_launcher_options, parse_command
+from viceroy.extension.session import MeshSession
+
+
+def test_up_parses_the_launcher_options():
+    cmd = parse_command("up hosts=2 gpus=1 --launcher attach --listen 0.0.0.0:7777 --key-file mesh.key")
+    assert (cmd.launcher, cmd.listen, cmd.key_file, cmd.dims) == ("attach", "0.0.0.0:7777", "mesh.key", {"hosts": 2, "gpus": 1})
+    assert parse_command("up gpus=8 --launcher slurm").launcher == "slurm"
+    with pytest.raises(UsageError, match="invalid choice: 'k8s'"):
+        parse_command("up gpus=1 --launcher k8s")
+    cmd = parse_command("sync src --to /scratch/me --dry-run")
+    assert (cmd.sync_src, cmd.sync_dest, cmd.dry_run) == ("src", "/scratch/me", True)
+    assert parse_command("sync").sync_src == "."
+
+
+@pytest.mark.parametrize(("launcher", "opts", "message"), [
+    ("local", {"key_file": "k"}, "--key-file goes with --launcher attach"),
+    ("slurm", {"hostfile": "h"}, "--hostfile goes with --launcher ssh"),
+    ("local", {"listen": "0.0.0.0:1"}, "--listen goes with --launcher ssh, slurm or attach"),
+    ("attach", {}, "needs hosts=N"),
+])
+def test_options_that_do_not_go_together_are_explained(launcher, opts, message):
+    with pytest.raises(UsageError, match=message):
+        check_launcher_options(launcher, {"gpus": 1}, opts.get("hostfile"), opts.get("listen"), opts.get("key_file"))
+
+
+def test_the_magic_waits_for_attached_agents(tmp_path, capsys):
+    key_file = str(tmp_path / "mesh.key")
+    cmd = parse_command(f"up hosts=1 gpus=2 --launcher attach --listen 127.0.0.1:7792 --key-file {key_file} --preload none")
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start_agent() -> None:
+        while not os.path.exists(key_file):
+            threading.Event().wait(0.05)
+        agents.append(subprocess.Popen([sys.executable, "-m", "viceroy", "agent", "--connect", "127.0.0.1:7792",
+                                        "--key-file", key_file], stdin=subprocess.DEVNULL))
+
+    t = threading.Thread(target=start_agent)
+    t.start()
+    session = MeshSession(None)
+    try:
+        mesh = session.up(cmd.dims, launcher=cmd.launcher, listen=cmd.listen, key_file=cmd.key_file, preload=[])
+        assert "viceroy agent --connect 127.0.0.1:7792" in capsys.readouterr().out
+        assert mesh.run("rank").values() == [0, 1]
+        with pytest.raises(UsageError, match=r"%mesh sync copies files to the hosts of an ssh mesh.*launcher: attach"):
+            session.sync(".", None, False)
+    finally:
+        session.close()
+        t.join()
+        for a in agents:
+            a.wait(timeout=10)
+
+
+def test_sync_copies_the_directory_to_every_host_over_ssh(sshd, tmp_path, monkeypatch):
+    src, dest = tmp_path / "project", tmp_path / "remote" / "project"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "model.py").write_text("WIDTH = 7\n")
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref\n")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("127.0.0.1\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {sshd.identity}\n"
+                      "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    monkeypatch.setenv("VICEROY_SSH_OPTIONS", f"-F {config}")
+    session = MeshSession(None)
+    try:
+        session.up({"hosts": 1, "gpus": 1}, launcher="ssh", hostfile=str(hosts), preload=[])
+        assert session.sync(str(src), str(dest), dry_run=True) == [f"127.0.0.1:{dest} (would copy 1 file(s))"]
+        assert not dest.exists()
+        assert session.sync(str(src), str(dest), dry_run=False) == [f"127.0.0.1:{dest}"]
+        assert (dest / "pkg" / "model.py").read_text() == "WIDTH = 7\n"
+        assert not (dest / ".git").exists()
+        # the ranks can import what was synced
+        assert session.mesh.run(f"import sys\nsys.path.insert(0, {str(dest)!r})\nimport pkg.model\npkg.model.WIDTH").values() == [7]
+        with pytest.raises(UsageError, match="is not a directory"):
+            session.sync(str(tmp_path / "nope"), None, False)
+    finally:
+        session.close()
+
+
+def test_ssh_and_rsync_share_the_hosts_ssh_options():
+    from viceroy.runtime.ssh import SshLauncher
+
+    launcher = SshLauncher(["node1"], port=2222, identity="/k", options=SSH_OPTS)
+    argv = launcher.rsync_argv(launcher.hosts[0], "/work/proj", "/work/proj")  # type: ignore[arg-type]
+    ssh = argv[argv.index("-e") + 1]
+    assert "-p 2222 -i /k" in ssh and "StrictHostKeyChecking=no" in ssh
+    assert argv[-2:] == ["/work/proj/", "node1:/work/proj/"]
