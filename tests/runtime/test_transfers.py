@@ -1,5 +1,5 @@
 """Big arrays between the controller and ranks of its host go through shared memory: one copy
-for all ranks, none left behind."""
+for all ranks, files reused only once nothing maps them, none left behind."""
 
 import os
 import resource
@@ -9,6 +9,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import wait_until
+from viceroy.runtime import shm
 
 
 def _shm_files(mesh):
@@ -27,7 +28,57 @@ def test_large_push_and_pull_round_trip_through_shared_memory(start_mesh):
     assert [float(b[0]) for b in back] == [0.0, 1.0]
     np.testing.assert_array_equal(back[0][1:], big[1:])
     back[0][5] = 7  # the controller's copy is writable too
-    assert _shm_files(mesh) == []  # every file was unlinked once read
+    assert len(_shm_files(mesh)) == 2  # the ranks' answers, kept for reuse
+    mesh.shutdown()
+    assert _shm_files(mesh) == []
+    assert float(back[1][0]) == 1.0  # what the controller holds outlives the files
+
+
+def test_a_held_result_is_never_written_over(start_mesh):
+    mesh = start_mesh(gpus=1)
+    mesh.run("import numpy as np; x = np.full(1 << 18, 1.0)")  # 2 MiB
+    first = mesh.pull("x").values()[0]
+    mesh.run("x[:] = 2.0")
+    second = mesh.pull("x").values()[0]
+    assert (first.min(), first.max(), second.min()) == (1.0, 1.0, 2.0)
+    assert len(_shm_files(mesh)) == 2
+
+
+def test_a_dropped_result_gives_its_file_back_for_the_next_answer(start_mesh):
+    mesh = start_mesh(gpus=1)
+    mesh.run("import numpy as np; x = np.zeros(1 << 18)")
+    seen = set()
+    for i in range(4):
+        mesh.run(f"x[:] = {i}")
+        value = mesh.pull("x").values()[0]
+        assert (value.min(), value.max()) == (i, i)
+        seen |= set(_shm_files(mesh))
+        del value
+    assert len(seen) == 1, seen  # one file, written over each time
+
+
+def test_segments_reuse_only_what_comes_back_and_drop_strangers(tmp_path):
+    token = f"test{os.getpid()}"
+    seg = shm.Segments(token, keep_bytes=3 << 20)
+    try:
+        a = seg.write(memoryview(bytes(1 << 20)))
+        b = seg.write(memoryview(bytes(1 << 20)))
+        assert a != b  # a is still lent
+        seg.returned([a])
+        assert seg.write(memoryview(b"x" * (1 << 20))) == a
+        with open(a, "rb") as f:
+            assert f.read(2) == b"xx"
+        stranger = shm.prefix(token) + "999999-1"
+        open(stranger, "wb").close()  # left by a rank that was restarted under the same number
+        seg.returned([stranger, a, b])
+        assert not os.path.exists(stranger)
+        assert seg.free_bytes() == 2 << 20
+        big = seg.write(memoryview(bytes(4 << 20)))  # too big for either free file: a new one
+        seg.returned([big])
+        assert seg.free_bytes() <= 3 << 20  # the oldest free files were dropped
+    finally:
+        seg.close()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(os.path.basename(shm.prefix(token)))]
 
 
 def test_torch_tensors_travel_through_shared_memory(start_mesh):
@@ -38,6 +89,8 @@ def test_torch_tensors_travel_through_shared_memory(start_mesh):
     assert mesh.run("float(t.sum())").values() == [float(t.sum())] * 2
     out = mesh.run("t * rank").values()
     assert torch.equal(out[1], t)
+    del out
+    mesh.shutdown()
     assert _shm_files(mesh) == []
 
 

@@ -5,4 +5,6 @@ from ipykernel.kernelapp import IPKernelApp
 from viceroy.kernel.kernel import ViceroyKernel
 
 if __name__ == "__main__":
-    IPKernelApp.launch_instance(kernel_class=ViceroyKernel)
+    IPKernelApp.launch_instance(
+        kernel_class=ViceroyKernel, outstream_class="viceroy.kernel.iostream.OutStream"
+    )

@@ -21,6 +21,7 @@ from ipykernel.ipkernel import IPythonKernel
 import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
+from viceroy.kernel.iostream import batch_history_writes
 from viceroy.kernel.tracebacks import install_mesh_error_rendering
 
 
@@ -43,6 +44,7 @@ class ViceroyKernel(IPythonKernel):
         assert self.shell is not None
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
+        batch_history_writes(self.shell)
         atexit.register(self._close_mesh)
 
     @property

@@ -40,14 +40,22 @@ class Call:
     def answered(self, r: int) -> bool:
         return r in self.results or r in self.failures
 
-    def record(self, item: dict[str, Any], signed: list[Any], data: list[Any], mesh_token: str) -> bool:
+    def record(
+        self,
+        item: dict[str, Any],
+        signed: list[Any],
+        data: list[Any],
+        mesh_token: str,
+        on_release: Callable[[str], None] | None = None,
+    ) -> bool:
         """One rank's answer (an item of a "results" message). Returns True when it is a real
-        failure (not an interruption), which fail-fast acts on."""
+        failure (not an interruption), which fail-fast acts on. `on_release(path)` hands a
+        shared-memory file back to the rank once its map here is garbage (see `shm.Segments`)."""
         r = item["r"]
         if item["ok"]:
             try:
                 if "shm" in item:
-                    data = shm.restore(data, item["shm"], mesh_token, unlink=True)
+                    data = shm.restore(data, item["shm"], mesh_token, unlink=True, on_release=on_release)
                 self.results[r] = serialize.loads(signed[0], data) if signed else None
             except Exception as exc:
                 self.failures[r] = RankFailure(

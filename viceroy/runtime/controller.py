@@ -61,6 +61,7 @@ class Controller:
         self._calls: dict[int, Call] = {}
         self._queries: dict[int, Query] = {}
         self._busy: dict[int, set[int]] = {r: set() for r in self.shape.ranks}
+        self._released: dict[int, deque[str]] = {r: deque() for r in self.shape.ranks}
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
@@ -203,7 +204,7 @@ class Controller:
             for r in shape.ranks:
                 self._busy[r].add(call_id)
         self._emit({"type": "call_started", "call": call_id, "ranks": list(shape.ranks), "label": label})
-        frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **extra}, signed, data)
+        frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **self._returning(op, shape.ranks), **extra}, signed, data)
         self._to_ranks(shape.ranks, frames, control=op == "actor")
         if deadline:
             self._wake()
@@ -214,8 +215,27 @@ class Controller:
         Same socket as `submit`, so per-rank order with calls holds."""
         with self._lock:
             self._check_open()
-        frames = self.signer.pack({"op": op, "id": 0, "ranks": list(ranks), **extra}, signed, data)
+        frames = self.signer.pack({"op": op, "id": 0, "ranks": list(ranks), **self._returning(op, ranks), **extra}, signed, data)
         self._to_ranks(ranks, frames, control=op == "actor")
+
+    def _segment_released(self, rank: int, path: str) -> None:
+        """A result's shared-memory map is garbage (any thread, even inside a lock: lock-free)."""
+        self._released[rank].append(path)
+
+    def _returning(self, op: str, ranks: Sequence[int]) -> dict[str, Any]:
+        """Header entry handing released shared-memory files back to the ranks they came from,
+        riding on the next work message to them (the ranks read it before running anything)."""
+        if op == "actor":
+            return {}
+        out: dict[str, list[str]] = {}
+        for r in ranks:
+            dq = self._released.get(r)
+            while dq:
+                try:
+                    out.setdefault(str(r), []).append(dq.popleft())
+                except IndexError:
+                    break
+        return {"returned": out} if out else {}
 
     def cancel(self, call_id: int, reason: str, wait: float = 0.0) -> None:
         with self._lock:
@@ -459,8 +479,10 @@ class Controller:
                 si, di = si + ns, di + nd
                 self._busy[r].discard(header["id"])
                 if call is None or call.answered(r):
+                    for entry in item.get("shm", []):  # a late answer: its files go straight back
+                        self._segment_released(r, entry[1])
                     continue
-                if call.record(item, sig, dat, self.token) and call.fail_fast:
+                if call.record(item, sig, dat, self.token, functools.partial(self._segment_released, r)) and call.fail_fast:
                     self._stop(call, f"stopped by fail-fast after rank {r} failed")
                 events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": bool(item["ok"])})
             if call is not None and not call.missing():

@@ -47,6 +47,8 @@ class Rank:
         self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
         self.direct = bool(cfg.get("direct"))
         self.token: str = cfg["token"]
+        # Big results go back through shared-memory files the controller hands back for reuse.
+        self.segments = shm.Segments(self.token) if self.direct and shm.available() else None
         self.outbox = self.ctx.socket(zmq.PUSH)
         self.outbox.setsockopt(zmq.LINGER, 2000)
         # Results, output and replies: to the controller itself when it is on this host and
@@ -107,7 +109,7 @@ class Rank:
         item["r"] = self.rank
         item["signed"] = len(signed)
         if data and self.direct:  # big arrays back to the controller through shared memory
-            data, entries, _ = shm.offload(data, self.token)
+            data, entries, _ = shm.offload(data, self.token, self.segments)
             if entries:
                 item["shm"] = entries
         if data:
@@ -198,6 +200,8 @@ class Rank:
     def _work(self) -> None:
         while True:
             header, signed, data = self._receive(self.work)
+            if "returned" in header and self.segments is not None:
+                self.segments.returned(header["returned"].get(str(self.rank), []))
             call_id = header["id"]
             with self.state_lock:
                 if self.cancelled:  # ids grow; a cancel for an older call came after it ended

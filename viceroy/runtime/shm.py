@@ -7,6 +7,11 @@ needs to open it again; mapped pages live on until the last mapping goes.
 
 Only the signed header of a message carries the file names, and a receiver opens only names
 with its mesh's prefix.
+
+Fresh tmpfs pages cost more than the copy into them (allocating and zeroing 64 MiB takes about
+three times as long as copying it), so a sender that answers the same receiver again and again
+(a rank answering the controller) keeps its files in `Segments`: the receiver says when its
+last map of a file is gone, and the sender writes the next answer over the same pages.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -31,10 +38,12 @@ def prefix(mesh_token: str) -> str:
     return os.path.join(SHM_DIR, f"viceroy-{mesh_token}-")
 
 
-def offload(buffers: Sequence[Any], mesh_token: str) -> tuple[list[Any], list[list[Any]], list[str]]:
+def offload(buffers: Sequence[Any], mesh_token: str, segments: Segments | None = None) -> tuple[list[Any], list[list[Any]], list[str]]:
     """Split buffers into (frames to send, shm descriptors, paths written).
 
-    A descriptor is ``[position, path, nbytes]``; `restore` puts the buffers back in order.
+    A descriptor is ``[position, path, nbytes]``, or ``[position, path, nbytes, 1]`` for a file
+    of `segments` that the receiver hands back when done; `restore` puts the buffers back in
+    order.
     """
     frames: list[Any] = []
     entries: list[list[Any]] = []
@@ -43,6 +52,9 @@ def offload(buffers: Sequence[Any], mesh_token: str) -> tuple[list[Any], list[li
         mv = memoryview(buf).cast("B")
         if mv.nbytes < THRESHOLD or not available():
             frames.append(buf)
+            continue
+        if segments is not None:
+            entries.append([pos, segments.write(mv), mv.nbytes, 1])
             continue
         path = f"{prefix(mesh_token)}{os.getpid()}-{next(_counter)}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -57,18 +69,28 @@ def offload(buffers: Sequence[Any], mesh_token: str) -> tuple[list[Any], list[li
     return frames, entries, paths
 
 
-def restore(frames: Sequence[Any], entries: Sequence[Sequence[Any]], mesh_token: str, unlink: bool) -> list[Any]:
-    """Inverse of `offload` on the receiving side: shm entries become private writable maps."""
+def restore(
+    frames: Sequence[Any],
+    entries: Sequence[Sequence[Any]],
+    mesh_token: str,
+    unlink: bool,
+    on_release: Callable[[str], None] | None = None,
+) -> list[Any]:
+    """Inverse of `offload` on the receiving side: shm entries become private writable maps.
+
+    A file the sender reuses (a `Segments` entry) is never unlinked here; once the map of it is
+    garbage, ``on_release(path)`` runs (on whatever thread collects it), so the sender can
+    write over it again. Without `on_release` such a file is unlinked like any other."""
     if not entries:
         return list(frames)
     out: list[Any] = []
-    by_pos = {int(e[0]): (str(e[1]), int(e[2])) for e in entries}
+    by_pos = {int(e[0]): (str(e[1]), int(e[2]), len(e) > 3 and bool(e[3])) for e in entries}
     it = iter(frames)
     for pos in range(len(frames) + len(entries)):
         if pos not in by_pos:
             out.append(next(it))
             continue
-        path, nbytes = by_pos[pos]
+        path, nbytes, reused = by_pos[pos]
         if not path.startswith(prefix(mesh_token)) or os.sep in path[len(prefix(mesh_token)):]:
             raise ValueError(f"refusing shared-memory path outside this mesh: {path!r}")
         fd = os.open(path, os.O_RDONLY)
@@ -78,10 +100,79 @@ def restore(frames: Sequence[Any], entries: Sequence[Sequence[Any]], mesh_token:
             m = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-            if unlink:
+            if unlink and not (reused and on_release is not None):
                 discard([path])
+        if reused and on_release is not None:
+            weakref.finalize(m, on_release, path)
         out.append(memoryview(m))
     return out
+
+
+class Segments:
+    """A sender's shared-memory files, written over again once their receiver is done with them.
+
+    `write` picks the smallest free file that is big enough (trimmed to size) or makes a new one;
+    `returned` takes back files the receiver no longer maps. At most `keep_bytes` of free files
+    are kept, oldest dropped first. Thread-safe: results may leave from several threads.
+    """
+
+    def __init__(self, mesh_token: str, keep_bytes: int = 1 << 30) -> None:
+        self._prefix = prefix(mesh_token)
+        self._keep = keep_bytes
+        self._free: list[tuple[str, int]] = []  # oldest first
+        self._lent: set[str] = set()
+        self._lock = threading.Lock()
+
+    def write(self, mv: memoryview) -> str:
+        n = mv.nbytes
+        with self._lock:
+            fits = [(size, i) for i, (_, size) in enumerate(self._free) if n <= size <= 2 * n]
+            path = self._free.pop(min(fits)[1])[0] if fits else f"{self._prefix}{os.getpid()}-{next(_counter)}"
+            self._lent.add(path)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            if os.fstat(fd).st_size > n:
+                os.ftruncate(fd, n)
+            written = 0
+            while written < n:
+                written += os.pwrite(fd, mv[written : written + (64 << 20)], written)
+        except BaseException:
+            with self._lock:
+                self._lent.discard(path)
+            discard([path])
+            raise
+        finally:
+            os.close(fd)
+        return path
+
+    def returned(self, paths: Sequence[str]) -> None:
+        """The receiver unmapped these. Files this process did not lend (a rank that was
+        restarted under the same number) are stale and removed."""
+        stale, drop = [], []
+        with self._lock:
+            for p in paths:
+                if p not in self._lent:
+                    stale.append(p)
+                    continue
+                self._lent.discard(p)
+                try:
+                    self._free.append((p, os.stat(p).st_size))
+                except FileNotFoundError:
+                    continue
+            while self._free and sum(size for _, size in self._free) > self._keep:
+                drop.append(self._free.pop(0)[0])
+        discard([p for p in stale if p.startswith(self._prefix) and os.sep not in p[len(self._prefix):]] + drop)
+
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(size for _, size in self._free)
+
+    def close(self) -> None:
+        with self._lock:
+            paths = [p for p, _ in self._free] + list(self._lent)
+            self._free.clear()
+            self._lent.clear()
+        discard(paths)
 
 
 def discard(paths: Sequence[str]) -> None:

@@ -1,0 +1,46 @@
+"""The kernel's per-cell bookkeeping is lighter than stock ipykernel's (see
+viceroy/kernel/iostream.py), and loses nothing: output still arrives before the cell ends and
+history is complete when asked for and written to disk within about a second."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+from kernel_harness import Kernel, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_output_without_a_newline_arrives_before_the_cell_ends(kernel: Kernel):
+    for _ in range(3):  # also after cells that printed nothing
+        assert kernel.ok("y = 1").outputs == []
+        ex = kernel.ok("import sys\nprint('out', end='')\nsys.stderr.write('err')")
+        assert ex.stream("stdout") == "out"
+        assert ex.stream("stderr") == "err"
+
+
+def test_history_requests_see_the_cell_just_run(kernel: Kernel):
+    kernel.ok("marker_5831 = 1")
+    msg_id = kernel.kc.history(hist_access_type="tail", n=5, raw=True, output=False)
+    reply = kernel.kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert "marker_5831 = 1" in [source for _, _, source in reply["content"]["history"]]
+
+
+def test_history_reaches_the_database_within_about_a_second(kernel: Kernel):
+    ex = kernel.ok("hm = get_ipython().history_manager\nprint(hm.hist_file, hm.session_number, sep='\\n')")
+    path, session = ex.stream().split("\n")[:2]
+    if path == ":memory:":
+        pytest.skip("IPython history is kept in memory here")
+    kernel.ok("marker_9417 = 2")
+    started = time.monotonic()
+
+    def stored() -> bool:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            rows = db.execute("SELECT source_raw FROM history WHERE session = ?", (int(session),)).fetchall()
+        return any("marker_9417" in r[0] for r in rows)
+
+    wait_until(stored, 5, "the cell to be written to the history database")
+    assert time.monotonic() - started < 3

@@ -1,0 +1,58 @@
+"""Cheaper per-cell bookkeeping for the controller's kernel: every cell pays it, and a `%%mesh`
+cell is meant to cost little more than ``a=1``.
+
+- `OutStream`: ipykernel flushes stdout and stderr after every cell, each flush a round trip
+  to its IO thread (two wake-ups and a wait), even when the cell printed nothing. This one
+  returns at once when nothing is buffered or scheduled; output still goes out in order,
+  because anything written has scheduled its own flush.
+- `batch_history_writes`: IPython writes each cell's input to its SQLite history as the cell
+  runs (a transaction per cell on a background thread). Here inputs are written at most once a
+  second, and at exit; history requests write out first, so they always see every cell.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ipykernel import iostream
+
+HISTORY_WRITE_INTERVAL_S = 1.0
+
+
+class OutStream(iostream.OutStream):
+    """ipykernel's stream, without the IO-thread round trip when there is nothing to send."""
+
+    def flush(self) -> None:
+        if (
+            self.echo is None
+            and not self._flush_pending
+            and not self._subprocess_flush_pending
+            and not self._buffered()
+        ):
+            return
+        super().flush()
+
+    def _buffered(self) -> bool:
+        with self._buffer_lock:
+            return any(buf.tell() for buf in self._buffers.values())
+
+
+def batch_history_writes(shell: Any, interval: float = HISTORY_WRITE_INTERVAL_S) -> None:
+    """Write the shell's input history at most every `interval` seconds instead of per cell."""
+    hm = shell.history_manager
+    if hm is None or not hm.enabled or getattr(hm, "save_thread", None) is None:
+        return
+    hm.db_cache_size = 1 << 30  # store_inputs never asks for a write itself
+    timer: list[threading.Timer] = []
+
+    def schedule(*_: Any) -> None:
+        if timer and timer[0].is_alive():
+            return
+        t = threading.Timer(interval, hm.save_flag.set)
+        t.daemon = True
+        t.name = "viceroy-history"
+        timer[:] = [t]
+        t.start()
+
+    shell.events.register("post_run_cell", schedule)
