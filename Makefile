@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # a multi-GB CUDA build, so the pin goes in first.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench lab clean
+.PHONY: setup demo test test-fast lint bench bench-peers lab clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,18 @@ bench: $(STAMP)  ## ratios against baselines measured in the same run
 	$(BIN)/python bench/bench_tensors.py
 	$(BIN)/python bench/bench_collectives.py
 	$(BIN)/python bench/bench_kernel.py
+
+# Monarch and Ray, for bench_actors.py, in a venv of their own: they never touch the project's pins.
+PEERS_VENV  := .venv-bench
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/peers/requirements.txt
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q -r bench/peers/requirements.txt
+	touch $@
+
+bench-peers: $(STAMP) $(PEERS_STAMP)  ## actors beside Monarch and Ray, measured in turn in the same run
+	$(BIN)/python bench/bench_actors.py --peers-python $(PEERS_VENV)/bin/python
 
 lab: $(STAMP)  ## JupyterLab on the quickstart, with the Viceroy kernel
 	$(BIN)/python -m pip install -q -e ".[lab]"

@@ -18,7 +18,7 @@ from typing import Any
 
 from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize, shm
-from viceroy.runtime.actors import output
+from viceroy.runtime.actors import output, plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
@@ -73,7 +73,11 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
 
 
 class ActorHost:
-    """One actor on this rank: its thread, event loop and message queue."""
+    """One actor on this rank: its thread, event loop and message queue.
+
+    The thread waits for work on a plain lock while nothing is awaiting (one futex wake per
+    message; an asyncio wake-up costs several times more), and runs the event loop only while
+    an async endpoint runs or concurrent ones are pending."""
 
     def __init__(self, actor_id: str, name: str) -> None:
         self.id = actor_id
@@ -82,11 +86,12 @@ class ActorHost:
         self.files: dict[str, str] = {}
         self.stopped = False
         self.loop = asyncio.new_event_loop()
-        # A plain deque, and a loop wake-up only when the actor waits for work: a burst of
-        # messages (pipelined broadcasts) costs one wake-up, not one each.
+        # A plain deque: a burst of messages (pipelined broadcasts) costs one wake-up, not one each.
         self.queue: deque[Any] = deque()
         self.qlock = threading.Lock()
-        self.idle = False
+        self.idle: str | None = None  # how the thread waits for work: "thread" (bell) | "loop" (wake)
+        self.bell = threading.Lock()
+        self.bell.acquire()
         self.wake = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
@@ -99,8 +104,10 @@ class ActorHost:
                 self._refuse(msg)
                 return
             self.queue.append(msg)
-            wake, self.idle = self.idle, False
-        if wake:
+            idle, self.idle = self.idle, None
+        if idle == "thread":
+            self.bell.release()
+        elif idle == "loop":
             self.loop.call_soon_threadsafe(self.wake.set)
 
     def cancel(self, call_id: int) -> bool:
@@ -119,48 +126,52 @@ class ActorHost:
             self.loop.call_soon_threadsafe(task.cancel)
         return True
 
-    async def _next(self) -> Any:
+    def _next(self) -> Any:
+        if self.tasks:  # let pending concurrent endpoints move on between messages
+            self.loop.run_until_complete(asyncio.sleep(0))
         while True:
             with self.qlock:
                 if self.queue:
                     return self.queue.popleft()
-                self.idle = True
-            await self.wake.wait()
-            self.wake.clear()
+                idle = self.idle = "loop" if self.tasks else "thread"
+            if idle == "thread":
+                self.bell.acquire()
+            else:
+                self.loop.run_until_complete(self._woken())
+
+    async def _woken(self) -> None:
+        await self.wake.wait()
+        self.wake.clear()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        while True:
-            call_id, kind, ep, signed, data, oneway = await self._next()
+        while not self.stopped:
+            call_id, kind, ep, signed, data, oneway = self._next()
             if self.stopped:
                 self._refuse((call_id, kind, ep))
-                continue
-            if kind == "spawn":
+            elif kind == "spawn":
                 self._construct(call_id, signed, data)
             elif kind == "stop":
-                await self._stop(call_id)
+                self.loop.run_until_complete(self._stop(call_id))
             elif kind == "supervise":
                 hook = getattr(self.instance, "__supervise__", None)
                 if hook is None:
                     _reply(call_id, False)
                 else:
-                    await self._run(call_id, hook, signed, data, False)
+                    self._run(call_id, hook, signed, data, False)
             else:
                 fn = getattr(self.instance, ep)
                 if getattr(fn, "__viceroy_endpoint__", {}).get("concurrent"):
-                    task = asyncio.ensure_future(self._run(call_id, fn, signed, data, oneway))
+                    task = self.loop.create_task(self._run_concurrent(call_id, fn, signed, data, oneway))
                     self.tasks.add(task)
                     task.add_done_callback(functools.partial(self._task_done, call_id))
                 else:
-                    await self._run(call_id, fn, signed, data, oneway)
-            if self.stopped:
-                return
+                    self._run(call_id, fn, signed, data, oneway)
 
     def _task_done(self, call_id: int, task: asyncio.Future[Any]) -> None:
         self.tasks.discard(task)
+        if not self.tasks:
+            self.wake.set()  # the thread may go back to waiting on its bell
         if task.cancelled():  # cancelled before it first ran: `_run` could not answer
             _interrupted(call_id)
 
@@ -178,27 +189,52 @@ class ActorHost:
         output.end(_rank._send_output)
         _reply(call_id, None)
 
-    async def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
-        # Concurrent endpoints run as tasks, each in a copy of the context, so this tags their
-        # output apart; the others run one at a time in the serving context.
+    def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
+        """A call handled on the actor's thread: sync, or async awaited to its end."""
         output.begin(call_id)
         self.running[call_id] = None
         try:
             args, kwargs = serialize.loads(signed[0], data)
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
-                task = self.running[call_id] = asyncio.ensure_future(value)
-                value = await task
+                task = self.running[call_id] = asyncio.ensure_future(value, loop=self.loop)
+                value = self.loop.run_until_complete(task)
         except asyncio.CancelledError:
-            output.end(_rank._send_output)
-            _interrupted(call_id)
+            self._end_interrupted(call_id)
             return
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
-            output.end(_rank._send_output)
-            _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
+            self._end_error(call_id, exc, fn)
             return
         finally:
             self.running.pop(call_id, None)
+        self._end_ok(call_id, value, fn, oneway)
+
+    async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
+        # A task of its own, in a copy of the context, so its output is tagged apart.
+        output.begin(call_id)
+        self.running[call_id] = asyncio.current_task()
+        try:
+            args, kwargs = serialize.loads(signed[0], data)
+            value = await fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            self._end_interrupted(call_id)
+            return
+        except BaseException as exc:
+            self._end_error(call_id, exc, fn)
+            return
+        finally:
+            self.running.pop(call_id, None)
+        self._end_ok(call_id, value, fn, oneway)
+
+    def _end_interrupted(self, call_id: int) -> None:
+        output.end(_rank._send_output)
+        _interrupted(call_id)
+
+    def _end_error(self, call_id: int, exc: BaseException, fn: Any) -> None:
+        output.end(_rank._send_output)
+        _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
+
+    def _end_ok(self, call_id: int, value: Any, fn: Any, oneway: bool) -> None:
         output.end(_rank._send_output)
         if not oneway:
             _reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))
@@ -271,7 +307,7 @@ def _reply(call_id: int, value: Any, what: str = "") -> None:
         _ok(call_id)
         return
     try:
-        payload, bufs = serialize.dumps(value)
+        payload, bufs = plain.dumps(value)
     except Exception as exc:
         _error(call_id, "TypeError",
                f"TypeError: {what} returned {type(value).__name__}, which cannot be sent back: {exc}. "
@@ -299,7 +335,7 @@ class RankClient:
 
     def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
-        payload, bufs = serialize.dumps((args, kwargs))
+        payload, bufs = plain.dumps((args, kwargs))
         req = next(self._ids)
         fut: Future[Any] = Future(-1)
         if adverb != "broadcast":

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from viceroy.runtime import serialize
+from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
 from viceroy.runtime.actors.supervision import ActorFailure, deliver
 from viceroy.runtime.controller import Controller, Event
@@ -54,7 +55,7 @@ class ActorRecord:
     def pack(self, args: tuple[Any, ...], kwargs: dict[str, Any], qualname: str) -> tuple[list[Any], list[Any]]:
         refs: list[Any] = []
         try:
-            payload, bufs = serialize.dumps((args, kwargs), seen_refs=refs)
+            payload, bufs = plain.dumps((args, kwargs), seen_refs=refs)
         except Exception:
             serialize.check_picklable({f"{qualname} argument {i}": a for i, a in enumerate(args)}
                                       | {f"{qualname} argument {k!r}": v for k, v in kwargs.items()})

@@ -1,0 +1,139 @@
+"""Actor meshes passed as arguments: an actor calls another actor mesh's endpoints, with every
+adverb, from sync and async endpoints, and the answers (and failures) come back to it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+
+class Loader(vr.Actor):
+    def __init__(self, batches: int) -> None:
+        self.left = list(range(batches))
+        self.served: list[int] = []
+
+    @vr.endpoint
+    def next(self) -> tuple[int, int]:
+        batch = self.left.pop(0)
+        self.served.append(batch)
+        return vr.context().rank, batch
+
+    @vr.endpoint
+    def note(self, tag: str) -> None:
+        self.served.append(-1 if tag == "epoch" else -2)
+
+    @vr.endpoint
+    def log(self) -> list[int]:
+        return self.served
+
+    @vr.endpoint
+    def broken(self) -> None:
+        raise ValueError("the shard file is corrupt")
+
+
+class Trainer(vr.Actor):
+    """The issue's example: ``trainers = mesh.spawn(Trainer, loaders)``."""
+
+    def __init__(self, loaders: vr.ActorMesh) -> None:
+        rank = vr.context().rank
+        self.mine = loaders.slice(gpus=rank)  # the loader beside this trainer
+        self.loaders = loaders
+
+    @vr.endpoint
+    def step(self) -> tuple[int, int]:
+        return self.mine.next.call_one().get(timeout=10)
+
+    @vr.endpoint
+    async def step_async(self) -> tuple[int, int]:
+        return await self.mine.next.call_one()
+
+    @vr.endpoint
+    def any_loader(self) -> int:
+        rank, _ = self.loaders.next.choose().get(timeout=10)
+        return int(rank)
+
+    @vr.endpoint
+    def everyone(self) -> list[int]:
+        return [b for _, b in self.loaders.next.call().get(timeout=10).values()]
+
+    @vr.endpoint
+    def streamed(self) -> list[tuple[int, int]]:
+        return sorted(self.loaders.next.stream())
+
+    @vr.endpoint
+    def new_epoch(self) -> None:
+        self.loaders.note.broadcast("epoch")
+
+    @vr.endpoint
+    def try_broken(self) -> str:
+        try:
+            self.mine.broken.call_one().get(timeout=10)
+        except vr.MeshError as exc:
+            return str(exc)
+        return "no error"
+
+    @vr.endpoint
+    def bad_call(self) -> str:
+        try:
+            self.mine.next.call_one("unexpected")
+        except TypeError as exc:
+            return str(exc)
+        return "no error"
+
+
+def test_trainers_call_their_loaders_from_sync_and_async_endpoints(start_mesh):
+    mesh = start_mesh(gpus=2)
+    loaders = mesh.spawn(Loader, 10)
+    trainers = mesh.spawn(Trainer, loaders)
+    assert trainers.step.call().get(timeout=20).values() == [(0, 0), (1, 0)]
+    assert trainers.step_async.call().get(timeout=20).values() == [(0, 1), (1, 1)]
+    assert trainers.slice(gpus=1).step.call_one().get(timeout=20) == (1, 2)
+    assert loaders.log.call().get().values() == [[0, 1], [0, 1, 2]]
+
+
+def test_an_actor_uses_every_adverb_on_a_mesh_it_was_given(start_mesh):
+    mesh = start_mesh(gpus=2)
+    loaders = mesh.spawn(Loader, 10)
+    boss = mesh.slice(gpus=0).spawn(Trainer, loaders)
+    assert boss.everyone.call_one().get(timeout=20) == [0, 0]
+    assert boss.streamed.call_one().get(timeout=20) == [(0, 1), (1, 1)]
+    assert boss.any_loader.call_one().get(timeout=20) in (0, 1)
+    boss.new_epoch.call_one().get(timeout=20)
+    # The broadcast is one-way; the loaders still see it before a later call from the boss.
+    wait_until(lambda: all(-1 in log for log in loaders.log.call().get().values()), 10, "the broadcast")
+
+
+def test_errors_on_the_called_mesh_reach_the_calling_actor(start_mesh):
+    mesh = start_mesh(gpus=1)
+    loaders = mesh.spawn(Loader, 1)
+    trainers = mesh.spawn(Trainer, loaders)
+    msg = trainers.try_broken.call_one().get(timeout=20)
+    assert "rank 0" in msg and "ValueError: the shard file is corrupt" in msg
+    assert "Loader.broken" in msg
+    # Arguments are checked against the signature on the calling rank, before anything is sent.
+    assert trainers.bad_call.call_one().get(timeout=20) == "Loader.next(): too many positional arguments"
+    loaders.stop()
+    with pytest.raises(vr.MeshError, match="stopped"):
+        trainers.step.call_one().get(timeout=20)
+
+
+def test_actor_meshes_travel_inside_endpoint_arguments_too(start_mesh):
+    mesh = start_mesh(gpus=2)
+    loaders = mesh.spawn(Loader, 5)
+
+    class Relay(vr.Actor):
+        @vr.endpoint
+        async def pull(self, sources: dict[str, vr.ActorMesh]) -> list[tuple[int, int]]:
+            return sorted((await sources["data"].next.call()).values())
+
+    relay = mesh.slice(gpus=1).spawn(Relay)
+    assert relay.pull.call_one({"data": loaders}).get(timeout=20) == [(0, 0), (1, 0)]
+    assert asyncio.run(_await(relay.pull.call_one({"data": loaders}))) == [(0, 1), (1, 1)]
+
+
+async def _await(fut: vr.Future) -> object:
+    return await fut
