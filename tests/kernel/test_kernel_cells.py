@@ -127,52 +127,6 @@ def test_auto_mode_runs_plain_cells_on_the_ranks(mesh_kernel: Kernel):
     assert mesh_kernel.ok("print('back')").stream() == "back\n"
 
 
-def test_comm_target_publishes_mesh_state(mesh_kernel: Kernel):
-    kc = mesh_kernel.kc
-    comm_id = "viceroy-test-comm"
-    kc.shell_channel.send(
-        kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}})
-    )
-
-    def state_msg(pred):
-        return lambda m: (
-            m["msg_type"] == "comm_msg"
-            and m["content"]["comm_id"] == comm_id
-            and m["content"]["data"].get("type") == "state"
-            and pred(m["content"]["data"])
-        )
-
-    first = mesh_kernel.iopub_until(state_msg(lambda d: True), 10, "the first snapshot")
-    snap = first["content"]["data"]
-    assert snap["dims"] == {"gpus": 2}
-    assert [r["coords"] for r in snap["ranks"]] == [{"gpus": 0}, {"gpus": 1}]
-
-    ex = mesh_kernel.ok("%%mesh\nimport time\nprint('busy', flush=True)\ntime.sleep(1)")
-    during = [m for _, m in ex.messages] + mesh_kernel.stray
-    is_running = state_msg(lambda d: any(r["state"] == "running" for r in d["ranks"]))
-    running = [m for m in during if is_running(m)]
-    assert running, "a snapshot showing running ranks was pushed while the cell ran"
-    mesh_kernel.iopub_until(
-        state_msg(
-            lambda d: (
-                all(r["state"] == "idle" for r in d["ranks"])
-                and any(r["last_line"] == "busy" for r in d["ranks"])
-            )
-        ),
-        10,
-        "an idle snapshot with each rank's last line",
-    )
-    kc.shell_channel.send(
-        kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"request": "logs", "rank": 0}})
-    )
-    logs = mesh_kernel.iopub_until(
-        lambda m: m["msg_type"] == "comm_msg" and m["content"]["data"].get("type") == "logs",
-        10,
-        "the logs reply",
-    )
-    assert "busy" in logs["content"]["data"]["text"]
-
-
 def test_python_api_calls_show_their_output_before_their_value(mesh_kernel: Kernel):
     ex = mesh_kernel.ok('mesh.run(\'print("api", rank); print("same")\')')
     kinds = [m["msg_type"] for m in ex.outputs]

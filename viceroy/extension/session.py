@@ -35,7 +35,7 @@ from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
 from viceroy.extension.output import format_rank_set
-from viceroy.extension.state import MeshState, failure_of, rank_hosts
+from viceroy.extension.state import MeshState, rank_hosts
 from viceroy.runtime.handles import Ref
 
 if TYPE_CHECKING:
@@ -240,8 +240,6 @@ class MeshSession:
         kind, call = ev.get("type"), ev.get("call")
         if kind == "call_started" and getattr(self._setup, "active", False):
             self._hidden_calls.add(call)
-        if kind == "rank_done" and not ev.get("ok") and "kind" not in ev:
-            ev = {**ev, **failure_of(self.mesh, ev)}
         if call in self._hidden_calls and kind in ("call_started", "rank_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)

@@ -5,8 +5,7 @@ arrive on the runtime's IO thread while front ends read snapshots from others, s
 holds one lock and snapshots are plain copies. `Stream` turns successive snapshots into the
 numbered messages one front end receives: a full ``state`` first (and after a gap), then
 ``diff``s holding only the changed fields (the wire format: `viceroy.extension.comm`).
-`rank_hosts` and `failure_of` read what the runtime's events leave out: where each rank runs,
-and how a rank failed a call.
+`rank_hosts` reads what the runtime's events leave out: where each rank runs.
 
 >>> s = MeshState()
 >>> s.reset({"gpus": 2}, {0: "idle", 1: "idle"})
@@ -76,17 +75,6 @@ def rank_hosts(mesh: Any) -> dict[int, str]:
     names = [str(getattr(h, "address", h)) for h in getattr(getattr(controller, "launcher", None), "hosts", [])]
     here = socket.gethostname()
     return {r: names[h] if h < len(names) else here for r, h in host_of.items()}
-
-
-def failure_of(mesh: Any, ev: dict[str, Any]) -> dict[str, Any]:
-    """How a rank failed a call (``kind``, ``summary``, ``tb``), read from the call's record
-    while `rank_done` is being emitted: the event itself says only ``ok``. Empty if unknown."""
-    calls = getattr(getattr(mesh, "_controller", None), "_calls", {})
-    call = calls.get(ev.get("call"))
-    failure = getattr(call, "failures", {}).get(ev.get("rank")) if call is not None else None
-    if failure is None:
-        return {}
-    return {"kind": failure.kind, "summary": failure.summary, "tb": failure.traceback}
 
 
 class MeshState:

@@ -484,7 +484,11 @@ class Controller:
                     continue
                 if call.record(item, sig, dat, self.token, functools.partial(self._segment_released, r)) and call.fail_fast:
                     self._stop(call, f"stopped by fail-fast after rank {r} failed")
-                events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": bool(item["ok"])})
+                done: Event = {"type": "rank_done", "call": call.id, "rank": r, "ok": r in call.results}
+                if r in call.failures:  # how it failed, for views of the mesh
+                    f = call.failures[r]
+                    done.update(kind=f.kind, summary=f.summary, tb=f.traceback)
+                events.append(done)
             if call is not None and not call.missing():
                 finished.append(call)
         for ev in events:

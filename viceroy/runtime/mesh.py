@@ -418,7 +418,8 @@ class Mesh(ShapeOps):
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every mesh event (output, call_started, rank_done,
         call_finished, rank_exit, rank_ready, publish), on the controller's IO thread; keep it
-        quick and thread-safe. Returns a function that unsubscribes."""
+        quick and thread-safe. A failed rank's ``rank_done`` carries ``kind``, ``summary`` and
+        ``tb``. Returns a function that unsubscribes."""
         return self._controller.subscribe(listener)
 
 
