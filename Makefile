@@ -7,7 +7,15 @@ STAMP  := $(VENV)/.installed
 # a multi-GB CUDA build, so the pin goes in first.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench bench-peers lab clean
+# The front end (labextension/: side panel, status bar, and the anywidget ESM it also builds into
+# viceroy/extension/static). jlpm comes with jupyter-builder in the venv; node >= 20.19.
+LABEXT   := labextension
+JLPM     := PATH="$(abspath $(BIN)):$$PATH" $(abspath $(BIN))/jlpm
+FRONTEND := $(LABEXT)/node_modules/.viceroy-built
+FRONTEND_SOURCES := $(LABEXT)/package.json $(LABEXT)/yarn.lock $(wildcard $(LABEXT)/tsconfig*.json \
+	$(LABEXT)/src/*.ts $(LABEXT)/src/*/*.ts $(LABEXT)/style/* $(LABEXT)/scripts/*)
+
+.PHONY: setup demo test test-fast lint bench bench-peers lab clean frontend test-frontend
 
 setup: $(STAMP)
 
@@ -21,15 +29,25 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the quickstart on a local 4-rank mesh, outputs printed
 	$(BIN)/python -m viceroy demo
 
-test: $(STAMP)  ## every tier, as CI runs it
+test: $(STAMP) $(FRONTEND)  ## every tier, as CI runs it
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)  ## without the slow tier
+test-fast: $(STAMP) $(FRONTEND)  ## without the slow tier
 	$(BIN)/python -m pytest -m "not slow"
 
-lint: $(STAMP)
+frontend: $(FRONTEND)  ## build the labextension and the widget ESM (after a change in labextension/)
+
+$(FRONTEND): $(STAMP) $(FRONTEND_SOURCES)
+	cd $(LABEXT) && $(JLPM) install && $(JLPM) build
+	touch $@
+
+test-frontend: $(FRONTEND)  ## TypeScript lint and unit tests only (pytest -m frontend runs them too)
+	cd $(LABEXT) && $(JLPM) lint && $(JLPM) test
+
+lint: $(STAMP) $(FRONTEND)
 	$(BIN)/ruff check viceroy tests bench
 	$(BIN)/mypy
+	cd $(LABEXT) && $(JLPM) lint
 
 bench: $(STAMP)  ## ratios against baselines measured in the same run
 	$(BIN)/python bench/bench_runtime.py
@@ -55,3 +73,4 @@ lab: $(STAMP)  ## JupyterLab on the quickstart, with the Viceroy kernel
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/tsconfig.tsbuildinfo viceroy/labextension
