@@ -74,6 +74,7 @@ class MeshSession:
         self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._unsubscribe: Callable[[], Any] | None = None
         self._cell_active = False
+        self._cell_title: tuple[int | None, str] = (None, "")  # (thread running the cell, title)
         self._listeners: list[Callable[[], None]] = []
         self._setup = threading.local()
         self._hidden_calls: set[Any] = set()
@@ -240,6 +241,8 @@ class MeshSession:
         kind, call = ev.get("type"), ev.get("call")
         if kind == "call_started" and getattr(self._setup, "active", False):
             self._hidden_calls.add(call)
+        if kind == "call_started" and self._cell_title[0] == threading.get_ident():
+            ev = {**ev, "label": self._cell_title[1]}  # views show the cell, not just "%%mesh"
         if call in self._hidden_calls and kind in ("call_started", "rank_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)
@@ -281,6 +284,7 @@ class MeshSession:
         sink = sink or CellSink()
         self._report_exits_since_last_cell(sink)
         self._cell_active = True
+        self._cell_title = (threading.get_ident(), cell_title(label, code))
         try:
             try:
                 fut = view.run(
@@ -307,6 +311,7 @@ class MeshSession:
                 live.close()
         finally:
             self._cell_active = False
+            self._cell_title = (None, "")
         try:
             value = fut.get()
         except Exception as e:
@@ -404,3 +409,9 @@ class MeshSession:
             print(f"viceroy: stopping the mesh failed: {e}", file=sys.stderr)
         finally:
             self._echo.stop()
+
+
+def cell_title(label: str, code: str) -> str:
+    """How views name a cell's call: ``%%mesh x = 1 / 0`` (its first line of code)."""
+    first = next((ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+    return f"{label} {first}".strip()
