@@ -13,6 +13,7 @@ cell is meant to cost little more than ``a=1``.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from ipykernel import iostream
@@ -44,15 +45,14 @@ def batch_history_writes(shell: Any, interval: float = HISTORY_WRITE_INTERVAL_S)
     if hm is None or not hm.enabled or getattr(hm, "save_thread", None) is None:
         return
     hm.db_cache_size = 1 << 30  # store_inputs never asks for a write itself
-    timer: list[threading.Timer] = []
+    ran = threading.Event()
 
-    def schedule(*_: Any) -> None:
-        if timer and timer[0].is_alive():
-            return
-        t = threading.Timer(interval, hm.save_flag.set)
-        t.daemon = True
-        t.name = "viceroy-history"
-        timer[:] = [t]
-        t.start()
+    def write_out_now_and_then() -> None:
+        while True:
+            ran.wait()
+            time.sleep(interval)
+            ran.clear()  # cells from here on are in the next round (this one writes them too)
+            hm.save_flag.set()  # IPython's own saving thread writes the cache out
 
-    shell.events.register("post_run_cell", schedule)
+    threading.Thread(target=write_out_now_and_then, name="viceroy-history", daemon=True).start()
+    shell.events.register("post_run_cell", lambda *_: ran.set())
