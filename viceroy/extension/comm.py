@@ -145,11 +145,15 @@ class StateChannel:
     # --- from any thread: enqueue only -------------------------------------------------------
 
     def changed(self) -> None:
-        """The session's state changed (called on any thread)."""
+        """The session's state changed (called on any thread, for every runtime event). Wakes
+        the pump only for a front end that had nothing pending: for the others it is already
+        waiting out their throttle interval."""
         with self._cond:
-            for fe in self._front_ends.values():
+            idle = [fe for fe in self._front_ends.values() if not fe.pending]
+            for fe in idle:
                 fe.pending = True
-            self._cond.notify_all()
+            if idle:
+                self._cond.notify_all()
 
     def request(self, fe: FrontEnd, data: Any) -> None:
         """A front end's request: a snapshot is the pump's next message to it; the rest is
