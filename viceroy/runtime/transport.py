@@ -77,7 +77,7 @@ class ControllerSockets:
     def received(self, limit: int = 1000) -> Iterator[list[Any]]:
         """Messages already queued, without blocking (bounded, so deadlines still get checked)."""
         for _ in range(limit):
-            if not self._pull.get(_EVENTS) & _POLLIN:
+            if not self._pull.get(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 return
             yield self._pull.recv_multipart(copy=False)
 
