@@ -534,8 +534,11 @@ class Controller:
     def _heartbeats(self) -> None:
         """Beat to every live agent; give up a host whose agent has been silent too long."""
         beat = self.signer.pack({"op": "heartbeat"})
+        tick = time.monotonic()
         while not self._closed:
             now = time.monotonic()
+            starved = now - tick > HEARTBEAT_S + 1.0  # this process was not running: judge nobody
+            tick = now
             for h in list(self._agents):
                 if h in self._lost:
                     continue
@@ -545,10 +548,21 @@ class Controller:
                     # once, without the retries of `send`: a lost peer must not stall the beat
                     self._sockets._router.send_multipart([self._agent_ident(h), *beat], flags=zmq.NOBLOCK)
                 seen = self._last_seen.get(h)
-                if seen is not None and now - seen > self._host_timeout:
-                    why = f"no heartbeat from its agent for {now - seen:.1f} s: a cut link, a host down, or a frozen agent"
-                    self._post(functools.partial(self._host_lost, h, self._gen[h], why))
+                if seen is not None and now - seen > self._host_timeout and not starved:
+                    self._post(functools.partial(self._host_silent, h, self._gen[h]))
             time.sleep(HEARTBEAT_S)
+
+    def _host_silent(self, h: int, gen: int) -> None:
+        """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
+        and give the host up only if it is still silent."""
+        for frames in self._sockets.received():
+            with contextlib.suppress(BadMessage):
+                self._handle(frames)
+        seen = self._last_seen.get(h)
+        silent = time.monotonic() - seen if seen is not None else 0.0
+        if silent > self._host_timeout:
+            why = f"no heartbeat from its agent for {silent:.1f} s: a cut link, a host down, or a frozen agent"
+            self._host_lost(h, gen, why)
 
     def _host_lost(self, h: int, gen: int, why: str) -> None:
         """On the IO thread: host `h` (launch `gen`) is gone; its ranks are dead, its calls fail

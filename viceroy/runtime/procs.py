@@ -74,5 +74,6 @@ def host_timeout() -> float:
 
 
 def agent_timeout(host_timeout_s: float) -> float:
-    """An agent waits longer than the controller does: the controller decides first."""
-    return host_timeout_s + 2.0
+    """An agent waits longer than the controller does: the controller decides first, and a
+    controller busy for a few seconds (a long call holding the GIL) does not cost the ranks."""
+    return host_timeout_s + 7.0
