@@ -4,8 +4,11 @@ actor.py        `Actor`, `@endpoint` (what users write)
 actor_mesh.py   `ActorMesh` and its `Endpoint` adverbs (call, call_one, choose, broadcast, stream)
 spawn.py        `spawn(mesh, cls, ...)`, behind `Mesh.spawn`
 registry.py     the controller's records of actor meshes; relays calls ranks make
+oneway.py       pipelined broadcasts, coalesced into one message per rank
 supervision.py  `ActorFailure`, and where failures go when no caller waits for them
-host.py         the ranks' side: one thread and event loop per actor
+host.py         the ranks' side: one thread (and an event loop for async endpoints) per actor
+rank_client.py  actor meshes used from a rank: calls go through the controller
+plain.py        plain arguments and results pickled by the C pickler
 """
 
 from viceroy.runtime.actors.actor import Actor, endpoint

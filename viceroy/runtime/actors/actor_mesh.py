@@ -80,7 +80,7 @@ class ActorMesh(ShapeOps):
         return [*super().__dir__(), *self._info.endpoints]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from viceroy.runtime.actors.host import _actor_mesh_from_wire
+        from viceroy.runtime.actors.rank_client import _actor_mesh_from_wire
 
         return _actor_mesh_from_wire, (self._info, self._shape.dims, self._shape.ranks)
 

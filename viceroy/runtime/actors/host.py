@@ -3,15 +3,15 @@ message and never blocks: each actor has its own thread and event loop, and a FI
 messages, so one actor handles its messages in order while other actors, and %%mesh cells on
 the main thread, go on.
 
-An actor mesh passed to an actor arrives here as an `ActorMesh` whose client is `RankClient`:
-its calls go to the controller as requests, which sends them on and replies."""
+An actor mesh passed to an actor arrives as an `ActorMesh` whose client is
+`rank_client.RankClient`: its calls go to the controller as requests, which sends them on and
+replies (the replies come here, kind "reply")."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import inspect
-import itertools
 import threading
 from collections import deque
 from typing import Any
@@ -19,19 +19,14 @@ from typing import Any
 from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize, shm
 from viceroy.runtime.actors import output, plain
-from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult
-from viceroy.runtime.errors import MeshError
+from viceroy.runtime.actors.rank_client import resolve_reply
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
-from viceroy.runtime.future import Future
-from viceroy.runtime.shape import Shape
 
-REQUEST = "viceroy.actors.request"
 ONEWAY_ERROR = "viceroy.actors.oneway_error"
 ONEWAY = 0  # the call id of broadcasts: nothing is sent back, unless it fails
 
 _rank: Any = None  # the Rank object, set on the first actor message
 _actors: dict[str, ActorHost] = {}
-_replies: dict[int, Future[Any]] = {}
 _lock = threading.Lock()
 
 
@@ -45,7 +40,7 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             data = shm.restore(data, header["shm"], rank.token, unlink=False)
         if kind == "reply":
             _ok(call_id)
-            _resolve_reply(header["req"], signed, data)
+            resolve_reply(header["req"], signed, data)
             return
         if kind == "spawn":
             output.install(rank._send_output)
@@ -64,6 +59,9 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
                    "(it was stopped, or never started here)", "", (header["actor"], header.get("ep", "")))
         elif kind == "call":
             host_.post((call_id, "call", header["ep"], signed, data, call_id == ONEWAY))
+        elif kind == "batch":  # queued broadcasts, sent together (see oneway.py)
+            host_.post_many([(ONEWAY, "call", ep, [payload], [], True)
+                             for ep, payload in zip(header["eps"], signed, strict=True)])
         elif kind == "supervise":
             host_.post((call_id, "supervise", None, signed, data, False))
         elif kind == "stop":
@@ -99,11 +97,15 @@ class ActorHost:
         threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
 
     def post(self, msg: Any) -> None:
+        self.post_many([msg])
+
+    def post_many(self, msgs: list[Any]) -> None:
         with self.qlock:
             if self.stopped:
-                self._refuse(msg)
+                for msg in msgs:
+                    self._refuse(msg)
                 return
-            self.queue.append(msg)
+            self.queue.extend(msgs)
             idle, self.idle = self.idle, None
         if idle == "thread":
             self.bell.release()
@@ -323,70 +325,3 @@ def _error(call_id: int, etype: str, summary: str, tb: str = "", where: tuple[st
         return
     _rank._send_result({"id": call_id, "ok": False, "kind": "error", "etype": etype, "summary": summary,
                         "tb": tb}, [], [])
-
-
-# --- actor meshes used from a rank ----------------------------------------------------------
-
-class RankClient:
-    """Sends a rank's calls on actor meshes to the controller, which relays them (one hop
-    more than direct, but the controller stays the one place that knows which actors live)."""
-
-    _ids = itertools.count(1)
-
-    def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
-               args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
-        payload, bufs = plain.dumps((args, kwargs))
-        req = next(self._ids)
-        fut: Future[Any] = Future(-1)
-        if adverb != "broadcast":
-            with _lock:
-                _replies[req] = fut
-        request = {"req": req, "actor": info.id, "name": info.cls_name, "dims": shape.dims,
-                   "ranks": list(shape.ranks), "ep": endpoint, "adverb": "call" if adverb == "stream" else adverb,
-                   "args": payload, "bufs": [bytes(b.raw()) for b in bufs]}
-        context_mod.context()._publish(REQUEST, request)
-        if adverb == "stream" and on_result is not None:  # on a rank, stream yields when all answered
-            def feed(f: Future[Any]) -> None:
-                if f.exception() is None:
-                    for r, v in f.get().by_rank().items():
-                        on_result(r, True, v)
-            fut.add_done_callback(feed)
-        if adverb == "broadcast":
-            fut._set_result(None)
-        return fut
-
-    def control(self, info: ActorMeshInfo) -> Any:
-        raise RuntimeError(
-            f"stop, restart and failures of actor mesh {info.cls_name} are for its owner on the "
-            "controller, not for an actor on a rank"
-        )
-
-
-def _resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:
-    with _lock:
-        fut = _replies.pop(req, None)
-    if fut is None:
-        return
-    outcome = serialize.loads(signed[0], data)
-    if outcome[0] == "ok":
-        fut._set_result(outcome[1])
-    elif outcome[0] == "mesh_error":
-        fut._set_exception(MeshError(*outcome[1:]))
-    else:
-        fut._set_exception(outcome[1])
-
-
-def _actor_mesh_from_wire(info: ActorMeshInfo, dims: dict[str, int], ranks: tuple[int, ...]) -> ActorMesh:
-    """Unpickling an actor mesh: on a rank it calls through the controller; on the controller
-    it is the controller's own again."""
-    shape = Shape(dims, ranks)
-    if context_mod._current is not None:
-        if context_mod._current.mesh_token != info.token:
-            raise ValueError(f"actor mesh {info.cls_name} belongs to another mesh than this rank's")
-        return ActorMesh(info, shape, RankClient())
-    from viceroy.runtime.actors.registry import registry_for_token
-
-    reg = registry_for_token(info.token)
-    if reg is None:
-        raise ValueError(f"actor mesh {info.cls_name} belongs to a mesh that is not running here")
-    return reg.mesh(info, shape)

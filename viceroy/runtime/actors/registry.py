@@ -13,6 +13,7 @@ from typing import Any
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
+from viceroy.runtime.actors.oneway import Oneway
 from viceroy.runtime.actors.supervision import ActorFailure, deliver
 from viceroy.runtime.controller import Controller, Event
 from viceroy.runtime.errors import MeshError, RankFailure
@@ -23,6 +24,8 @@ from viceroy.runtime.values import ValueMesh
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
 ONEWAY_ERROR = "viceroy.actors.oneway_error"  # ... and for broadcasts that raised
 STOP_TIMEOUT_S = 10.0
+_SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait for
+_SENT._set_result(None)
 
 
 class ActorRecord:
@@ -42,6 +45,7 @@ class ActorRecord:
         self._keys = itertools.count()
         self._turn = itertools.count()
         self._lock = threading.Lock()
+        self.oneway = Oneway(controller, info.id)  # broadcasts, coalesced
 
     @property
     def name(self) -> str:
@@ -99,10 +103,9 @@ class ActorRecord:
                 fut.get()
             return fut
         if adverb == "broadcast":
-            self._send_oneway(shape, {"a": "call", "actor": self.info.id, "ep": endpoint}, signed, data)
-            sent: Future[Any] = Future()
-            sent._set_result(None)
-            return sent
+            self.oneway.send(tuple(shape.ranks), endpoint, signed, data)
+            return _SENT
+        self.oneway.flush()  # queued broadcasts to these actors go first
 
         def result(rank: int, ok: bool, value: Any) -> None:
             with self._lock:
@@ -121,12 +124,6 @@ class ActorRecord:
         fut.add_done_callback(finished)
         return fut
 
-    def _send_oneway(self, shape: Shape, extra: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
-        """A message no rank answers (call id 0): no call to track, no results to collect, so
-        broadcasts pipeline. Errors come back as publish events (see Registry._on_event).
-        """
-        self.controller.send_oneway("actor", shape.ranks, extra, signed, data)
-
     def on_oneway_error(self, rank: int, endpoint: str, summary: str, tb: str) -> None:
         deliver(self, ActorFailure(self.label(self.shape), (rank,), "error", f"{self.name}.{endpoint}: {summary}", tb),
                 False)
@@ -139,6 +136,7 @@ class ActorRecord:
             return failed_future(f"{self.name}.__supervise__", {
                 r: RankFailure("unavailable", "the owner's actor is gone") for r in shape.ranks})
         signed, data = self.pack((failure,), {}, f"{self.name}.__supervise__")
+        self.oneway.flush()
         return self.controller.submit("actor", Shape({"ranks": len(live)}, live),
                                       {"a": "supervise", "actor": self.info.id}, signed, data,
                                       label=f"{self.name}.__supervise__", fail_fast=False)
@@ -179,6 +177,7 @@ class ActorRecord:
             for r in shape.ranks:
                 self.status[r] = "stopped"
         if live and not self.controller.closed:
+            self.oneway.flush()
             fut = self.controller.submit("actor", Shape({"ranks": len(live)}, live),
                                          {"a": "stop", "actor": self.info.id}, label=f"stop {self.name}",
                                          fail_fast=False, timeout=STOP_TIMEOUT_S)

@@ -1,0 +1,89 @@
+"""Actor meshes used from a rank: an `ActorMesh` unpickled on a rank (passed to an actor, or in
+an endpoint's arguments) gets a `RankClient`, which sends its calls to the controller as
+requests; the controller sends them on like its own calls and replies to the rank, where
+`resolve_reply` settles the waiting `Future` (``.get()`` in sync endpoints, ``await`` in async
+ones)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from viceroy.runtime import context as context_mod
+from viceroy.runtime import serialize
+from viceroy.runtime.actors import plain
+from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult
+from viceroy.runtime.errors import MeshError
+from viceroy.runtime.future import Future
+from viceroy.runtime.shape import Shape
+
+REQUEST = "viceroy.actors.request"  # kind of the publish events that carry the requests
+
+_replies: dict[int, Future[Any]] = {}
+_lock = threading.Lock()
+
+
+class RankClient:
+    """Sends a rank's calls on actor meshes to the controller, which relays them (one hop
+    more than direct, but the controller stays the one place that knows which actors live)."""
+
+    _ids = itertools.count(1)
+
+    def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
+               args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
+        payload, bufs = plain.dumps((args, kwargs))
+        req = next(self._ids)
+        fut: Future[Any] = Future(-1)
+        if adverb != "broadcast":
+            with _lock:
+                _replies[req] = fut
+        request = {"req": req, "actor": info.id, "name": info.cls_name, "dims": shape.dims,
+                   "ranks": list(shape.ranks), "ep": endpoint, "adverb": "call" if adverb == "stream" else adverb,
+                   "args": payload, "bufs": [bytes(b.raw()) for b in bufs]}
+        context_mod.context()._publish(REQUEST, request)
+        if adverb == "stream" and on_result is not None:  # on a rank, stream yields when all answered
+            def feed(f: Future[Any]) -> None:
+                if f.exception() is None:
+                    for r, v in f.get().by_rank().items():
+                        on_result(r, True, v)
+            fut.add_done_callback(feed)
+        if adverb == "broadcast":
+            fut._set_result(None)
+        return fut
+
+    def control(self, info: ActorMeshInfo) -> Any:
+        raise RuntimeError(
+            f"stop, restart and failures of actor mesh {info.cls_name} are for its owner on the "
+            "controller, not for an actor on a rank"
+        )
+
+
+def resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:
+    with _lock:
+        fut = _replies.pop(req, None)
+    if fut is None:
+        return
+    outcome = serialize.loads(signed[0], data)
+    if outcome[0] == "ok":
+        fut._set_result(outcome[1])
+    elif outcome[0] == "mesh_error":
+        fut._set_exception(MeshError(*outcome[1:]))
+    else:
+        fut._set_exception(outcome[1])
+
+
+def _actor_mesh_from_wire(info: ActorMeshInfo, dims: dict[str, int], ranks: tuple[int, ...]) -> ActorMesh:
+    """Unpickling an actor mesh: on a rank it calls through the controller; on the controller
+    it is the controller's own again."""
+    shape = Shape(dims, ranks)
+    if context_mod._current is not None:
+        if context_mod._current.mesh_token != info.token:
+            raise ValueError(f"actor mesh {info.cls_name} belongs to another mesh than this rank's")
+        return ActorMesh(info, shape, RankClient())
+    from viceroy.runtime.actors.registry import registry_for_token
+
+    reg = registry_for_token(info.token)
+    if reg is None:
+        raise ValueError(f"actor mesh {info.cls_name} belongs to a mesh that is not running here")
+    return reg.mesh(info, shape)
