@@ -105,3 +105,39 @@ def _readme_target() -> str | None:
     import os
 
     return os.environ.get("VICEROY_README_SCREENSHOT")
+
+
+def set_cell(page: Any, index: int, source: str) -> None:
+    page.evaluate(
+        """([i, src]) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                           nb.widgets[i].model.sharedModel.setSource(src); }""",
+        [index, source],
+    )
+
+
+def test_panel_follows_a_kernel_restart(lab: LabServer, page: Any, artifacts: Path) -> None:
+    """The side panel drops the mesh when the kernel restarts and reopens its comm after."""
+    from playwright.sync_api import expect
+
+    write_notebook(lab.root / "restart.ipynb", ["%mesh up gpus=2"])
+    page.goto(lab.page_url("/lab/tree/restart.ipynb"), wait_until="domcontentloaded")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    page.evaluate("window.jupyterapp.commands.execute('viceroy:open-mesh-panel')")
+    panel = page.locator("#viceroy-mesh-panel")
+    status = page.locator(".viceroy-statusbar")
+    expect(panel.locator(".viceroy-summary")).to_have_text("no mesh", timeout=30_000)
+    run_cell(page, 0)
+    expect(panel.locator(".viceroy-tile")).to_have_count(2, timeout=60_000)
+    expect(status).to_have_text("mesh 2/2 · idle", timeout=30_000)
+
+    page.evaluate(
+        "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()"
+    )
+    expect(panel.locator(".viceroy-tile")).to_have_count(0, timeout=30_000)
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    set_cell(page, 0, "%mesh up gpus=3")
+    run_cell(page, 0)
+    expect(panel.locator(".viceroy-tile")).to_have_count(3, timeout=60_000)
+    expect(panel.locator(".viceroy-summary")).to_have_text("mesh 3/3 · idle", timeout=30_000)
+    expect(status).to_have_text("mesh 3/3 · idle")
+    panel.screenshot(path=str(artifacts / "mesh-view-after-restart.png"))
