@@ -47,6 +47,7 @@ CONTROLLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_agents_of_a_frozen_controller_take_their_ranks_down():
     """The stdin lifeline only sees a controller that died; heartbeats also see one that hangs
     (or a link that never comes back)."""

@@ -105,6 +105,7 @@ def test_bad_keys_are_explained(tmp_path):
     assert "no mesh key: pass --key-file FILE (a 0600 file) or set $VICEROY_MESH_KEY" in p.stderr.read()
 
 
+@pytest.mark.slow  # a controller waits out its startup timeout
 def test_an_agent_with_another_key_is_ignored_and_says_why(tmp_path):
     port = _port()
     mine, theirs = tmp_path / "mine.key", tmp_path / "theirs.key"
@@ -139,6 +140,7 @@ CONTROLLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_controller_death_leaves_no_attached_agent_or_rank(tmp_path):
     key_file, port = str(tmp_path / "mesh.key"), _port()
     ctrl = subprocess.Popen([sys.executable, "-c", CONTROLLER, f"127.0.0.1:{port}", key_file], stdout=subprocess.PIPE, text=True)

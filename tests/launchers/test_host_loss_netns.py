@@ -46,6 +46,7 @@ def test_each_host_is_its_own_namespace_and_traffic_crosses_its_link(ns_hosts):
         mesh.shutdown()
 
 
+@pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_a_cut_link_fails_the_call_naming_the_host_and_restart_brings_it_back(ns_hosts):
     mesh = _mesh(ns_hosts, gpus=2)
     try:
@@ -96,6 +97,7 @@ def test_a_killed_agent_fails_the_call_naming_the_host_and_restart_brings_it_bac
         mesh.shutdown()
 
 
+@pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restart(ns_hosts, tmp_path):
     """Attach mode over real links: the controller listens on its own address; agents in each
     namespace connect to it. A cut host is given up; its agent, cut off, stops its ranks; a new

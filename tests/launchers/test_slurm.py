@@ -17,8 +17,6 @@ import pytest
 import viceroy as vr
 from tests.conftest import live_pids, wait_running, wait_until
 
-pytestmark = pytest.mark.slow  # a real cluster: ~10 s to start; CI runs the slow tier
-
 
 def _remote(mesh):
     """Every agent and rank pid (they hang off slurmstepd, not off us)."""
