@@ -12,7 +12,7 @@ import {
 } from '@jupyterlab/application';
 import { ICommandPalette, InputDialog } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
-import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { Kernel, KernelMessage, KernelSpec } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Signal } from '@lumino/signaling';
@@ -184,7 +184,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
 
     const connect = async (kernel: Kernel.IKernelConnection): Promise<void> => {
-      let spec: Kernel.IKernelConnection['spec'] extends Promise<infer S> ? S : never;
+      let spec: KernelSpec.ISpecModel | undefined;
       try {
         spec = await kernel.spec;
       } catch {
