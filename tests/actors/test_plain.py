@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import viceroy as vr
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 
@@ -34,3 +35,26 @@ def test_both_paths_read_back_with_serialize_loads():
             assert back[0][0].x == 3 and back[0][1](1) == 2
         else:
             assert back == value
+
+
+def test_scalar_arguments_go_inline_and_keep_their_types():
+    assert plain.inline((1, 2.0, True, None, "s"), {"by": -0.0}) == {"args": [1, 2.0, True, None, "s"],
+                                                                     "kw": {"by": -0.0}}
+    assert plain.inline(((1,),), {}) is None  # a tuple would come back a list: pickled
+    assert plain.inline((np.float32(1),), {}) is None
+    assert plain.inline(("x" * 5000,), {}) is None
+
+
+class Echo(vr.Actor):
+    @vr.endpoint
+    def types(self, *args: object, **kwargs: object) -> list[tuple[str, object]]:
+        return [(type(v).__name__, v) for v in (*args, *kwargs.values())]
+
+
+def test_inline_and_pickled_arguments_arrive_the_same(start_mesh):
+    mesh = start_mesh(gpus=1)
+    echo = mesh.spawn(Echo)
+    got = echo.types.call_one(1, 2.0, True, None, "s", big=2**70, nan=float("inf")).get()
+    assert got == [("int", 1), ("float", 2.0), ("bool", True), ("NoneType", None), ("str", "s"),
+                   ("int", 2**70), ("float", float("inf"))]
+    assert echo.types.call_one((1, 2), [3]).get() == [("tuple", (1, 2)), ("list", [3])]

@@ -58,7 +58,8 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             _error(call_id, "RuntimeError", f"RuntimeError: no actor {header['actor']!r} on rank {rank.rank} "
                    "(it was stopped, or never started here)", "", (header["actor"], header.get("ep", "")))
         elif kind == "call":
-            host_.post((call_id, "call", header["ep"], signed, data, call_id == ONEWAY))
+            args = (tuple(header["args"]), header["kw"]) if "args" in header else signed  # see plain.inline
+            host_.post((call_id, "call", header["ep"], args, data, call_id == ONEWAY))
         elif kind == "batch":  # queued broadcasts, sent together (see oneway.py)
             host_.post_many([(ONEWAY, "call", ep, [payload], [], True)
                              for ep, payload in zip(header["eps"], signed, strict=True)])
@@ -196,7 +197,7 @@ class ActorHost:
         output.begin(call_id)
         self.running[call_id] = None
         try:
-            args, kwargs = serialize.loads(signed[0], data)
+            args, kwargs = _arguments(signed, data)
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
                 task = self.running[call_id] = asyncio.ensure_future(value, loop=self.loop)
@@ -216,7 +217,7 @@ class ActorHost:
         output.begin(call_id)
         self.running[call_id] = asyncio.current_task()
         try:
-            args, kwargs = serialize.loads(signed[0], data)
+            args, kwargs = _arguments(signed, data)
             value = await fn(*args, **kwargs)
         except asyncio.CancelledError:
             self._end_interrupted(call_id)
@@ -274,6 +275,14 @@ class ActorHost:
             return
         output.end(_rank._send_output)
         _ok(call_id)
+
+
+def _arguments(signed: Any, data: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) of a call: already decoded from the header, or pickled in its frames."""
+    if isinstance(signed, tuple):
+        return signed
+    args, kwargs = serialize.loads(signed[0], data)
+    return args, kwargs
 
 
 def _restore_filenames(cls: type, files: dict[str, str]) -> None:

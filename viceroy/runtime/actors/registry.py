@@ -80,7 +80,9 @@ class ActorRecord:
             )
 
     def send(self, shape: Shape, endpoint: str, adverb: str, signed: list[Any], data: list[Any],
-             on_result: OnResult | None = None) -> Future[Any]:
+             on_result: OnResult | None = None, fields: dict[str, Any] | None = None) -> Future[Any]:
+        """One message per actor of `shape`. The arguments are pickled in `signed`/`data`, or
+        inline in the header (`fields`, see plain.inline)."""
         what = f"{self.name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})")
         with self._lock:
             if adverb == "choose":
@@ -113,7 +115,7 @@ class ActorRecord:
             if on_result is not None:
                 on_result(rank, ok, value)
 
-        extra = {"a": "call", "actor": self.info.id, "ep": endpoint}
+        extra = {"a": "call", "actor": self.info.id, "ep": endpoint, **(fields or {})}
         fut = self.controller.submit("actor", shape, extra, signed, data, label=what, fail_fast=False,
                                      on_result=result)
 
@@ -236,6 +238,9 @@ class Registry:
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
         record = self.control(info)
         record.check_callable(shape)
+        fields = plain.inline(args, kwargs) if adverb != "broadcast" else None  # broadcasts batch pickles
+        if fields is not None:
+            return record.send(shape, endpoint, adverb, [], [], on_result, fields)
         signed, data = record.pack(args, kwargs, f"{record.name}.{endpoint}")
         return record.send(shape, endpoint, adverb, signed, data, on_result)
 
