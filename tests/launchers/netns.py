@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 CONTROLLER_ADDR = "10.213.0.1"
 _LOCK = "/tmp/viceroy-netns-10.213.lock"
+_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 
 
 def skip_reason() -> str | None:
@@ -63,6 +64,12 @@ class Hosts:
             # route (out of this machine): it is unreachable, at once.
             ip("route", "add", "unreachable", "10.213.0.0/16")
             self._made.append(("route", "10.213.0.0/16"))
+            # Hosts reach each other through the root namespace, as through a switch (rank 0's
+            # rendezvous); the previous setting comes back in `close`.
+            with open(_FORWARD) as f:
+                self._made.append(("forward", f.read().strip()))
+            with open(_FORWARD, "w") as f:
+                f.write("1")
             for i in range(1, self.n + 1):
                 ns, root, inner = self.ns(i), self.root_end(i), f"vr{self.tag}n{i}"
                 ip("netns", "add", ns)
@@ -99,6 +106,9 @@ class Hosts:
         for kind, name in reversed(self._made):
             if kind == "netns":
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            elif kind == "forward":
+                with open(_FORWARD, "w") as f:
+                    f.write(name)
             elif kind == "route":
                 subprocess.run(["ip", "route", "del", "unreachable", name], capture_output=True)
             elif kind == "addr":

@@ -42,6 +42,13 @@ def test_each_host_is_its_own_namespace_and_traffic_crosses_its_link(ns_hosts):
         mesh.run("x = bytes(100_000)\nlen(x)")
         after = [ns_hosts.net.bytes_through(i) for i in (1, 2)]
         assert all(a - b > 1000 for a, b in zip(after, before, strict=True))
+        # torch.distributed's rendezvous is rank 0's, on host 0, and the other host reaches it
+        assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == ["10.213.1.2"] * 4
+        rank0 = mesh.slice(hosts=0, gpus=0)
+        rank0.run("import os, socket\nsrv = socket.create_server((os.environ['MASTER_ADDR'], 0))")
+        port = rank0.run("srv.getsockname()[1]").values()[0]
+        reach = f"import os, socket\nsocket.create_connection((os.environ['MASTER_ADDR'], {port}), timeout=5).close()"
+        mesh.slice(hosts=1, gpus=1).run(reach)
     finally:
         mesh.shutdown()
 
@@ -116,6 +123,8 @@ def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restar
         try:
             nets = mesh.run("import os\nos.readlink('/proc/self/ns/net')").values()
             assert nets[0] != nets[1]
+            # host 0's address, as its agent reached the controller, is the rendezvous
+            assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == ["10.213.1.2"] * 2
             fut = mesh.run("import time\ntime.sleep(60)", block=False)
             wait_running(mesh, "time.sleep")
             t0 = time.monotonic()

@@ -127,6 +127,7 @@ class AttachLauncher(Launcher):
         self._signer = Signer(self.mesh_key)
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
         self._answered: dict[tuple[Any, Any], list[Any]] = {}
+        self._master: str | None = None  # host 0's address, as its agent reached us
         self._lock = threading.Lock()
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -174,18 +175,22 @@ class AttachLauncher(Launcher):
             while not self._closed:
                 if not self._sock.poll(200):
                     continue
-                ident, *frames = self._sock.recv_multipart()
+                ident, *frames = self._sock.recv_multipart(copy=False)
                 try:
                     header, _, _ = self._signer.unpack(frames)
                 except BadMessage:
                     continue  # not signed with the mesh key: dropped unread
                 if header.get("op") == "attach":
-                    self._sock.send_multipart([ident, *self._answer(header)])
+                    try:
+                        peer = str(frames[0].get("Peer-Address"))  # where the agent came from
+                    except zmq.ZMQError:
+                        peer = None
+                    self._sock.send_multipart([ident, *self._answer(header, peer)])
         finally:
             self._sock.close()
             self._ctx.term()
 
-    def _answer(self, req: dict[str, Any]) -> list[Any]:
+    def _answer(self, req: dict[str, Any], peer: str | None) -> list[Any]:
         who = (req.get("hostname"), req.get("pid"))
         with self._lock:
             if who in self._answered:  # a retry whose first answer is still on its way
@@ -197,10 +202,18 @@ class AttachLauncher(Launcher):
             if not self._pending:
                 return self._signer.pack({"op": "refused", "why": "every host of this mesh has an agent already"})
             h = want if want is not None else min(self._pending)
+            if h != 0 and 0 in self._pending and self._master is None:
+                # torch.distributed's rendezvous is on rank 0: other hosts learn its address
+                # from host 0's agent, so they wait for it (they ask again)
+                return self._signer.pack({"op": "wait"})
             config, agent = self._pending.pop(h)
+            if h == 0 and peer:
+                self._master = peer
         agent.attached_from = f"{req.get('hostname', '?')}, pid {req.get('pid', '?')}"
         agent.label = f"host {h} ({agent.attached_from}, attached)"
         cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
+        if self._master:
+            cfg["env"] = {**cfg.get("env", {}), "MASTER_ADDR": self._master}
         reply = self._signer.pack({"op": "config"}, [json.dumps(cfg).encode()])
         with self._lock:
             self._answered[who] = reply
@@ -233,6 +246,12 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
                 header, signed, _ = signer.unpack(sock.recv_multipart())
                 if header.get("op") == "refused":
                     raise RuntimeError(f"the controller at {host}:{port} refused this agent: {header['why']}")
+                if header.get("op") == "wait" and time.monotonic() < deadline:  # host 0 first
+                    time.sleep(0.2)
+                    continue
+                if header.get("op") == "wait":
+                    raise TimeoutError(f"the controller at {host}:{port} is still waiting for host 0's agent "
+                                       f"after {wait:.0f} s (host 0 attaches first: its address is the rendezvous)")
                 cfg: dict[str, Any] = json.loads(bytes(signed[0]))
                 break
             if time.monotonic() > deadline:

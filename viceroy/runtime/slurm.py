@@ -134,6 +134,8 @@ class SlurmLauncher(Launcher):
         ]
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        # torch.distributed's rendezvous is on rank 0, on the first node
+        config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self.nodes[0]}}
         agent = start_child_agent(self.srun_argv(host.index), config, host.index, env=agent_env())
         agent.label = f"host {host.index} ({self.node_of(host.index)}, Slurm job {self.job_id})"
         return agent

@@ -52,6 +52,7 @@ class SshLauncher(Launcher):
 
     def __post_init__(self) -> None:
         self.hosts = [h if isinstance(h, SshHost) else SshHost(h) for h in self.hosts]
+        self._master: str | None = None
         if not self.hosts:
             raise ValueError("the ssh launcher needs at least one host")
 
@@ -110,9 +111,25 @@ class SshLauncher(Launcher):
             lines.append(f"{host.address}:{dest}" + (f" (would copy {files} file(s))" if dry_run else ""))
         return lines
 
+    def real_hostname(self, host: SshHost) -> str:
+        """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
+        import subprocess
+
+        try:
+            out = subprocess.run([*self.ssh_base(), "-G", host.address], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        names = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith("hostname ")]
+        return names[0] if names else host.address.rpartition("@")[2]
+
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
+        if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
+            first = self.hosts[0]
+            assert isinstance(first, SshHost)
+            self._master = self.real_hostname(first)
+        config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self._master}}
         agent = start_child_agent(self.ssh_argv(target), config, host.index)
         agent.label = f"host {host.index} ({target.address}, via ssh)"
         return agent
