@@ -147,6 +147,9 @@ def main() -> None:
           f"{os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "monarch", "monarch/us", "ray", "ray/us", "baselines (same run)")))
     print("\nmonarch/us, ray/us: how many times faster viceroy is (>1: viceroy faster).")
+    print("each round (latencies in us, rates in msg/s): " + "; ".join(
+        f"{k} {'/'.join(f'{v:.0f}' if 'rate' in k else f'{v * 1e6:.0f}' for v in acc[k])}"
+        for k in sorted(acc) if not k.startswith("zmq")))
     for name, why in {**{k: v for k, v in status.items() if v}, **failed}.items():
         print(f"{name}: not measured: {why}")
 
