@@ -18,7 +18,7 @@ import viceroy as vr
 from tests.conftest import live_pids, wait_running, wait_until
 
 
-@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
 def test_a_frozen_or_killed_agent_loses_its_host_within_5s(start_mesh, sig):
     mesh = start_mesh(hosts=2, gpus=2)
     mesh.run("x = rank")

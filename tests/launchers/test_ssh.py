@@ -120,3 +120,16 @@ def test_the_magic_starts_an_ssh_mesh_from_a_hostfile(sshd, tmp_path, monkeypatc
         assert mesh.run("coords").values() == [{"hosts": 0, "gpus": 0}, {"hosts": 1, "gpus": 0}]
     finally:
         session.close()
+
+
+def test_a_controller_on_every_interface_is_reached_where_the_launcher_came_from():
+    from viceroy.runtime.attach import reach_controller
+
+    cfg = {"host": 1, "controller_in": "tcp://0.0.0.0:5001", "controller_out": "tcp://0.0.0.0:5002"}
+    via_ssh = reach_controller(cfg, {"SSH_CONNECTION": "10.1.2.3 52000 10.1.2.9 22"})
+    assert (via_ssh["controller_in"], via_ssh["controller_out"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
+    assert reach_controller(cfg, {"SLURM_SRUN_COMM_HOST": "10.9.9.9"})["controller_in"] == "tcp://10.9.9.9:5001"
+    named = {**cfg, "controller_in": "tcp://10.0.0.1:5001", "controller_out": "tcp://10.0.0.1:5002"}
+    assert reach_controller(named, {"SSH_CONNECTION": "10.1.2.3 52000 10.1.2.9 22"}) == named
+    with pytest.raises(SystemExit, match=r"listens on 0\.0\.0\.0, every interface"):
+        reach_controller(cfg, {})

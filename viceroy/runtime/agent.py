@@ -400,7 +400,9 @@ def main() -> None:
     line = sys.stdin.readline()
     if not line:
         sys.exit("viceroy agent: expected a configuration line on stdin")
-    Agent(json.loads(line)).run()
+    from viceroy.runtime.attach import reach_controller
+
+    Agent(reach_controller(json.loads(line), dict(os.environ))).run()
 
 
 if __name__ == "__main__":

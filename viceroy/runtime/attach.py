@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import threading
 import time
 from typing import Any
@@ -221,6 +222,29 @@ class AttachLauncher(Launcher):
 
 
 # --- the agent's side ------------------------------------------------------------------------
+
+_ANY = ("0.0.0.0", "*", "[::]", "::")
+
+
+def reach_controller(cfg: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """A controller listening on every interface (``--listen 0.0.0.0``) is reached at the
+    address this host's launcher came from: ssh's client ($SSH_CONNECTION), srun's host
+    ($SLURM_SRUN_COMM_HOST)."""
+    out = dict(cfg)
+    for k in ("controller_in", "controller_out"):
+        scheme, _, rest = cfg[k].partition("://")
+        host, _, port = rest.rpartition(":")
+        if scheme != "tcp" or host not in _ANY:
+            continue
+        ssh_client = env.get("SSH_CONNECTION", "").split()[:1]
+        origin = ssh_client[0] if ssh_client else env.get("SLURM_SRUN_COMM_HOST")
+        if not origin:
+            sys.exit(f"viceroy agent (host {cfg.get('host')}): the controller listens on {host}, every "
+                     "interface, and this agent cannot tell which address reaches it; give the controller "
+                     "an address these hosts can reach (--listen ADDR / interface=ADDR)")
+        out[k] = f"tcp://{origin}:{port}"
+    return out
+
 
 
 def request_config(addr: str, key: bytes, want: int | None = None, wait: float = 60.0) -> dict[str, Any]:
