@@ -118,13 +118,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
 
     const status = new MeshStatus(openPanel);
+    const hasMesh = (): boolean => client !== null && client.connected && view.store.hasState;
+    let active = false;
     const refreshStatus = (): void => {
       const summary = view.store.summary;
       status.setSummary(summaryText(summary), summary.failed, summary.running);
+      if (hasMesh() !== active) {
+        active = !active;
+        activeChanged.emit();
+      }
       app.commands.notifyCommandChanged();
     };
     view.store.subscribe(() => refreshStatus());
-    const hasMesh = (): boolean => client !== null && client.connected && view.store.hasState;
     statusBar?.registerStatusItem('viceroy-labextension:status', {
       item: status,
       align: 'left',
@@ -141,7 +146,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       view.setSend(null);
       view.clear();
-      activeChanged.emit();
       refreshStatus();
     };
 
@@ -212,7 +216,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
           view.setSend(null);
           view.clear();
         }
-        activeChanged.emit();
         refreshStatus();
       });
     };

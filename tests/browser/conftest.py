@@ -209,9 +209,18 @@ def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> 
 
 
 @pytest.fixture
-def lab(lab_server: LabServer) -> Iterator[LabServer]:
-    """The shared server; each test's kernels (and their meshes) are stopped after it."""
+def lab(
+    lab_server: LabServer, artifacts: Path, request: pytest.FixtureRequest
+) -> Iterator[LabServer]:
+    """The shared server; each test's kernels (and their meshes) are stopped after it. The
+    server's log (with the kernels' stderr) is kept when the test fails."""
+    start = lab_server.log.stat().st_size
     yield lab_server
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        with open(lab_server.log, "rb") as f:
+            f.seek(start)
+            (artifacts / f"{request.node.name}-server.log").write_bytes(f.read())
     lab_server.shutdown_kernels()
 
 

@@ -19,11 +19,12 @@ FAIL_ON_2 = "%%mesh --no-fail-fast\nif rank == 2:\n    1/0\nprint('rank', rank, 
 
 
 def run_cell(page: Any, index: int) -> None:
-    """Select cell `index` of the current notebook and run it (through the app's commands)."""
+    """Select cell `index` of the current notebook and start running it (through the app's
+    commands); returns at once, without waiting for the cell to finish."""
     page.evaluate(
         """(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
                     nb.activeCellIndex = i;
-                    return window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+                    void window.jupyterapp.commands.execute('notebook:run-cell'); }""",
         index,
     )
 
@@ -141,3 +142,82 @@ def test_panel_follows_a_kernel_restart(lab: LabServer, page: Any, artifacts: Pa
     expect(panel.locator(".viceroy-summary")).to_have_text("mesh 3/3 · idle", timeout=30_000)
     expect(status).to_have_text("mesh 3/3 · idle")
     panel.screenshot(path=str(artifacts / "mesh-view-after-restart.png"))
+
+
+def open_commands_notebook(lab: LabServer, page: Any, name: str, cells: list[str]) -> Any:
+    write_notebook(lab.root / name, cells)
+    page.goto(lab.page_url(f"/lab/tree/{name}"), wait_until="domcontentloaded")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    command(page, "viceroy:open-mesh-panel")
+    return page.locator("#viceroy-mesh-panel")
+
+
+def command(page: Any, name: str, args: dict[str, Any] | None = None) -> None:
+    """Run a command as the palette does (without waiting for what it starts)."""
+    page.evaluate(
+        "([id, args]) => { void window.jupyterapp.commands.execute(id, args); }", [name, args or {}]
+    )
+
+
+def test_palette_commands(lab: LabServer, page: Any, artifacts: Path) -> None:
+    """Restart failed ranks and show a rank's log: the Viceroy commands, as the palette runs
+    them, acting through the side panel's comm."""
+    from playwright.sync_api import expect
+
+    cells = [
+        "%mesh up gpus=2",
+        "%%mesh\nprint('hello from', rank, flush=True)",
+        "%%mesh --ranks 1\nimport os\nos._exit(3)",
+    ]
+    panel = open_commands_notebook(lab, page, "commands.ipynb", cells)
+    run_cell(page, 0)
+    expect(panel.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)
+    run_cell(page, 1)
+    expect(panel.locator(".viceroy-tile[data-state='done']")).to_have_count(2, timeout=30_000)
+    page.wait_for_function(kernel_idle_js(), timeout=30_000)
+
+    run_cell(page, 2)
+    expect(panel.locator(".viceroy-tile[data-rank='1']")).to_have_attribute(
+        "data-state", "dead", timeout=30_000
+    )
+    expect(panel.locator(".viceroy-summary")).to_have_text("mesh 1/2 · 1 failed")
+    expect(page.locator(".viceroy-statusbar")).to_have_text("mesh 1/2 · 1 failed")
+    page.wait_for_function(kernel_idle_js(), timeout=30_000)
+    command(page, "viceroy:restart-failed")
+    expect(panel.locator(".viceroy-notice")).to_have_text("restarted ranks 1", timeout=60_000)
+    expect(panel.locator(".viceroy-tile[data-rank='1']")).to_have_attribute(
+        "data-state", "idle", timeout=30_000
+    )
+    expect(panel.locator(".viceroy-summary")).to_have_text("mesh 2/2 · idle")
+
+    command(page, "viceroy:show-rank-log", {"rank": 0})
+    expect(panel.locator(".viceroy-detail-title")).to_have_text("rank 0 · log")
+    expect(panel.locator(".viceroy-detail-text")).to_contain_text("hello from 0", timeout=30_000)
+    panel.screenshot(path=str(artifacts / "mesh-view-commands.png"))
+
+
+@pytest.mark.xfail(
+    reason="kernel side: while a cell runs, the viceroy.mesh requests that need the mesh "
+    "(interrupt, logs, stacks) are answered only when the cell ends",
+    strict=False,
+)
+def test_interrupt_command_while_a_cell_runs(lab: LabServer, page: Any) -> None:
+    """The palette's "Interrupt the Mesh" stops a running %%mesh cell."""
+    from playwright.sync_api import expect
+
+    cells = ["%mesh up gpus=2", "%%mesh\nimport time\nprint('sleeping on', rank, flush=True)\ntime.sleep(60)"]
+    panel = open_commands_notebook(lab, page, "interrupt.ipynb", cells)
+    run_cell(page, 0)
+    expect(panel.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)
+    run_cell(page, 1)
+    expect(panel.locator(".viceroy-tile[data-state='running']")).to_have_count(2, timeout=30_000)
+    expect(page.locator(".viceroy-statusbar")).to_have_text("mesh 2/2 · running")
+    command(page, "viceroy:interrupt-mesh")
+    try:
+        expect(panel.locator(".viceroy-tile[data-state='interrupted']")).to_have_count(
+            2, timeout=20_000
+        )
+    finally:  # end the cell either way, so that the test leaves no busy kernel behind
+        page.evaluate(
+            "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.interrupt()"
+        )
