@@ -196,11 +196,6 @@ def test_palette_commands(lab: LabServer, page: Any, artifacts: Path) -> None:
     panel.screenshot(path=str(artifacts / "mesh-view-commands.png"))
 
 
-@pytest.mark.xfail(
-    reason="kernel side: while a cell runs, the viceroy.mesh requests that need the mesh "
-    "(interrupt, logs, stacks) are answered only when the cell ends",
-    strict=False,
-)
 def test_interrupt_command_while_a_cell_runs(lab: LabServer, page: Any) -> None:
     """The palette's "Interrupt the Mesh" stops a running %%mesh cell."""
     from playwright.sync_api import expect

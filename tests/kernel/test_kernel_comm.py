@@ -4,6 +4,7 @@ order, and their requests (traceback, restart) are answered."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -176,3 +177,42 @@ def test_the_widget_opens_with_mesh_up_and_receives_diffs(kernel: Kernel):
     w.send({"request": "interrupt"})
     assert w.reply("interrupted")["ranks"] == [0, 1, 2, 3]
     w.until(ended(lambda s: [r["state"] for r in s["ranks"]] == ["interrupted"] * 4), "every rank interrupted")
+
+
+def test_requests_sent_on_a_subshell_are_answered_while_a_cell_runs(kernel: Kernel):
+    """JupyterLab sends comm messages on a subshell, so the panel answers while the notebook is
+    busy; the kernel must not queue them behind the running cell (ipykernel routes a comm's
+    messages to the subshell of its last reply, and ours are sent from worker threads)."""
+    kc = kernel.kc
+    kernel.ok("%mesh up gpus=2 --preload none", timeout=120)
+    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
+    subshell = kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+    def send(msg_type: str, content: dict[str, Any]) -> None:
+        msg = kc.session.msg(msg_type, content)
+        msg["header"]["subshell_id"] = subshell
+        kc.shell_channel.send(msg)
+
+    def reply_of(kind: str, what: str) -> dict[str, Any]:
+        return kernel.iopub_until(
+            lambda m: m["msg_type"] == "comm_msg" and m["content"]["data"].get("type") == kind, 30, what
+        )["content"]["data"]
+
+    comm_id = f"subshell-panel-{next(_ids)}"
+    send("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}})
+    reply_of("state", "the first snapshot")
+    kernel.ok("%%mesh\nprint('rank step', rank)")
+    reply_of("diff", "a diff, sent from the kernel's worker thread")
+    busy = kc.execute("import time\nprint('controller busy', flush=True)\ntime.sleep(60)")
+    kernel.iopub_until(
+        lambda m: m["msg_type"] == "stream" and "controller busy" in m["content"]["text"], 30, "the cell to run"
+    )
+    started = time.monotonic()
+    send("comm_msg", {"comm_id": comm_id, "data": {"request": "logs", "rank": 1}})
+    assert "rank step 1" in reply_of("logs", "the logs reply")["text"]
+    send("comm_msg", {"comm_id": comm_id, "data": {"request": "interrupt"}})
+    assert reply_of("interrupted", "the interrupt reply")["ranks"] == []  # nothing ran on the mesh
+    assert time.monotonic() - started < 10, "the replies waited for the cell"
+    kernel.km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == busy and reply["content"]["status"] == "error"

@@ -48,6 +48,17 @@ Send = Callable[[dict[str, Any]], None]
 _channels: weakref.WeakKeyDictionary[MeshSession, StateChannel] = weakref.WeakKeyDictionary()
 
 
+def route_by_header(c: Any) -> None:
+    """Let the front end's messages on comm `c` reach the subshell they were sent to.
+
+    ipykernel (7.2+) sends a comm's incoming messages to the subshell its last outgoing message
+    was published from, and a message published from any thread but a subshell's counts as the
+    main shell's. Everything here is published from worker threads, so a front end's request
+    (interrupt, logs) would wait behind the running cell. Route by the message's own header."""
+    if hasattr(c, "_reply_subshell_for"):
+        c._reply_subshell_for = lambda _data, default: default
+
+
 class FrontEnd:
     """One front end: how to reach it, its numbered `Stream`, and when it last got a message.
 
@@ -166,6 +177,7 @@ class StateChannel:
         self._requests.put((fe, data))
 
     def _on_open(self, c: Any, msg: dict[str, Any]) -> None:
+        route_by_header(c)
         fe = FrontEnd(c.send)
         c.on_msg(lambda m: self.request(fe, m["content"]["data"]))
         c.on_close(lambda m: self.detach(fe))

@@ -17,7 +17,7 @@ import itertools
 import pathlib
 from typing import Any
 
-from viceroy.extension.comm import FrontEnd, StateChannel, channel_for
+from viceroy.extension.comm import FrontEnd, StateChannel, channel_for, route_by_header
 from viceroy.extension.session import MeshSession, describe_dims
 from viceroy.extension.state import summarize
 
@@ -197,6 +197,8 @@ if HAVE_ANYWIDGET:
             fe.pending, fe.sent_at = False, channel.clock()
             self._channel, self._front_end = channel, fe
             self.on_msg(self._on_custom)
+            if self.comm is not None:
+                route_by_header(self.comm)
             channel.attach(fe)
 
         def _set_state(self, msg: dict[str, Any]) -> None:

@@ -40,6 +40,22 @@ class Call:
     def answered(self, r: int) -> bool:
         return r in self.results or r in self.failures
 
+    def complete(self) -> bool:
+        """Every rank answered (results and failures only ever hold ranks of the call, once)."""
+        return len(self.results) + len(self.failures) >= len(self.shape.ranks)
+
+    def record_value(self, r: int, payload: Any) -> None:
+        """A plain success: the pickle of the rank's value (no arrays), or None for no value."""
+        try:
+            self.results[r] = serialize.loads(payload, []) if payload is not None else None
+        except Exception as exc:
+            self.failures[r] = RankFailure(
+                "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}"
+            )
+        if self.on_result is not None:
+            ok = r in self.results
+            self.on_result(r, ok, self.results[r] if ok else self.failures[r])
+
     def record(
         self,
         item: dict[str, Any],

@@ -473,6 +473,9 @@ class Controller:
         events: list[Event] = []
         with self._lock:
             call = self._calls.get(header["id"])
+            if "done" in header:  # an agent's plain successes, in columns (see agent.aggregate)
+                si = 1
+                self._record_packed(header["id"], call, header["done"], header["packed"], signed[0], events)
             for item in header["items"]:
                 r, ns, nd = item["r"], item.get("signed", 0), len(item.get("lens", []))
                 sig, dat = signed[si : si + ns], data[di : di + nd]
@@ -489,12 +492,29 @@ class Controller:
                     f = call.failures[r]
                     done.update(kind=f.kind, summary=f.summary, tb=f.traceback)
                 events.append(done)
-            if call is not None and not call.missing():
+            if call is not None and call.complete():
                 finished.append(call)
         for ev in events:
             self._emit(ev)
         for c in finished:
             self._finish(c)
+
+    def _record_packed(self, call_id: int, call: Call | None, ranks: list[int], lens: list[int], blob: Any, events: list[Event]) -> None:
+        """Ranks that answered with a plain value: a slice of `blob` each (empty: None). Caller
+        holds the lock."""
+        view = memoryview(blob.buffer if hasattr(blob, "buffer") else blob)
+        garbled = sum(lens) != view.nbytes or len(lens) != len(ranks)  # never from our agents
+        off = 0
+        for r, n in zip(ranks, lens if not garbled else [0] * len(ranks), strict=True):
+            self._busy[r].discard(call_id)
+            piece, off = view[off : off + n], off + n
+            if call is None or call.answered(r):
+                continue
+            if garbled:
+                call.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (packed lengths do not match)")
+            else:
+                call.record_value(r, piece if n else None)
+            events.append({"type": "rank_done", "call": call_id, "rank": r, "ok": r in call.results})
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
         finished: list[Call] = []
