@@ -73,7 +73,7 @@ def test_segments_reuse_only_what_comes_back_and_drop_strangers(tmp_path):
         seg.returned([stranger, a, b])
         assert not os.path.exists(stranger)
         assert seg.free_bytes() == 2 << 20
-        big = seg.write(memoryview(bytes(4 << 20)))  # too big for either free file: a new one
+        big = seg.write(memoryview(bytes(4 << 20)))  # no free file of that size: a new one
         seg.returned([big])
         assert seg.free_bytes() <= 3 << 20  # the oldest free files were dropped
     finally:
