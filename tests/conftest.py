@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -44,14 +45,18 @@ def live_pids(pids: list[int]) -> list[int]:
     return alive
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """A test that leaves a descendant process running fails (and the process is killed)."""
+@contextlib.contextmanager
+def leaks_fail(exempt: Callable[[], set[int]] = set) -> Iterator[None]:
+    """Fail (after killing them) if descendant processes started inside the block outlive it by
+    5 s; pids `exempt()` names at the end are left alone."""
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
+
     def leftovers() -> list[psutil.Process]:
-        return [p for p in me.children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        spared = before | exempt()
+        return [p for p in me.children(recursive=True) if p.pid not in spared and p.status() != psutil.STATUS_ZOMBIE]
+
     deadline = time.monotonic() + 5
     left = leftovers()
     while left and time.monotonic() < deadline:
@@ -65,6 +70,13 @@ def no_leaked_processes() -> Iterator[None]:
             except ProcessLookupError:
                 pass
         pytest.fail(f"test leaked processes: {desc}")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """A test that leaves a descendant process running fails (and the process is killed)."""
+    with leaks_fail():
+        yield
 
 
 @pytest.fixture

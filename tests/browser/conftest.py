@@ -30,6 +30,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import leaks_fail
+
 REPO = Path(__file__).resolve().parents[2]
 LABEXT_BUILD = REPO / "viceroy" / "labextension"
 LABEXT_NAME = "viceroy-labextension"
@@ -264,31 +266,8 @@ def _browser_processes() -> set[int]:
 def no_leaked_processes() -> Iterator[None]:
     """tests/conftest.py's leak check, less the browser's own helper processes: a kernel, a
     rank or a server left behind still fails the test (and is killed, by pid)."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    yield
-
-    def leftovers() -> list[psutil.Process]:
-        exempt = before | _browser_processes()
-        return [
-            p
-            for p in me.children(recursive=True)
-            if p.pid not in exempt and p.status() != psutil.STATUS_ZOMBIE
-        ]
-
-    deadline = time.monotonic() + 5
-    left = leftovers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = leftovers()
-    if left:
-        desc = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left]
-        for p in left:
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        pytest.fail(f"test leaked processes: {desc}")
+    with leaks_fail(exempt=_browser_processes):
+        yield
 
 
 @pytest.fixture
