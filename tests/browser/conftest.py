@@ -11,6 +11,7 @@ Screenshots go to $VICEROY_ARTIFACTS if set, else to a pytest temp dir (printed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -132,7 +133,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     if not (LABEXT_BUILD / "package.json").is_file():
         pytest.fail("the labextension is not built: run `make frontend`")
@@ -235,19 +236,52 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=False)}
 
 
-@pytest.fixture(scope="session")
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Package-scoped: Playwright's sync API keeps an event loop running on the main thread
+    while it is open, and later tiers call asyncio.run()."""
     from playwright.sync_api import sync_playwright
 
     before = _children()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        _BROWSER_ROOTS.update(_children() - before)
-        try:
-            yield b
-        finally:
-            b.close()
-            _BROWSER_ROOTS.clear()
+    before_all = _descendants()
+    spawned: set[int] = set()
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            _BROWSER_ROOTS.update(_children() - before)
+            try:
+                yield b
+            finally:
+                b.close()
+                spawned = _descendants() - before_all  # before the driver exits and they are orphaned
+    finally:
+        _BROWSER_ROOTS.clear()
+        _reap(spawned)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reap(pids: set[int], grace: float = 10.0) -> None:
+    """Chromium helpers that outlive the browser's close: wait for them, then kill them by pid,
+    so the next tier's leak check does not find them."""
+    deadline = time.monotonic() + grace
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _running(pid)}
+        if alive:
+            time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _browser_processes() -> set[int]:

@@ -119,7 +119,7 @@ class Segments:
     oldest dropped first. Thread-safe: results may leave from several threads.
     """
 
-    def __init__(self, mesh_token: str, keep_bytes: int = 1 << 30) -> None:
+    def __init__(self, mesh_token: str, keep_bytes: int = 256 << 20) -> None:
         self._prefix = prefix(mesh_token)
         self._keep = keep_bytes
         self._free: list[tuple[str, int]] = []  # oldest first
