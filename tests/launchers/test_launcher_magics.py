@@ -96,7 +96,7 @@ def test_ssh_and_rsync_share_the_hosts_ssh_options():
     from viceroy.runtime.ssh import SshLauncher
 
     launcher = SshLauncher(["node1"], port=2222, identity="/k", options=SSH_OPTS)
-    argv = launcher.rsync_argv(launcher.hosts[0], "/work/proj", "/work/proj")  # type: ignore[arg-type]
+    argv = launcher.rsync_argv(launcher.hosts[0], "/data/project", "/data/project")  # type: ignore[arg-type]
     ssh = argv[argv.index("-e") + 1]
     assert "-p 2222 -i /k" in ssh and "StrictHostKeyChecking=no" in ssh
-    assert argv[-2:] == ["/work/proj/", "node1:/work/proj/"]
+    assert argv[-2:] == ["/data/project/", "node1:/data/project/"]

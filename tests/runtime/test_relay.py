@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import viceroy as vr
-from viceroy.runtime.agent import aggregate
+from viceroy.runtime.answers import aggregate
 
 
 def test_an_agent_packs_plain_values_in_columns_and_sends_the_rest_item_by_item():

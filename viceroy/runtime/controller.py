@@ -26,9 +26,10 @@ from viceroy.runtime import serialize, shm
 from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
+from viceroy.runtime.hosts import HostLifecycle
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvous_env
 from viceroy.runtime.logs import RankLogs
-from viceroy.runtime.procs import HEARTBEAT_S, host_timeout
+from viceroy.runtime.procs import host_timeout
 from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer, new_key
@@ -37,7 +38,7 @@ Event = dict[str, Any]
 Listener = Callable[[Event], None]
 
 
-class Controller:
+class Controller(HostLifecycle):
     def __init__(
         self,
         dims: dict[str, int],
@@ -534,82 +535,6 @@ class Controller:
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
             self._finish(c)
-
-    # --- hosts: launch, heartbeats, loss --------------------------------------------------------
-
-    def _agent_ident(self, h: int) -> bytes:
-        return f"agent-{h}.{self._gen.get(h, 0)}".encode()
-
-    def _launch(self, h: int) -> None:
-        """Start (or, after a loss, start again) host `h`'s agent, as a new generation."""
-        plan = self._plans[h]
-        gen = self._gen[h] = self._gen.get(h, -1) + 1
-        self._last_seen.pop(h, None)
-        self._lost.pop(h, None)
-        cfg = {**self._config, "host": h, "gen": gen, "ranks": plan.ranks, "direct": self._direct}
-        agent = self.launcher.start(plan, cfg)
-        self._agents[h] = agent
-        threading.Thread(target=self._watch_agent, args=(agent, gen), name="viceroy-agent-watch", daemon=True).start()
-
-    def _heartbeats(self) -> None:
-        """Beat to every live agent; give up a host whose agent has been silent too long."""
-        beat = self.signer.pack({"op": "heartbeat"})
-        tick = time.monotonic()
-        while not self._closed:
-            now = time.monotonic()
-            starved = now - tick > HEARTBEAT_S + 1.0  # this process was not running: judge nobody
-            tick = now
-            for h in list(self._agents):
-                if h in self._lost:
-                    continue
-                with contextlib.suppress(zmq.ZMQError), self._sockets._router_lock:
-                    if self._closed:
-                        return
-                    # once, without the retries of `send`: a lost peer must not stall the beat
-                    self._sockets._router.send_multipart([self._agent_ident(h), *beat], flags=zmq.NOBLOCK)
-                seen = self._last_seen.get(h)
-                if seen is not None and now - seen > self._host_timeout and not starved:
-                    self._post(functools.partial(self._host_silent, h, self._gen[h]))
-            time.sleep(HEARTBEAT_S)
-
-    def _host_silent(self, h: int, gen: int) -> None:
-        """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
-        and give the host up only if it is still silent."""
-        for frames in self._sockets.received():
-            with contextlib.suppress(BadMessage):
-                self._handle(frames)
-        seen = self._last_seen.get(h)
-        silent = time.monotonic() - seen if seen is not None else 0.0
-        if silent > self._host_timeout:
-            why = f"no heartbeat from its agent for {silent:.1f} s: a cut link, a host down, or a frozen agent"
-            self._host_lost(h, gen, why)
-
-    def _host_lost(self, h: int, gen: int, why: str) -> None:
-        """On the IO thread: host `h` (launch `gen`) is gone; its ranks are dead, its calls fail
-        naming it. `restart(failed_only=True)` launches it again."""
-        if self._closed or self._gen.get(h) != gen or h in self._lost:
-            return
-        agent = self._agents[h]
-        reason = f"{agent.label} lost: {why}"
-        log = agent.log_tail(5).strip()
-        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "")
-        with self._changed:
-            if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
-                self._startup_error = reason
-            self._changed.notify_all()
-        for r in self._plans[h].ranks_ids():
-            if self._state[r] != "dead":
-                self._on_rank_exit(r, reason, False)
-        threading.Thread(target=agent.kill, name="viceroy-agent-kill", daemon=True).start()
-
-    def lost_hosts(self) -> dict[int, str]:
-        """host -> why it was given up, for hosts lost and not yet restarted."""
-        return dict(self._lost)
-
-    def _watch_agent(self, agent: AgentProcess, gen: int) -> None:
-        code = agent.wait()
-        if not self._closed:
-            self._post(lambda: self._host_lost(agent.host, gen, f"its agent on host {agent.host} exited ({agent.describe_exit(code)})"))
 
     def _finish(self, call: Call) -> None:
         with self._lock:

@@ -46,6 +46,11 @@ class ControllerSockets:
         self._poller.register(self._pull, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
 
+    def send_once(self, ident: bytes, frames: list[Any]) -> None:
+        """One try, never blocking nor retrying (heartbeats: a lost peer must not stall them)."""
+        with contextlib.suppress(zmq.ZMQError), self._router_lock:
+            self._router.send_multipart([ident, *frames], flags=zmq.NOBLOCK)
+
     def send(self, idents: list[bytes], frames: list[Any]) -> None:
         """One copy of `frames` to each peer. A peer that just started may not have finished
         connecting: retry briefly. One that is gone is skipped (its watcher reports it)."""

@@ -1,0 +1,121 @@
+"""The controller's hosts: launching each host's agent, heartbeats both ways, and giving a host
+up when its agent falls silent or exits (its ranks dead, its calls failed naming it), so that
+`restart(failed_only=True)` can launch it again as a new generation.
+
+A mixin of `Controller`, which owns the state declared here; kept apart because it is one
+concern with its own thread (the heartbeat) and its own failure story.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
+from viceroy.runtime.procs import HEARTBEAT_S
+from viceroy.runtime.transport import ControllerSockets
+from viceroy.runtime.wire import BadMessage, Signer
+
+
+class HostLifecycle:
+    launcher: Launcher
+    signer: Signer
+    _sockets: ControllerSockets
+    _config: dict[str, Any]
+    _direct: bool
+    _closed: bool
+    _plans: dict[int, HostPlan]
+    _gen: dict[int, int]
+    _last_seen: dict[int, float]
+    _lost: dict[int, str]
+    _agents: dict[int, AgentProcess]
+    _host_of: dict[int, int]
+    _state: dict[int, str]
+    _host_timeout: float
+    _startup_error: str | None
+    _changed: threading.Condition
+
+    def _post(self, task: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def _handle(self, frames: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
+        raise NotImplementedError
+
+    def _agent_ident(self, h: int) -> bytes:
+        return f"agent-{h}.{self._gen.get(h, 0)}".encode()
+
+    def _launch(self, h: int) -> None:
+        """Start (or, after a loss, start again) host `h`'s agent, as a new generation."""
+        plan = self._plans[h]
+        gen = self._gen[h] = self._gen.get(h, -1) + 1
+        self._last_seen.pop(h, None)
+        self._lost.pop(h, None)
+        cfg = {**self._config, "host": h, "gen": gen, "ranks": plan.ranks, "direct": self._direct}
+        agent = self.launcher.start(plan, cfg)
+        self._agents[h] = agent
+        threading.Thread(target=self._watch_agent, args=(agent, gen), name="viceroy-agent-watch", daemon=True).start()
+
+    def _heartbeats(self) -> None:
+        """Beat to every live agent; give up a host whose agent has been silent too long."""
+        beat = self.signer.pack({"op": "heartbeat"})
+        tick = time.monotonic()
+        while not self._closed:
+            now = time.monotonic()
+            starved = now - tick > HEARTBEAT_S + 1.0  # this process was not running: judge nobody
+            tick = now
+            for h in list(self._agents):
+                if h in self._lost:
+                    continue
+                if self._closed:
+                    return
+                self._sockets.send_once(self._agent_ident(h), beat)
+                seen = self._last_seen.get(h)
+                if seen is not None and now - seen > self._host_timeout and not starved:
+                    self._post(functools.partial(self._host_silent, h, self._gen[h]))
+            time.sleep(HEARTBEAT_S)
+
+    def _host_silent(self, h: int, gen: int) -> None:
+        """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
+        and give the host up only if it is still silent."""
+        for frames in self._sockets.received():
+            with contextlib.suppress(BadMessage):
+                self._handle(frames)
+        seen = self._last_seen.get(h)
+        silent = time.monotonic() - seen if seen is not None else 0.0
+        if silent > self._host_timeout:
+            why = f"no heartbeat from its agent for {silent:.1f} s: a cut link, a host down, or a frozen agent"
+            self._host_lost(h, gen, why)
+
+    def _host_lost(self, h: int, gen: int, why: str) -> None:
+        """On the IO thread: host `h` (launch `gen`) is gone; its ranks are dead, its calls fail
+        naming it. `restart(failed_only=True)` launches it again."""
+        if self._closed or self._gen.get(h) != gen or h in self._lost:
+            return
+        agent = self._agents[h]
+        reason = f"{agent.label} lost: {why}"
+        log = agent.log_tail(5).strip()
+        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "")
+        with self._changed:
+            if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
+                self._startup_error = reason
+            self._changed.notify_all()
+        for r in self._plans[h].ranks_ids():
+            if self._state[r] != "dead":
+                self._on_rank_exit(r, reason, False)
+        threading.Thread(target=agent.kill, name="viceroy-agent-kill", daemon=True).start()
+
+    def lost_hosts(self) -> dict[int, str]:
+        """host -> why it was given up, for hosts lost and not yet restarted."""
+        return dict(self._lost)
+
+    def _watch_agent(self, agent: AgentProcess, gen: int) -> None:
+        code = agent.wait()
+        if not self._closed:
+            self._post(lambda: self._host_lost(agent.host, gen, f"its agent on host {agent.host} exited ({agent.describe_exit(code)})"))
