@@ -126,6 +126,23 @@ def test_interrupt_while_the_group_is_still_forming(torch_mesh):
     assert_next_collective_is_right(mesh, 3)
 
 
+def test_a_member_that_left_an_attempt_unfinished_does_not_hang_the_next_one(torch_mesh):
+    # An interrupt can cut a rank's give-up short (it may land even inside Thread.start), so
+    # the rank still counts as a member of the generation it joined. Here rank 0 is made to
+    # believe so, and comes late: ranks 1-2 are already waiting in generation 0 when rank 0
+    # finds it stale, leaves it, and all three must meet in generation 1.
+    mesh = torch_mesh(gpus=3)
+    mesh.run("from viceroy.runtime.collectives import communicators, store\n"
+             "if rank == 0:\n"
+             "    incarnation = store.rendezvous.get(30)[1]\n"
+             "    communicators._joined.add(f'viceroy/{incarnation}/gloo/0.1.2/g0')")
+    late = mesh.run("if rank == 0: time.sleep(0.5)\n" + NEXT, timeout=30)
+    assert late.values() == [[6.0, 6.0]] * 3
+    joined = mesh.run("sorted(k.rsplit('/', 1)[1] for k in communicators._joined)")
+    assert joined.values() == [["g0", "g1"]] * 3  # ranks 1-2 moved on with rank 0
+    assert_next_collective_is_right(mesh, 3)
+
+
 def test_a_failure_in_one_dims_group_leaves_the_others_working(torch_mesh):
     mesh = torch_mesh(dp=2, tp=2)
     both = ("a = torch.ones(1) * rank; vr.all_reduce(a, dims='tp')\n"

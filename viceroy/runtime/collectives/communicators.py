@@ -16,7 +16,6 @@ operation runs on the fresh communicator; nothing is retried after data has move
 
 from __future__ import annotations
 
-import _signal
 import contextlib
 import json
 import os
@@ -71,10 +70,12 @@ class Record:
     reason: str
     time: float
     lost: int | None = None  # the rank whose connection it lost, if that was the failure
+    stale: bool = False  # it left an attempt of its own that an interrupt cut short
 
 
 _entries: dict[Key, Entry] = {}
 _lock = threading.Lock()
+_joined: set[str] = set()  # the store prefixes of every generation this process joined
 
 
 def abort_all() -> int:
@@ -106,7 +107,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         while not pending.wait(SLICE_S):
             pass
     except KeyboardInterrupt:
-        _give_up(entry, f"rank {me} was interrupted")
+        _uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
     except Exception as exc:
         if not started or not backend.is_failure(exc):
@@ -148,19 +149,30 @@ class _StoreLost(Exception):
     pass
 
 
+class _Stale(Exception):
+    """The generation being built was left as stale by a member (see `_leave_stale`)."""
+
+
 def _get(what: str, backend: Backend, group: Group, device: int | None) -> Entry:
     key = (backend.name, group.ranks, device)
     entry = _entries.get(key)
     if entry is not None:
         return entry
-    try:
-        entry = _build(what, backend, group, device, key)
-    except _StoreLost:
-        rendezvous.reset()  # rank 0 (the store's host) was restarted: connect to the new one
-        entry = _build(what, backend, group, device, key)
+    reconnected = False
+    while True:  # each stale attempt is left once by each member, so this ends
+        try:
+            built = _build(what, backend, group, device, key)
+            break
+        except _StoreLost:
+            if reconnected:
+                raise
+            reconnected = True
+            rendezvous.reset()  # rank 0 (the store's host) was restarted: connect to the new one
+        except _Stale:
+            pass  # a member left a stale attempt: everyone moves to the next generation
     with _lock:
-        _entries[key] = entry
-    return entry
+        _entries[key] = built
+    return built
 
 
 @contextlib.contextmanager
@@ -184,7 +196,6 @@ class _Helper:
         self._lock = threading.Lock()
         self._build = build
         self.thread = threading.Thread(target=self._run, name="viceroy-collective-connect", daemon=True)
-        self.thread.start()
 
     def _run(self) -> None:
         try:
@@ -220,7 +231,13 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         if device is not None:
             base += f"/dev{device}"
         gen = int(store.add(f"{base}/gen", 0))
+        while f"{base}/g{gen}" in _joined:
+            # A generation this process joined before and did not see through (its give-up
+            # was cut short): leave it, so peers that join it stop, and build the next one.
+            _leave_stale(store, base, gen, me)
+            gen = int(store.add(f"{base}/gen", 0))
         entry = Entry(None, key, base, incarnation, gen)
+        _joined.add(entry.prefix)
         store.set(f"{entry.prefix}/here/{index}", "1")
 
     def connect() -> Communicator:
@@ -228,16 +245,25 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         store = PrefixStore(f"{entry.prefix}/{backend.name}", client)
         return backend.connect(store, index, group.size, device, timeout)
 
+    # From here on this rank is a member of generation `gen`: however it leaves (an interrupt
+    # may land anywhere, even inside Thread.start), it gives the generation up, so no member
+    # waits for it and it never joins the same generation twice with a second helper.
     helper = _Helper(connect)
     try:
+        helper.thread.start()
         _wait_for_members(what, group, helper, store, entry, timeout)
-    except KeyboardInterrupt:
-        helper.abandon()
-        _give_up(entry, f"rank {me} was interrupted while the group was forming")
-        raise
-    except CollectiveError as exc:
-        helper.abandon()
-        _give_up(entry, str(exc))
+    except BaseException as exc:
+        stale = isinstance(exc, _Stale)  # then leave quietly too: everyone moves on
+        why = (f"rank {me} was interrupted while the group was forming"
+               if isinstance(exc, KeyboardInterrupt) else
+               str(exc) if isinstance(exc, CollectiveError) else
+               f"rank {me} moved on from a stale attempt" if stale else
+               f"rank {me} failed while the group was forming: {_first_line(exc)}")
+        def leave() -> None:
+            helper.abandon()
+            _give_up(entry, why, stale=stale)
+
+        _uninterrupted(leave)
         raise
     if helper.error is not None or helper.comm is None:
         cause = _first_line(helper.error) if helper.error else "no communicator"
@@ -266,6 +292,8 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
         next_check = now + 0.2
         with _store_ops():
             records = _read_records(store, entry.prefix)
+            if records and all(r.stale for r in records):
+                raise _Stale
             if records:  # a member gave this build up
                 raise CollectiveError(f"{what} over {group.label}: the group could not form: "
                                       f"{root_cause(records, None, records[0].reason)}")
@@ -291,36 +319,72 @@ def _forget(entry: Entry) -> None:
             del _entries[entry.key]
 
 
-def _give_up(entry: Entry, reason: str, lost: int | None = None) -> list[Record] | None:
+def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = False) -> list[Record] | None:
     """Record why this rank gives the group up, then abort the communicator (in that order: a
     peer that sees our connections cut finds our record) and forget it. A build given up also
     moves the generation on. Returns the generation's records, or None without a store.
 
-    The runtime's interrupt (resent every 0.2 s) is held meanwhile, so the bookkeeping is never
-    cut short; the C function is used, not signal.py's wrapper, so a held interrupt surfaces in
-    this frame, which the runtime leaves out of "where the user was"."""
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        old = _signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    Interrupts are held meanwhile (`_interrupts_held`), so the bookkeeping is never cut short."""
     records: list[Record] | None = None
-    try:
-        # Losing rank 0 usually means losing the store it hosts: asking a dead store makes
-        # torch print a C++ stack trace, so do not.
-        live = None if lost == 0 and store_on_rank0() else rendezvous.current()
-        if live is not None and live[1] == entry.incarnation:
-            store = live[0]
-            mine = {"rank": context().rank, "reason": reason, "time": time.time(), "lost": lost}
-            store.append(f"{entry.prefix}/aborts", json.dumps(mine) + "\n")
-            if entry.comm is None:
-                store.compare_set(f"{entry.base}/gen", str(entry.gen), str(entry.gen + 1))
-            records = _read_records(store, entry.prefix)
-    except Exception:
-        rendezvous.reset()  # the server is gone (with rank 0): reconnect on next use
-    finally:
-        _forget(entry)
-        if main:
-            _signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    with _interrupts_held():
+        try:
+            # Losing rank 0 usually means losing the store it hosts: asking a dead store makes
+            # torch print a C++ stack trace, so do not.
+            live = None if lost == 0 and store_on_rank0() else rendezvous.current()
+            if live is not None and live[1] == entry.incarnation:
+                store = live[0]
+                mine = {"rank": context().rank, "reason": reason, "time": time.time(), "lost": lost, "stale": stale}
+                store.append(f"{entry.prefix}/aborts", json.dumps(mine) + "\n")
+                if entry.comm is None:
+                    store.compare_set(f"{entry.base}/gen", str(entry.gen), str(entry.gen + 1))
+                records = _read_records(store, entry.prefix)
+        except Exception:
+            rendezvous.reset()  # the server is gone (with rank 0): reconnect on next use
+        finally:
+            _forget(entry)
     return records
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT does not raise inside the block (main thread only; elsewhere signals never run).
+
+    The Python-level handler is swapped rather than the signal masked: a signal that arrived
+    just before the block, whose handler Python has not run yet, then runs the placeholder
+    too. A held interrupt is dropped: the rank runtime resends its interrupt until the call
+    ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _hold(signum: int, frame: Any) -> None:
+    pass
+
+
+def _uninterrupted(cleanup: Callable[[], object]) -> None:
+    """Run an idempotent `cleanup` to its end though interrupts keep coming: one that lands
+    before the hold takes effect (or just as it ends) runs it again."""
+    while True:
+        try:
+            with _interrupts_held():
+                cleanup()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _leave_stale(store: Any, base: str, gen: int, me: int) -> None:
+    """Give up generation `gen` of a group this rank joined earlier without seeing it through."""
+    record = {"rank": me, "reason": f"rank {me} left a stale attempt to form the group",
+              "time": time.time(), "lost": None, "stale": True}
+    store.append(f"{base}/g{gen}/aborts", json.dumps(record) + "\n")
+    store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
 
 
 def _read_records(store: Any, prefix: str) -> list[Record]:
@@ -329,7 +393,7 @@ def _read_records(store: Any, prefix: str) -> list[Record]:
     out = []
     for line in store.get(f"{prefix}/aborts").decode().splitlines():
         d = json.loads(line)
-        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost")))
+        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost"), bool(d.get("stale"))))
     return out
 
 
