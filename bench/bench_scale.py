@@ -30,12 +30,21 @@ def child(hosts: str, gpus: str, calls: str) -> None:
     assert mesh.run("rank").values() == list(range(h * g))  # every rank answers, in order
     for _ in range(5):
         mesh.run("rank")
-    times, c0 = [], time.process_time()
+    times, c0, w0 = [], time.process_time(), time.perf_counter()
     for _ in range(n):
         t = time.perf_counter()
-        mesh.run("rank")
+        mesh.run("rank").values()  # the values read, as a user would
         times.append(time.perf_counter() - t)
-    emit("cpu_per_call", (time.process_time() - c0) / n)
+    cpu, wall = (time.process_time() - c0) / n, (time.perf_counter() - w0) / n
+    # What the controller spends with no call at all (heartbeats to and from every agent),
+    # over the same wall time as a call: calls get slower with more ranks on these 2 CPUs,
+    # so this part grows with them without being per-call work.
+    c0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(3)
+    idle = (time.process_time() - c0) / (time.perf_counter() - t0) * wall
+    emit("cpu_per_call", cpu)
+    emit("idle_per_call", idle)
+    emit("net_per_call", max(0.0, cpu - idle))
     emit("p50", median(times))
     emit("p90", pct(times, 0.9))
     t0 = time.perf_counter()
@@ -52,14 +61,17 @@ def main() -> None:
     for layout in args.layouts.split(","):
         h, g = (int(x) for x in layout.split("x"))
         r = run_child("bench_scale", "child", str(h), str(g), str(args.calls), timeout=2400)
-        cpu[(h, g)] = r["cpu_per_call"]["value"]
+        cpu[(h, g)] = r["net_per_call"]["value"]
         rows.append((f"{h} host{'s' if h > 1 else ''} x {g}" + (" (direct)" if h == 1 else ""), str(h * g),
                      fmt_time(r["up"]["value"]), fmt_time(r["p50"]["value"]), fmt_time(r["p90"]["value"]),
-                     fmt_time(r["cpu_per_call"]["value"]), fmt_time(r["cpu_per_call"]["value"] / h),
-                     fmt_time(r["shutdown"]["value"])))
+                     fmt_time(r["cpu_per_call"]["value"]), fmt_time(r["idle_per_call"]["value"]),
+                     fmt_time(r["net_per_call"]["value"]), fmt_time(r["shutdown"]["value"])))
     print(f"\nbench_scale: {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; every host is an agent on this "
           f"machine; {args.calls} calls of mesh.run('rank') per layout\n")
-    print(table(rows, ("layout", "ranks", "start", "p50", "p90", "controller CPU per call", "per host", "shutdown")))
+    print(table(rows, ("layout", "ranks", "start", "p50", "p90", "controller CPU per call", "of which idle",
+                       "net per call", "shutdown")))
+    print("\n(idle: the controller's CPU with no call in flight, heartbeats mostly, over a call's wall "
+          "time; net = CPU per call - idle. Ratios and the fit below use net.)")
     print()
     for h in sorted({h for h, _ in cpu}):
         gs = sorted(g for hh, g in cpu if hh == h)

@@ -9,7 +9,7 @@ from viceroy.runtime.wire import Signer, new_key
 
 def _forgeries(marker):
     code = f"open({str(marker)!r}, 'w').write('pwned')"
-    forged = Signer(new_key()).pack({"op": "run", "id": 99, "ranks": [0, 1], "code": code, "filename": "<x>"})
+    forged = Signer(new_key()).pack({"op": "run", "id": 99, "ranks": [[0, 2]], "code": code, "filename": "<x>"})
     unsigned = [forged[0][32:]]
     garbage = [b"\x00" * 5]
     return [forged, unsigned, garbage]

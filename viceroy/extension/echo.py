@@ -75,8 +75,8 @@ class ApiEcho:
         kind = ev.get("type")
         if kind == "call_started":
             self._live(ev["call"], ev.get("ranks"))
-        elif kind in ("output", "publish", "rank_done") and (
-            kind != "rank_done" or ev.get("call") in self._calls
+        elif kind in ("output", "publish", "rank_done", "ranks_done") and (
+            kind not in ("rank_done", "ranks_done") or ev.get("call") in self._calls
         ):
             self._live(ev.get("call")).handle(ev, now)
         elif kind == "call_finished" and ev.get("call") in self._calls:

@@ -107,7 +107,7 @@ class LiveOutput:
 
     def handle(self, ev: dict[str, Any], now: float) -> None:
         kind = ev.get("type")
-        if kind in ("output", "publish", "rank_done", "call_finished") and ev.get("call") not in (
+        if kind in ("output", "publish", "rank_done", "ranks_done", "call_finished") and ev.get("call") not in (
             None,
             self.call_id,
         ):
@@ -123,6 +123,9 @@ class LiveOutput:
             self._emit("stderr", f"[{ev['rank']}] rank exited ({ev.get('reason', 'unknown')})")
         elif kind == "rank_done":
             self._grouper.rank_done(ev["rank"])
+        elif kind == "ranks_done":
+            for r in ev["ranks"]:
+                self._grouper.rank_done(r)
         elif kind == "call_finished":
             self.finished = True
         self.tick(now)

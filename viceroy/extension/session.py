@@ -243,7 +243,7 @@ class MeshSession:
             self._hidden_calls.add(call)
         if kind == "call_started" and self._cell_title[0] == threading.get_ident():
             ev = {**ev, "label": self._cell_title[1]}  # views show the cell, not just "%%mesh"
-        if call in self._hidden_calls and kind in ("call_started", "rank_done", "call_finished"):
+        if call in self._hidden_calls and kind in ("call_started", "rank_done", "ranks_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)
         elif self.state.apply(ev):
@@ -251,7 +251,7 @@ class MeshSession:
         kind = ev.get("type")
         if self._cell_active or kind == "rank_exit":
             self._events.put(ev)
-        elif kind in ("call_started", "output", "publish", "rank_done", "call_finished"):
+        elif kind in ("call_started", "output", "publish", "rank_done", "ranks_done", "call_finished"):
             self._echo.put(ev)  # a call made through the Python API
 
     # --- running a cell ----------------------------------------------------------------------

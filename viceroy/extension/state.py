@@ -170,6 +170,10 @@ class MeshState:
                 return self._call_started(ev)
             if kind == "rank_done" and rec is not None:
                 return self._rank_done(rec, ev)
+            if kind == "ranks_done":  # successes, one event per host
+                done = {"call": ev.get("call"), "ok": True}
+                hit = [self._rank_done(r, done) for r in map(self._ranks.get, ev.get("ranks", ())) if r is not None]
+                return any(hit)
             if kind == "call_finished":
                 return self._calls.pop(ev.get("call", -1), None) is not None
             if kind == "rank_exit" and rec is not None:

@@ -36,6 +36,7 @@ from viceroy.runtime.procs import (
     die_now,
     hold_lifeline,
 )
+from viceroy.runtime.shape import RunSet
 from viceroy.runtime.wire import BadMessage, Signer
 
 
@@ -164,7 +165,8 @@ class Agent:
         op = header.get("op")
         if op == "heartbeat":
             return
-        mine = [r for r in header.get("ranks", []) if r in self.slots]
+        wanted = RunSet(header.get("ranks", ()))
+        mine = [r for r in self.slots if r in wanted]
         if op in ("run", "push", "actor"):
             call = PendingCall(set())
             for r in mine:

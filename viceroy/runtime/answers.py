@@ -2,13 +2,15 @@
 
 The controller's work per call should grow with hosts, not ranks; `aggregate` is where a host's
 answers become one message, with plain values in columns the controller unpacks cheaply
-(`Controller._record_packed`).
+(`Call.record_packed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from viceroy.runtime.shape import rank_runs
 
 
 @dataclass
@@ -22,13 +24,19 @@ class PendingCall:
 
 
 def aggregate(call_id: int, items: list[dict[str, Any]], signed: list[Any], data: list[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
-    """Many ranks' answers as one message to the controller. Plain successes (a value, or none,
-    without arrays) go as two columns: ``done`` (their ranks) and ``packed`` (the length of each
-    one's pickle, 0 for no value), the pickles joined in one leading signed frame; the
-    controller's work for them is then a slice and an unpickle each. The rest go item by item."""
-    done: list[int] = []
-    lens: list[int] = []
-    pickles: list[bytes] = []
+    """Many ranks' answers as one message to the controller, plain successes in columns, in
+    rank order, their ranks as ``[start, stop)`` runs (one run for a whole host):
+
+    - ``vals``: ``[runs, values]`` for scalar results, which came in the ranks' headers
+      (`serialize.json_scalar`);
+    - ``done`` and ``packed``: the ranks of other plain results (a pickle without arrays, or
+      no value) and the length of each one's pickle (0 for none; ``packed`` left out when no
+      rank has one), the pickles joined in one leading signed frame.
+
+    The controller's work for a column is a few C-speed passes (`Call.record_scalars`,
+    `Call.record_packed`), not Python per rank. The rest go item by item."""
+    scalars: list[tuple[int, Any]] = []
+    plain: list[tuple[int, bytes]] = []
     rest: list[dict[str, Any]] = []
     rest_signed: list[Any] = []
     rest_data: list[Any] = []
@@ -37,17 +45,27 @@ def aggregate(call_id: int, items: list[dict[str, Any]], signed: list[Any], data
         ns, nd = item.get("signed", 0), len(item.get("lens", ()))
         sig, dat = signed[si : si + ns], data[di : di + nd]
         si, di = si + ns, di + nd
-        if item.get("ok") and ns <= 1 and not nd and "shm" not in item:
+        if item.get("ok") and "v" in item:
+            scalars.append((item["r"], item["v"]))
+        elif item.get("ok") and ns <= 1 and not nd and "shm" not in item:
             raw = (sig[0].bytes if hasattr(sig[0], "bytes") else bytes(sig[0])) if ns else b""
-            done.append(item["r"])
-            lens.append(len(raw))
-            pickles.append(raw)
+            plain.append((item["r"], raw))
         else:
             rest.append(item)
             rest_signed.extend(sig)
             rest_data.extend(dat)
     header: dict[str, Any] = {"op": "results", "id": call_id, "items": rest}
-    if done:
-        header["done"], header["packed"] = done, lens
-        rest_signed.insert(0, b"".join(pickles))
+    if scalars:
+        scalars.sort(key=_first)
+        header["vals"] = [rank_runs(r for r, _ in scalars), [v for _, v in scalars]]
+    if plain:
+        plain.sort(key=_first)
+        header["done"] = rank_runs(r for r, _ in plain)
+        if any(raw for _, raw in plain):
+            header["packed"] = [len(raw) for _, raw in plain]
+        rest_signed.insert(0, b"".join(raw for _, raw in plain))
     return header, rest_signed, rest_data
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]

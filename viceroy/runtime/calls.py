@@ -3,6 +3,8 @@ grouped MeshError)."""
 
 from __future__ import annotations
 
+import itertools
+import pickle
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +15,8 @@ from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape
 from viceroy.runtime.values import ValueMesh
+
+_loads = pickle.loads  # plain values: no out-of-band buffers to make writable
 
 # After a call is cancelled, how long its ranks get to stop before the call ends without them.
 STOP_GRACE_S = 1.0
@@ -44,15 +48,70 @@ class Call:
         """Every rank answered (results and failures only ever hold ranks of the call, once)."""
         return len(self.results) + len(self.failures) >= len(self.shape.ranks)
 
-    def record_value(self, r: int, payload: Any) -> None:
-        """A plain success: the pickle of the rank's value (no arrays), or None for no value."""
-        try:
-            self.results[r] = serialize.loads(payload, []) if payload is not None else None
-        except Exception as exc:
-            self.failures[r] = RankFailure(
-                "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}"
-            )
-        if self.on_result is not None:
+    def record_scalars(self, ranks: list[int], values: list[Any]) -> list[int]:
+        """Scalar results from one agent, in a column of its header (see `answers.aggregate`).
+        Answers already recorded are dropped. Returns the ranks recorded."""
+        if len(values) != len(ranks):  # never from our agents
+            for r in ranks:
+                if not self.answered(r):
+                    self.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (column lengths do not match)")
+            return []
+        if not (self.results.keys().isdisjoint(ranks) and self.failures.keys().isdisjoint(ranks)):
+            fresh = [(r, v) for r, v in zip(ranks, values, strict=True) if not self.answered(r)]
+            ranks, values = [r for r, _ in fresh], [v for _, v in fresh]
+        self.results.update(zip(ranks, values, strict=True))
+        self._stream(ranks)
+        return ranks
+
+    def record_packed(self, ranks: list[int], lens: list[int] | None, blob: Any) -> tuple[list[int], list[int]]:
+        """Plain successes from one agent, in columns (see `answers.aggregate`): the ranks, the
+        length of each one's pickle in `blob` (0: no value; `lens` None: none has a value).
+        The usual case is a few C-speed passes, not Python per rank. Answers already recorded
+        (late, or repeated) are dropped. Returns (ranks now succeeded, ranks now failed)."""
+        fresh = self.results.keys().isdisjoint(ranks) and self.failures.keys().isdisjoint(ranks)
+        if lens is None:
+            if not fresh:
+                ranks = [r for r in ranks if not self.answered(r)]
+            self.results.update(dict.fromkeys(ranks))
+            self._stream(ranks)
+            return ranks, []
+        view = memoryview(blob.buffer if hasattr(blob, "buffer") else blob)
+        if len(lens) != len(ranks) or sum(lens) != view.nbytes:  # never from our agents
+            bad = [r for r in ranks if not self.answered(r)]
+            for r in bad:
+                self.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (packed lengths do not match)")
+            self._stream(bad)
+            return [], bad
+        ends = list(itertools.accumulate(lens))
+        if fresh:
+            try:
+                values = [_loads(view[e - n : e]) if n else None for n, e in zip(lens, ends, strict=True)]
+            except Exception:
+                pass  # one of them does not unpickle: find which, below
+            else:
+                self.results.update(zip(ranks, values, strict=True))
+                self._stream(ranks)
+                return ranks, []
+        ok: list[int] = []
+        bad = []
+        for r, n, e in zip(ranks, lens, ends, strict=True):
+            if self.answered(r):
+                continue
+            try:
+                self.results[r] = _loads(view[e - n : e]) if n else None
+                ok.append(r)
+            except Exception as exc:
+                self.failures[r] = RankFailure(
+                    "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}")
+                bad.append(r)
+        self._stream(ok + bad)
+        return ok, bad
+
+    def _stream(self, ranks: list[int]) -> None:
+        """Tell the streaming consumer (if any) about these ranks' answers."""
+        if self.on_result is None:
+            return
+        for r in ranks:
             ok = r in self.results
             self.on_result(r, ok, self.results[r] if ok else self.failures[r])
 
@@ -68,7 +127,9 @@ class Call:
         failure (not an interruption), which fail-fast acts on. `on_release(path)` hands a
         shared-memory file back to the rank once its map here is garbage (see `shm.Segments`)."""
         r = item["r"]
-        if item["ok"]:
+        if item["ok"] and "v" in item:  # a scalar, in the header
+            self.results[r] = item["v"]
+        elif item["ok"]:
             try:
                 if "shm" in item:
                     data = shm.restore(data, item["shm"], mesh_token, unlink=True, on_release=on_release)
@@ -85,9 +146,7 @@ class Call:
             if item.get("where"):
                 summary += f" (at {item['where']})"
             self.failures[r] = RankFailure(kind, summary, item.get("tb", ""), item.get("etype", ""))
-        if self.on_result is not None:
-            ok = r in self.results
-            self.on_result(r, ok, self.results[r] if ok else self.failures[r])
+        self._stream([r])
         return r in self.failures and self.failures[r].kind != "interrupted"
 
     def give_up_on_missing(self) -> None:
@@ -107,7 +166,7 @@ class Call:
                 hint = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
             self.future._set_exception(MeshError(self.label, dict(self.failures), dict(self.results), hint))
         else:
-            self.future._set_result(ValueMesh(self.shape, self.results))
+            self.future._set_result(ValueMesh._adopt(self.shape, self.results))
 
 
 @dataclass

@@ -30,7 +30,7 @@ from viceroy.runtime.hosts import HostLifecycle
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvous_env
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.procs import host_timeout
-from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.shape import RunSet, Shape, expand_runs, format_rank_set, rank_runs
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer, new_key
 
@@ -61,9 +61,11 @@ class Controller(HostLifecycle):
         self._ids = itertools.count(1)
         self._calls: dict[int, Call] = {}
         self._queries: dict[int, Query] = {}
-        self._busy: dict[int, set[int]] = {r: set() for r in self.shape.ranks}
-        self._released: dict[int, deque[str]] = {r: deque() for r in self.shape.ranks}
+        # Released shared-memory files, (rank, path), appended from any thread (even by GC).
+        self._released: deque[tuple[int, str]] = deque()
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
+        self._dead: set[int] = set()
+        self._hosts_of_ranks: dict[tuple[int, ...], list[int]] = {}  # routing, cached per rank set
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
         self._agents: dict[int, AgentProcess] = {}
@@ -187,7 +189,7 @@ class Controller(HostLifecycle):
             self._check_open()
             call_id = next(self._ids)
             fut: Future[Any] = Future(call_id, lambda: self.cancel(call_id, "interrupted (KeyboardInterrupt on the controller)", wait=1.0))
-            dead = [r for r in shape.ranks if self._state[r] == "dead"]
+            dead = [r for r in shape.ranks if r in self._dead] if self._dead else None
             if dead:
                 fut._set_exception(MeshError(
                     label,
@@ -202,10 +204,9 @@ class Controller(HostLifecycle):
                 if entries:
                     extra = {**extra, "shm": entries}
             self._calls[call_id] = call
-            for r in shape.ranks:
-                self._busy[r].add(call_id)
-        self._emit({"type": "call_started", "call": call_id, "ranks": list(shape.ranks), "label": label})
-        frames = self.signer.pack({"op": op, "id": call_id, "ranks": list(shape.ranks), **self._returning(op, shape.ranks), **extra}, signed, data)
+        if self._listeners:
+            self._emit({"type": "call_started", "call": call_id, "ranks": shape.ranks, "label": label})
+        frames = self.signer.pack({"op": op, "id": call_id, "ranks": shape.runs(), **self._returning(op, shape.runs()), **extra}, signed, data)
         self._to_ranks(shape.ranks, frames, control=op == "actor")
         if deadline:
             self._wake()
@@ -216,26 +217,31 @@ class Controller(HostLifecycle):
         Same socket as `submit`, so per-rank order with calls holds."""
         with self._lock:
             self._check_open()
-        frames = self.signer.pack({"op": op, "id": 0, "ranks": list(ranks), **self._returning(op, ranks), **extra}, signed, data)
+        runs = rank_runs(ranks)
+        frames = self.signer.pack({"op": op, "id": 0, "ranks": runs, **self._returning(op, runs), **extra}, signed, data)
         self._to_ranks(ranks, frames, control=op == "actor")
 
     def _segment_released(self, rank: int, path: str) -> None:
         """A result's shared-memory map is garbage (any thread, even inside a lock: lock-free)."""
-        self._released[rank].append(path)
+        self._released.append((rank, path))
 
-    def _returning(self, op: str, ranks: Sequence[int]) -> dict[str, Any]:
+    def _returning(self, op: str, runs: list[list[int]]) -> dict[str, Any]:
         """Header entry handing released shared-memory files back to the ranks they came from,
-        riding on the next work message to them (the ranks read it before running anything)."""
-        if op == "actor":
+        riding on the next work message to them (the ranks read it before running anything).
+        The work grows with the files waiting, not with the ranks."""
+        if op == "actor" or not self._released:
             return {}
+        members = RunSet(runs)
         out: dict[str, list[str]] = {}
-        for r in ranks:
-            dq = self._released.get(r)
-            while dq:
-                try:
-                    out.setdefault(str(r), []).append(dq.popleft())
-                except IndexError:
-                    break
+        for _ in range(len(self._released)):  # those for other ranks go back in the queue
+            try:
+                r, path = self._released.popleft()
+            except IndexError:
+                break
+            if r in members:
+                out.setdefault(str(r), []).append(path)
+            else:
+                self._released.append((r, path))
         return {"returned": out} if out else {}
 
     def cancel(self, call_id: int, reason: str, wait: float = 0.0) -> None:
@@ -267,12 +273,12 @@ class Controller(HostLifecycle):
         with self._lock:
             self._check_open()
             for r in ranks:
-                self._state[r] = "starting"
+                self._set_state(r, "starting")
             lost = {self._host_of[r] for r in ranks} & set(self._lost)
             for h in lost:  # a new agent for a lost host brings all its ranks back
                 ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
                 for r in self._plans[h].ranks_ids():
-                    self._state[r] = "starting"
+                    self._set_state(r, "starting")
         for h in sorted(lost):
             self._launch(h)
         others = [r for r in ranks if self._host_of[r] not in lost]
@@ -303,7 +309,7 @@ class Controller(HostLifecycle):
                 expected |= {("agent", h) for h in hosts}
             q = Query(expected, time.monotonic() + timeout)
             self._queries[qid] = q
-        frames = self.signer.pack({"op": op, "id": qid, "ranks": live})
+        frames = self.signer.pack({"op": op, "id": qid, "ranks": rank_runs(live)})
         self._to_ranks(live, frames, control=True)
         if self._direct and op == "stats":
             self._broadcast({"op": op, "id": qid, "ranks": []}, hosts=hosts)
@@ -315,8 +321,13 @@ class Controller(HostLifecycle):
     # --- state --------------------------------------------------------------------------------
 
     def states(self) -> dict[int, str]:
+        """rank -> state; "running" while it owes an answer to a call in flight (worked out
+        here, when asked, so calls pay nothing for it)."""
         with self._lock:
-            return {r: ("running" if s == "idle" and self._busy[r] else s) for r, s in self._state.items()}
+            owing: set[int] = set()
+            for call in self._calls.values():
+                owing.update(call.missing())
+            return {r: ("running" if s == "idle" and r in owing else s) for r, s in self._state.items()}
 
     def pids(self) -> dict[int, int]:
         with self._lock:
@@ -343,6 +354,7 @@ class Controller(HostLifecycle):
 
     def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
         """To agents (lifecycle: restart, shutdown, their own stats)."""
+        header["ranks"] = rank_runs(header.get("ranks", ()))
         frames = self.signer.pack(header)
         self._send([self._agent_ident(h) for h in sorted(set(self._agents) if hosts is None else hosts)], frames)
 
@@ -353,7 +365,17 @@ class Controller(HostLifecycle):
             kind = "c" if control else "w"
             self._send([f"{kind}{r}".encode() for r in ranks], frames)
         else:
-            self._send([self._agent_ident(h) for h in sorted({self._host_of[r] for r in ranks})], frames)
+            self._send([self._agent_ident(h) for h in self._hosts_of(ranks)], frames)
+
+    def _hosts_of(self, ranks: Sequence[int]) -> list[int]:
+        """The hosts of `ranks`, sorted; cached, since the same meshes are called again and again."""
+        key = tuple(ranks)
+        hosts = self._hosts_of_ranks.get(key)
+        if hosts is None:
+            if len(self._hosts_of_ranks) >= 256:
+                self._hosts_of_ranks.clear()
+            hosts = self._hosts_of_ranks[key] = sorted({self._host_of[r] for r in ranks})
+        return hosts
 
     def _send(self, idents: list[bytes], frames: list[Any]) -> None:
         self._sockets.send(idents, frames)
@@ -366,7 +388,7 @@ class Controller(HostLifecycle):
         call.stop_deadline = time.monotonic() + STOP_GRACE_S
         missing = [r for r in call.missing() if self._state[r] != "dead"]
         if missing:
-            frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": missing})
+            frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": rank_runs(missing)})
             self._to_ranks(missing, frames, control=True)
         self._wake()
 
@@ -451,7 +473,7 @@ class Controller(HostLifecycle):
         elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
             r = header["r"]
             with self._changed:
-                self._state[r] = "idle"
+                self._set_state(r, "idle")
                 self._pids[r] = header["pid"]
                 self._exit_reason.pop(r, None)
                 self._changed.notify_all()
@@ -474,14 +496,24 @@ class Controller(HostLifecycle):
         events: list[Event] = []
         with self._lock:
             call = self._calls.get(header["id"])
-            if "done" in header:  # an agent's plain successes, in columns (see agent.aggregate)
+            if "vals" in header and call is not None:  # an agent's scalar results, in a column
+                ok = call.record_scalars(expand_runs(header["vals"][0]), header["vals"][1])
+                if ok:
+                    events.append({"type": "ranks_done", "call": call.id, "ranks": ok})
+            if "done" in header:  # its other plain successes, in columns (see answers.aggregate)
                 si = 1
-                self._record_packed(header["id"], call, header["done"], header["packed"], signed[0], events)
+                if call is not None:
+                    ok, bad = call.record_packed(expand_runs(header["done"]), header.get("packed"), signed[0])
+                    if ok:
+                        events.append({"type": "ranks_done", "call": call.id, "ranks": ok})
+                    for r in bad:
+                        f = call.failures[r]
+                        events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": False,
+                                       "kind": f.kind, "summary": f.summary, "tb": f.traceback})
             for item in header["items"]:
                 r, ns, nd = item["r"], item.get("signed", 0), len(item.get("lens", []))
                 sig, dat = signed[si : si + ns], data[di : di + nd]
                 si, di = si + ns, di + nd
-                self._busy[r].discard(header["id"])
                 if call is None or call.answered(r):
                     for entry in item.get("shm", []):  # a late answer: its files go straight back
                         self._segment_released(r, entry[1])
@@ -495,35 +527,18 @@ class Controller(HostLifecycle):
                 events.append(done)
             if call is not None and call.complete():
                 finished.append(call)
-        for ev in events:
-            self._emit(ev)
+        if self._listeners:
+            for ev in events:
+                self._emit(ev)
         for c in finished:
             self._finish(c)
-
-    def _record_packed(self, call_id: int, call: Call | None, ranks: list[int], lens: list[int], blob: Any, events: list[Event]) -> None:
-        """Ranks that answered with a plain value: a slice of `blob` each (empty: None). Caller
-        holds the lock."""
-        view = memoryview(blob.buffer if hasattr(blob, "buffer") else blob)
-        garbled = sum(lens) != view.nbytes or len(lens) != len(ranks)  # never from our agents
-        off = 0
-        for r, n in zip(ranks, lens if not garbled else [0] * len(ranks), strict=True):
-            self._busy[r].discard(call_id)
-            piece, off = view[off : off + n], off + n
-            if call is None or call.answered(r):
-                continue
-            if garbled:
-                call.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (packed lengths do not match)")
-            else:
-                call.record_value(r, piece if n else None)
-            events.append({"type": "rank_done", "call": call_id, "rank": r, "ok": r in call.results})
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
         finished: list[Call] = []
         with self._changed:
-            self._state[r] = "starting" if respawning else "dead"
+            self._set_state(r, "starting" if respawning else "dead")
             self._exit_reason[r] = reason
             self._pids.pop(r, None)
-            self._busy[r].clear()
             for call in list(self._calls.values()):
                 if r in call.shape.ranks and not call.answered(r):
                     call.failures[r] = RankFailure("died", f"died ({reason})")
@@ -535,6 +550,14 @@ class Controller(HostLifecycle):
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
             self._finish(c)
+
+    def _set_state(self, r: int, state: str) -> None:
+        """Caller holds the lock."""
+        self._state[r] = state
+        if state == "dead":
+            self._dead.add(r)
+        else:
+            self._dead.discard(r)
 
     def _finish(self, call: Call) -> None:
         with self._lock:

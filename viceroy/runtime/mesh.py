@@ -417,9 +417,11 @@ class Mesh(ShapeOps):
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every mesh event (output, call_started, rank_done,
-        call_finished, rank_exit, rank_ready, publish), on the controller's IO thread; keep it
-        quick and thread-safe. A failed rank's ``rank_done`` carries ``kind``, ``summary`` and
-        ``tb``. Returns a function that unsubscribes."""
+        ranks_done, call_finished, rank_exit, rank_ready, publish), on the controller's IO
+        thread; keep it quick and thread-safe. A rank's answer to a call is a ``rank_done``
+        (``rank``, ``ok``; a failed one carries ``kind``, ``summary`` and ``tb``), or, for
+        plain successes collected by a host's agent, one ``ranks_done`` (``ranks``) for the
+        lot. Returns a function that unsubscribes."""
         return self._controller.subscribe(listener)
 
 

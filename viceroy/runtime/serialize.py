@@ -81,6 +81,18 @@ def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pic
     return f.getvalue(), buffers
 
 
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+MAX_INLINE_STR = 1024
+
+
+def json_scalar(value: Any) -> bool:
+    """True for values JSON gives back with the same type and value (int, float, bool, None,
+    and strings up to `MAX_INLINE_STR` characters): these can travel inside a message's header
+    instead of as a pickle, which lets an agent send a host's results as one column."""
+    t = type(value)
+    return t in _SCALARS and (t is not str or len(value) <= MAX_INLINE_STR)
+
+
 def loads(data: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
     """Inverse of `dumps`. Buffers are made writable (one copy) so received arrays can be
     modified in place, as users expect."""

@@ -7,6 +7,7 @@ that holds a shape the same vocabulary (`slice`, `split`, `flatten`, `rename`, `
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 class Shape:
     """Ordered named dims over global rank ids (row-major)."""
 
-    __slots__ = ("_dims", "_ranks")
+    __slots__ = ("_dims", "_ranks", "_runs")
 
     def __init__(self, dims: Mapping[str, int], ranks: Sequence[int] | None = None) -> None:
         dims = dict(dims)
@@ -31,6 +32,7 @@ class Shape:
             raise ValueError(f"a shape of dims {dims} holds {n} ranks, got {len(ranks)}")
         self._dims = dims
         self._ranks = ranks
+        self._runs: list[list[int]] | None = None
 
     # --- reading -------------------------------------------------------------------------
 
@@ -41,6 +43,12 @@ class Shape:
     @property
     def ranks(self) -> tuple[int, ...]:
         return self._ranks
+
+    def runs(self) -> list[list[int]]:
+        """The ranks as ``[start, stop)`` runs (computed once): how messages carry them."""
+        if self._runs is None:
+            self._runs = rank_runs(self._ranks)
+        return self._runs
 
     def __len__(self) -> int:
         return len(self._ranks)
@@ -198,6 +206,39 @@ class Shape:
         if not 0 <= j < size:
             raise IndexError(f"{name}={i} is out of range: dim {name!r} has size {size} (0..{size - 1})")
         return j
+
+
+def rank_runs(ranks: Iterable[int]) -> list[list[int]]:
+    """Rank ids as ``[start, stop)`` runs of consecutive ids, in the order given: a whole mesh
+    of 1,024 ranks is ``[[0, 1024]]``. Messages carry rank sets this way, so their size and
+    the work to read them grow with the runs (about one per host), not with the ranks."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and runs[-1][1] == r:
+            runs[-1][1] = r + 1
+        else:
+            runs.append([r, r + 1])
+    return runs
+
+
+def expand_runs(runs: Iterable[Sequence[int]]) -> list[int]:
+    """The rank ids of `rank_runs` output, in order."""
+    return [r for start, stop in runs for r in range(start, stop)]
+
+
+class RunSet:
+    """Membership in a set of runs without expanding it (an agent asks for its own ranks)."""
+
+    __slots__ = ("_starts", "_stops")
+
+    def __init__(self, runs: Iterable[Sequence[int]]) -> None:
+        ordered = sorted((int(a), int(b)) for a, b in runs)
+        self._starts = [a for a, _ in ordered]
+        self._stops = [b for _, b in ordered]
+
+    def __contains__(self, r: int) -> bool:
+        i = bisect.bisect_right(self._starts, r) - 1
+        return i >= 0 and r < self._stops[i]
 
 
 def _strides(sizes: list[int]) -> list[int]:

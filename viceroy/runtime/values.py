@@ -25,6 +25,13 @@ class ValueMesh(ShapeOps, Generic[T]):
         self._shape = shape
         self._by_rank = {r: by_rank[r] for r in shape.ranks}
 
+    @classmethod
+    def _adopt(cls, shape: Shape, by_rank: dict[int, T]) -> ValueMesh[T]:
+        """Take `by_rank` as is: its keys are exactly `shape`'s ranks (a finished call's)."""
+        vm = cls.__new__(cls)
+        vm._shape, vm._by_rank = shape, by_rank
+        return vm
+
     def _reshaped(self, shape: Shape) -> ValueMesh[T]:
         return ValueMesh(shape, self._by_rank)
 

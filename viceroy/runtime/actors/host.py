@@ -317,6 +317,9 @@ def _reply(call_id: int, value: Any, what: str = "") -> None:
     if value is None:
         _ok(call_id)
         return
+    if serialize.json_scalar(value):  # in the header, like a run's scalar result
+        _rank._send_result({"id": call_id, "ok": True, "v": value}, [], [])
+        return
     try:
         payload, bufs = plain.dumps(value)
     except Exception as exc:

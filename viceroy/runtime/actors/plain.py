@@ -37,17 +37,12 @@ def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pic
     return serialize.dumps(obj, seen_refs=seen_refs)
 
 
-_SCALARS = frozenset({int, float, bool, str, type(None)})
-
-
 def inline(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """Arguments that are all JSON scalars (which JSON gives back with the same type and
     value) as fields of the message's header, so the message needs no pickle frame at all
     (one socket frame less per rank: ``step()``, ``incr(by=2)``); else None."""
     if len(args) + len(kwargs) > 16:
         return None
-    for v in (*args, *kwargs.values()):
-        t = type(v)
-        if t not in _SCALARS or (t is str and len(v) > 1024):
-            return None
+    if not all(map(serialize.json_scalar, (*args, *kwargs.values()))):
+        return None
     return {"args": list(args), "kw": kwargs}
