@@ -71,12 +71,13 @@ class Engine:
         self._enqueue(worker.Op(func, args, kwargs, [tid], _where(), factory=True))
         return MeshTensor(meta, self, tid)
 
-    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: bool = False) -> Any:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
-        queue it for the ranks and return MeshTensors for its tensor outputs."""
-        flat = not any(isinstance(x, _CONTAINERS) for x in args) and not any(
+        queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
+        caller saw that no argument is a container."""
+        flat = flat or (not any(isinstance(x, _CONTAINERS) for x in args) and not any(
             isinstance(x, _CONTAINERS) for x in kwargs.values()
-        )
+        ))
         in_leaves = [*args, *kwargs.values()] if flat else pytree.tree_leaves((args, kwargs))
         key = _signature(func, in_leaves)
         plan = self._plans.get(key) if key is not None else None
@@ -193,6 +194,11 @@ class _ActivateMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func not in FACTORIES:
+            for x in args:
+                if type(x) is MeshTensor:
+                    # Straight to the tensor's own handler: calling func again would cost a
+                    # second round of torch's dispatch for the same answer.
+                    return MeshTensor.__torch_function__(func, types, args, kwargs)
             return func(*args, **kwargs)
         if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
             if kwargs.get("device") not in (None, "cuda"):

@@ -56,6 +56,20 @@ class MeshTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if not kwargs:  # the common case: MeshTensors of one mesh among plain arguments
+            engine = None
+            for a in args:
+                t = type(a)
+                if t is MeshTensor:
+                    if engine is None:
+                        engine = a._engine
+                    elif a._engine is not engine:
+                        break
+                elif t is list or t is tuple or t is dict:
+                    break
+            else:
+                if engine is not None and getattr(func, "__name__", None) not in _NEEDS_DATA:
+                    return engine.dispatch(func, args, kwargs, flat=True)
         name = getattr(func, "__name__", str(func))
         if name in _NEEDS_DATA:
             raise RuntimeError(
