@@ -103,7 +103,7 @@ class Engine:
                 tid = self._new_id()
                 out_ids.append(tid)
                 meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-                results.append(MeshTensor(meta, self, tid))
+                results.append(MeshTensor(meta, self, tid, value))  # value: the tensor's signature
         if flat:
             slot_args = tuple(_to_slot(x) for x in args)
             slot_kwargs = {k: _to_slot(v) for k, v in kwargs.items()}

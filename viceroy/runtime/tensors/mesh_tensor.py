@@ -37,11 +37,11 @@ class MeshTensor(torch.Tensor):
     _sig: tuple[Any, ...]  # (shape, stride, dtype): the key of the engine's meta-result cache
 
     @staticmethod
-    def __new__(cls, meta: torch.Tensor, engine: Engine, tid: int) -> MeshTensor:
+    def __new__(cls, meta: torch.Tensor, engine: Engine, tid: int, sig: tuple[Any, ...] | None = None) -> MeshTensor:
         t = torch.Tensor._make_subclass(cls, meta)
         t._engine = engine
         t._id = tid
-        t._sig = (tuple(meta.shape), meta.stride(), meta.dtype)
+        t._sig = sig or (tuple(meta.shape), meta.stride(), meta.dtype)
         engine.track(t, tid)
         return t
 
@@ -50,7 +50,7 @@ class MeshTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             self._sig = (tuple(self.shape), self.stride(), self.dtype)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # (all done in __new__)
         pass
 
     @classmethod
