@@ -206,3 +206,20 @@ def test_errors_in_functions_sent_by_value_show_the_users_file_and_line(start_me
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert f'File "{script}", line 5, in step' in out.stdout, out.stdout + out.stderr
     assert "return x / (x - x)  # the line users must see" in out.stdout
+
+
+def test_a_rank_deaf_to_the_interrupt_counts_as_running_until_it_answers(start_mesh):
+    mesh = start_mesh(gpus=2)
+    deaf = ("import signal, time\n"
+            "if rank == 1:\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+            "    time.sleep(3)\n"
+            "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})")
+    fut = mesh.run(deaf, block=False)
+    wait_running(mesh.slice(gpus=1), "time.sleep")
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError, match="did not stop within"):
+        fut.get(timeout=10)
+    assert mesh.states() == {0: "idle", 1: "running"}  # the call is over, rank 1 is not
+    wait_until(lambda: mesh.states()[1] == "idle", 10, "rank 1 to answer late")
+    assert mesh.run("rank").values() == [0, 1]

@@ -65,6 +65,7 @@ class Controller(HostLifecycle):
         self._released: deque[tuple[int, str]] = deque()
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._dead: set[int] = set()
+        self._stuck: dict[int, set[int]] = {}  # rank -> calls given up on that it still runs
         self._hosts_of_ranks: dict[tuple[int, ...], list[int]] = {}  # routing, cached per rank set
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
@@ -324,7 +325,7 @@ class Controller(HostLifecycle):
         """rank -> state; "running" while it owes an answer to a call in flight (worked out
         here, when asked, so calls pay nothing for it)."""
         with self._lock:
-            owing: set[int] = set()
+            owing: set[int] = set(self._stuck)
             for call in self._calls.values():
                 owing.update(call.missing())
             return {r: ("running" if s == "idle" and r in owing else s) for r, s in self._state.items()}
@@ -435,6 +436,8 @@ class Controller(HostLifecycle):
                 if call.deadline and now >= call.deadline and call.stop_reason is None:
                     self._stop(call, f"timed out after {call.timeout} s")
                 if call.stop_deadline and now >= call.stop_deadline:
+                    for r in call.missing():  # still busy with it: "running" until it answers
+                        self._stuck.setdefault(r, set()).add(call.id)
                     call.give_up_on_missing()
                     done.append(call)
             for qid, q in list(self._queries.items()):
@@ -496,6 +499,8 @@ class Controller(HostLifecycle):
         events: list[Event] = []
         with self._lock:
             call = self._calls.get(header["id"])
+            if call is None and self._stuck:
+                self._late_answer(header)
             if "vals" in header and call is not None:  # an agent's scalar results, in a column
                 ok = call.record_scalars(expand_runs(header["vals"][0]), header["vals"][1])
                 if ok:
@@ -537,6 +542,7 @@ class Controller(HostLifecycle):
         finished: list[Call] = []
         with self._changed:
             self._set_state(r, "starting" if respawning else "dead")
+            self._stuck.pop(r, None)
             self._exit_reason[r] = reason
             self._pids.pop(r, None)
             for call in list(self._calls.values()):
@@ -550,6 +556,20 @@ class Controller(HostLifecycle):
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
             self._finish(c)
+
+    def _late_answer(self, header: dict[str, Any]) -> None:
+        """A call given up on (see `_check_deadlines`) was answered after all: those ranks are
+        free again. Caller holds the lock."""
+        ranks = [item["r"] for item in header["items"]]
+        for key in ("vals", "done"):
+            if key in header:
+                ranks += expand_runs(header[key][0] if key == "vals" else header[key])
+        for r in ranks:
+            calls = self._stuck.get(r)
+            if calls is not None:
+                calls.discard(header["id"])
+                if not calls:
+                    del self._stuck[r]
 
     def _set_state(self, r: int, state: str) -> None:
         """Caller holds the lock."""
