@@ -1,0 +1,195 @@
+"""How the calls in flight end: answers recorded (one rank's, or a host's in columns), ranks
+dying, deadlines and cancels, and the late answers of calls already given up on.
+
+A mixin of `Controller`, which owns the state declared here and runs these on its IO thread
+(`_stop` and `_set_state` also from callers' threads, under the lock).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from viceroy.runtime import shm
+from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
+from viceroy.runtime.errors import RankFailure
+from viceroy.runtime.logs import RankLogs
+from viceroy.runtime.shape import expand_runs, rank_runs
+from viceroy.runtime.wire import Signer
+
+Event = dict[str, Any]
+
+
+class CallOutcomes:
+    signer: Signer
+    token: str
+    logs: RankLogs
+    _lock: threading.RLock
+    _changed: threading.Condition
+    _calls: dict[int, Call]
+    _queries: dict[int, Query]
+    _state: dict[int, str]
+    _dead: set[int]
+    _stuck: dict[int, set[int]]
+    _exit_reason: dict[int, str]
+    _pids: dict[int, int]
+    _released: deque[tuple[int, str]]
+    _listeners: list[Callable[[Event], None]]
+
+    def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _emit(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def _segment_released(self, rank: int, path: str) -> None:
+        raise NotImplementedError
+
+    def _stop(self, call: Call, reason: str) -> None:
+        """Cancel a call on the ranks that have not answered. Caller holds the lock."""
+        if call.stop_reason is not None:
+            return
+        call.stop_reason = reason
+        call.stop_deadline = time.monotonic() + STOP_GRACE_S
+        missing = [r for r in call.missing() if self._state[r] != "dead"]
+        if missing:
+            frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": rank_runs(missing)})
+            self._to_ranks(missing, frames, control=True)
+        self._wake()
+
+    def _next_deadline(self) -> float | None:
+        if not self._deadlines_possible():
+            return None
+        now = time.monotonic()
+        with self._lock:
+            ds = [d for c in self._calls.values() for d in (c.deadline, c.stop_deadline) if d]
+            ds += [q.deadline for q in self._queries.values()]
+        return max(0.0, min(ds) - now) if ds else None
+
+    def _deadlines_possible(self) -> bool:
+        return bool(self._queries) or any(c.deadline or c.stop_deadline for c in self._calls.values())
+
+    def _check_deadlines(self) -> None:
+        if not self._deadlines_possible():
+            return
+        now = time.monotonic()
+        done: list[Call] = []
+        with self._lock:
+            for call in list(self._calls.values()):
+                if call.deadline and now >= call.deadline and call.stop_reason is None:
+                    self._stop(call, f"timed out after {call.timeout} s")
+                if call.stop_deadline and now >= call.stop_deadline:
+                    for r in call.missing():  # still busy with it: "running" until it answers
+                        self._stuck.setdefault(r, set()).add(call.id)
+                    call.give_up_on_missing()
+                    done.append(call)
+            for qid, q in list(self._queries.items()):
+                if now >= q.deadline:
+                    q.done.set()
+                    del self._queries[qid]
+        for call in done:
+            self._finish(call)
+
+    def _on_results(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+        si = di = 0
+        finished: list[Call] = []
+        events: list[Event] = []
+        with self._lock:
+            call = self._calls.get(header["id"])
+            if call is None and self._stuck:
+                self._late_answer(header)
+            if "vals" in header and call is not None:  # an agent's scalar results, in a column
+                ok = call.record_scalars(expand_runs(header["vals"][0]), header["vals"][1])
+                if ok:
+                    events.append({"type": "ranks_done", "call": call.id, "ranks": ok})
+            if "done" in header:  # its other plain successes, in columns (see answers.aggregate)
+                si = 1
+                if call is not None:
+                    ok, bad = call.record_packed(expand_runs(header["done"]), header.get("packed"), signed[0])
+                    if ok:
+                        events.append({"type": "ranks_done", "call": call.id, "ranks": ok})
+                    for r in bad:
+                        f = call.failures[r]
+                        events.append({"type": "rank_done", "call": call.id, "rank": r, "ok": False,
+                                       "kind": f.kind, "summary": f.summary, "tb": f.traceback})
+            for item in header["items"]:
+                r, ns, nd = item["r"], item.get("signed", 0), len(item.get("lens", []))
+                sig, dat = signed[si : si + ns], data[di : di + nd]
+                si, di = si + ns, di + nd
+                if call is None or call.answered(r):
+                    for entry in item.get("shm", []):  # a late answer: its files go straight back
+                        self._segment_released(r, entry[1])
+                    continue
+                if call.record(item, sig, dat, self.token, functools.partial(self._segment_released, r)) and call.fail_fast:
+                    self._stop(call, f"stopped by fail-fast after rank {r} failed")
+                done: Event = {"type": "rank_done", "call": call.id, "rank": r, "ok": r in call.results}
+                if r in call.failures:  # how it failed, for views of the mesh
+                    f = call.failures[r]
+                    done.update(kind=f.kind, summary=f.summary, tb=f.traceback)
+                events.append(done)
+            if call is not None and call.complete():
+                finished.append(call)
+        if self._listeners:
+            for ev in events:
+                self._emit(ev)
+        for c in finished:
+            self._finish(c)
+
+    def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
+        finished: list[Call] = []
+        with self._changed:
+            self._set_state(r, "starting" if respawning else "dead")
+            self._stuck.pop(r, None)
+            self._exit_reason[r] = reason
+            self._pids.pop(r, None)
+            for call in list(self._calls.values()):
+                if r in call.shape.ranks and not call.answered(r):
+                    call.failures[r] = RankFailure("died", f"died ({reason})")
+                    if call.fail_fast:
+                        self._stop(call, f"stopped by fail-fast after rank {r} died")
+                    if not call.missing():
+                        finished.append(call)
+            self._changed.notify_all()
+        self._emit({"type": "rank_exit", "rank": r, "reason": reason})
+        for c in finished:
+            self._finish(c)
+
+    def _late_answer(self, header: dict[str, Any]) -> None:
+        """A call given up on (see `_check_deadlines`) was answered after all: those ranks are
+        free again. Caller holds the lock."""
+        ranks = [item["r"] for item in header["items"]]
+        for key in ("vals", "done"):
+            if key in header:
+                ranks += expand_runs(header[key][0] if key == "vals" else header[key])
+        for r in ranks:
+            calls = self._stuck.get(r)
+            if calls is not None:
+                calls.discard(header["id"])
+                if not calls:
+                    del self._stuck[r]
+
+    def _set_state(self, r: int, state: str) -> None:
+        """Caller holds the lock."""
+        self._state[r] = state
+        if state == "dead":
+            self._dead.add(r)
+        else:
+            self._dead.discard(r)
+
+    def _finish(self, call: Call) -> None:
+        with self._lock:
+            if self._calls.pop(call.id, None) is None:
+                return
+        shm.discard(call.shm_paths)  # every rank has mapped it, or never will
+        self.logs.flush()
+        self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
+        # Resolving the future wakes the caller: do it last, so this thread does not hold the
+        # GIL against it right after.
+        call.resolve()
