@@ -52,9 +52,7 @@ class Call:
         """Scalar results from one agent, in a column of its header (see `answers.aggregate`).
         Answers already recorded are dropped. Returns the ranks recorded."""
         if len(values) != len(ranks):  # never from our agents
-            for r in ranks:
-                if not self.answered(r):
-                    self.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (column lengths do not match)")
+            self._garbled(ranks, "column lengths do not match")
             return []
         if not (self.results.keys().isdisjoint(ranks) and self.failures.keys().isdisjoint(ranks)):
             fresh = [(r, v) for r, v in zip(ranks, values, strict=True) if not self.answered(r)]
@@ -77,11 +75,7 @@ class Call:
             return ranks, []
         view = memoryview(blob.buffer if hasattr(blob, "buffer") else blob)
         if len(lens) != len(ranks) or sum(lens) != view.nbytes:  # never from our agents
-            bad = [r for r in ranks if not self.answered(r)]
-            for r in bad:
-                self.failures[r] = RankFailure("error", "its answer arrived garbled from its agent (packed lengths do not match)")
-            self._stream(bad)
-            return [], bad
+            return [], self._garbled(ranks, "packed lengths do not match")
         ends = list(itertools.accumulate(lens))
         if fresh:
             try:
@@ -106,6 +100,14 @@ class Call:
                 bad.append(r)
         self._stream(ok + bad)
         return ok, bad
+
+    def _garbled(self, ranks: list[int], why: str) -> list[int]:
+        """Fail the ranks of a column that does not add up; returns those newly failed."""
+        bad = [r for r in ranks if not self.answered(r)]
+        for r in bad:
+            self.failures[r] = RankFailure("error", f"its answer arrived garbled from its agent ({why})")
+        self._stream(bad)
+        return bad
 
     def _stream(self, ranks: list[int]) -> None:
         """Tell the streaming consumer (if any) about these ranks' answers."""

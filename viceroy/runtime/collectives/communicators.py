@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.groups import Group
 from viceroy.runtime.collectives.store import rendezvous, store_on_rank0
-from viceroy.runtime.collectives.waiting import SLICE_S
+from viceroy.runtime.collectives.waiting import SLICE_S, interrupts_held, uninterrupted
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import format_rank_set
 
@@ -107,7 +106,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         while not pending.wait(SLICE_S):
             pass
     except KeyboardInterrupt:
-        _uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
+        uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
     except Exception as exc:
         if not started or not backend.is_failure(exc):
@@ -150,7 +149,7 @@ class _StoreLost(Exception):
 
 
 class _Stale(Exception):
-    """The generation being built was left as stale by a member (see `_leave_stale`)."""
+    """The generation being built was left as stale by a member (see `_build`)."""
 
 
 def _get(what: str, backend: Backend, group: Group, device: int | None) -> Entry:
@@ -234,7 +233,8 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         while f"{base}/g{gen}" in _joined:
             # A generation this process joined before and did not see through (its give-up
             # was cut short): leave it, so peers that join it stop, and build the next one.
-            _leave_stale(store, base, gen, me)
+            _give_up(Entry(None, key, base, incarnation, gen),
+                     f"rank {me} left a stale attempt to form the group", stale=True)
             gen = int(store.add(f"{base}/gen", 0))
         entry = Entry(None, key, base, incarnation, gen)
         _joined.add(entry.prefix)
@@ -254,16 +254,13 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         _wait_for_members(what, group, helper, store, entry, timeout)
     except BaseException as exc:
         stale = isinstance(exc, _Stale)  # then leave quietly too: everyone moves on
-        why = (f"rank {me} was interrupted while the group was forming"
-               if isinstance(exc, KeyboardInterrupt) else
-               str(exc) if isinstance(exc, CollectiveError) else
-               f"rank {me} moved on from a stale attempt" if stale else
-               f"rank {me} failed while the group was forming: {_first_line(exc)}")
+        why = _why_left(exc, me)
+
         def leave() -> None:
             helper.abandon()
             _give_up(entry, why, stale=stale)
 
-        _uninterrupted(leave)
+        uninterrupted(leave)
         raise
     if helper.error is not None or helper.comm is None:
         cause = _first_line(helper.error) if helper.error else "no communicator"
@@ -277,6 +274,17 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     with _store_ops():  # built: every member has read `gen`, the next build gets a fresh one
         store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
     return entry
+
+
+def _why_left(exc: BaseException, me: int) -> str:
+    """Why this rank left a group that was forming, for its peers' messages."""
+    if isinstance(exc, KeyboardInterrupt):
+        return f"rank {me} was interrupted while the group was forming"
+    if isinstance(exc, CollectiveError):
+        return str(exc)
+    if isinstance(exc, _Stale):
+        return f"rank {me} moved on from a stale attempt"
+    return f"rank {me} failed while the group was forming: {_first_line(exc)}"
 
 
 def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entry: Entry,
@@ -324,9 +332,10 @@ def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = F
     peer that sees our connections cut finds our record) and forget it. A build given up also
     moves the generation on. Returns the generation's records, or None without a store.
 
-    Interrupts are held meanwhile (`_interrupts_held`), so the bookkeeping is never cut short."""
+    Interrupts are held meanwhile (`waiting.interrupts_held`), so the bookkeeping is never cut
+    short."""
     records: list[Record] | None = None
-    with _interrupts_held():
+    with interrupts_held():
         try:
             # Losing rank 0 usually means losing the store it hosts: asking a dead store makes
             # torch print a C++ stack trace, so do not.
@@ -343,48 +352,6 @@ def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = F
         finally:
             _forget(entry)
     return records
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """SIGINT does not raise inside the block (main thread only; elsewhere signals never run).
-
-    The Python-level handler is swapped rather than the signal masked: a signal that arrived
-    just before the block, whose handler Python has not run yet, then runs the placeholder
-    too. A held interrupt is dropped: the rank runtime resends its interrupt until the call
-    ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, _hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _hold(signum: int, frame: Any) -> None:
-    pass
-
-
-def _uninterrupted(cleanup: Callable[[], object]) -> None:
-    """Run an idempotent `cleanup` to its end though interrupts keep coming: one that lands
-    before the hold takes effect (or just as it ends) runs it again."""
-    while True:
-        try:
-            with _interrupts_held():
-                cleanup()
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-def _leave_stale(store: Any, base: str, gen: int, me: int) -> None:
-    """Give up generation `gen` of a group this rank joined earlier without seeing it through."""
-    record = {"rank": me, "reason": f"rank {me} left a stale attempt to form the group",
-              "time": time.time(), "lost": None, "stale": True}
-    store.append(f"{base}/g{gen}/aborts", json.dumps(record) + "\n")
-    store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
 
 
 def _read_records(store: Any, prefix: str) -> list[Record]:
