@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
 import os
-import queue
 import sys
 import threading
 import time
@@ -33,6 +33,7 @@ from viceroy.extension.args import (
 )
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
+from viceroy.extension.inbox import Inbox
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
 from viceroy.extension.output import format_rank_set
 from viceroy.extension.state import MeshState, rank_hosts
@@ -41,6 +42,7 @@ from viceroy.runtime.handles import Ref
 if TYPE_CHECKING:
     from viceroy import Mesh
 
+_RIDE_ALONG = ("call_started", "rank_done", "ranks_done", "call_finished")  # see Inbox
 AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
 NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
 SETTLE_S = 0.3  # after a call's value arrives, how long to wait for its last output events
@@ -71,7 +73,8 @@ class MeshSession:
         self.shell = shell
         self.mesh: Mesh | None = None
         self.state = MeshState()
-        self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._inbox = Inbox()
+        self._cell_printed = False  # a rank of the running cell's call has sent output
         self._unsubscribe: Callable[[], Any] | None = None
         self._cell_active = False
         self._cell_title: tuple[int | None, str] = (None, "")  # (thread running the cell, title)
@@ -250,7 +253,11 @@ class MeshSession:
             self._notify()
         kind = ev.get("type")
         if self._cell_active or kind == "rank_exit":
-            self._events.put(ev)
+            if kind in ("output", "publish"):
+                self._cell_printed = True
+            # A rank finishing matters at once only when lines may wait for it in a group;
+            # a finished call is followed by its future's own "future_done".
+            self._inbox.post(ev, wake=kind not in _RIDE_ALONG or (self._cell_printed and kind in ("rank_done", "ranks_done")))
         elif kind in ("call_started", "output", "publish", "rank_done", "ranks_done", "call_finished"):
             self._echo.put(ev)  # a call made through the Python API
 
@@ -283,6 +290,7 @@ class MeshSession:
         view = self.view(opts)
         sink = sink or CellSink()
         self._report_exits_since_last_cell(sink)
+        self._cell_printed = False
         self._cell_active = True
         self._cell_title = (threading.get_ident(), cell_title(label, code))
         try:
@@ -302,7 +310,7 @@ class MeshSession:
             live = LiveOutput(view.ranks, fut.call_id, sink)
             # Wake the pump the moment the value is in (the runtime announces call_finished
             # just before it resolves the future).
-            fut.add_done_callback(lambda _f: self._events.put({"type": "future_done", "call": fut.call_id}))
+            fut.add_done_callback(lambda _f: self._inbox.post({"type": "future_done", "call": fut.call_id}))
             try:
                 self._pump(live, fut)
             except KeyboardInterrupt:
@@ -326,13 +334,8 @@ class MeshSession:
         its own value under that name. Nothing else from the controller is sent."""
         if self.shell is None:
             return {}
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            return {}  # the runtime reports it, with the line
-        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         ns = self.shell.user_ns
-        return {name: ns[name] for name in names if isinstance(ns.get(name), Ref)}
+        return {name: ns[name] for name in names_read_by(code) if isinstance(ns.get(name), Ref)}
 
     def _pump(self, live: LiveOutput, fut: Any) -> None:
         done_at: float | None = None
@@ -345,19 +348,10 @@ class MeshSession:
                     self._drain(live, timeout=0)
                     return
 
-    def _drain(self, live: LiveOutput, timeout: float, limit: int = 2000) -> None:
-        """Handle queued events (waiting up to ``timeout`` for the first), then emit what is due."""
-        try:
-            ev = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
-        except queue.Empty:
-            live.tick(time.monotonic())
-            return
-        live.handle(ev, time.monotonic())
-        for _ in range(limit):  # bounded, so a flood cannot starve the ticks
-            try:
-                ev = self._events.get_nowait()
-            except queue.Empty:
-                break
+    def _drain(self, live: LiveOutput, timeout: float) -> None:
+        """Handle queued events (waiting up to ``timeout`` for one), then emit what is due.
+        Bounded per round, so a flood cannot starve the ticks."""
+        for ev in self._inbox.take(timeout):
             live.handle(ev, time.monotonic())
         live.tick(time.monotonic())
 
@@ -384,13 +378,10 @@ class MeshSession:
 
     def _report_exits_since_last_cell(self, sink: Sink) -> None:
         exits: dict[int, str] = {}
-        while True:
-            try:
-                ev = self._events.get_nowait()
-            except queue.Empty:
-                break
-            if ev.get("type") == "rank_exit":
-                exits[ev["rank"]] = ev.get("reason", "unknown")
+        while events := self._inbox.take(0):
+            for ev in events:
+                if ev.get("type") == "rank_exit":
+                    exits[ev["rank"]] = ev.get("reason", "unknown")
         for reason in sorted(set(exits.values())):
             ranks = sorted(r for r, why in exits.items() if why == reason)
             sink.write(
@@ -409,6 +400,17 @@ class MeshSession:
             print(f"viceroy: stopping the mesh failed: {e}", file=sys.stderr)
         finally:
             self._echo.stop()
+
+
+@functools.lru_cache(maxsize=256)
+def names_read_by(code: str) -> frozenset[str]:
+    """The names ``code`` reads (cached: a notebook reruns the same cells); none if it does not
+    parse, which the runtime then reports with the line."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return frozenset()
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
 
 
 def cell_title(label: str, code: str) -> str:

@@ -17,12 +17,22 @@ from contextlib import contextmanager
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
+from traitlets import Float
 
 import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
 from viceroy.kernel.iostream import batch_history_writes
 from viceroy.kernel.tracebacks import install_mesh_error_rendering
+
+
+def _skip_debug_records(log: Any) -> None:
+    """Jupyter apps set their logger to DEBUG and filter in the handlers, so each of the
+    kernel's several debug calls per message builds a LogRecord that is then thrown away. Let
+    the logger drop what no handler would print (a ``--debug`` kernel still logs everything)."""
+    handlers = getattr(log, "handlers", None)
+    if handlers and log.level < min(h.level for h in handlers):
+        log.setLevel(min(h.level for h in handlers))
 
 
 async def _maybe_await(x: Any) -> Any:
@@ -39,9 +49,16 @@ class ViceroyKernel(IPythonKernel):
         "`%mesh up gpus=4` starts a mesh; a `%%mesh` cell runs on its ranks."
     )
 
+    # ipykernel sleeps 0.5 ms after every cell before its reply (a FIXME: output that "doesn't
+    # seem to make it" to clients). Output written here is flushed, synchronously, before the
+    # reply, and front ends wait for the idle status that follows it on IOPub; the sleep only
+    # costs every cell half a millisecond.
+    _execute_sleep = Float(0.0).tag(config=True)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         assert self.shell is not None
+        _skip_debug_records(self.log)
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
         batch_history_writes(self.shell)

@@ -90,7 +90,7 @@ class Controller(CallOutcomes, HostLifecycle):
         self._io.start()
 
         self._config = {
-            "key": self.signer._key.hex(),
+            "key": self.signer.key.hex(),
             "token": self.token,
             "controller_in": self._sockets.address_in,
             "controller_out": self._sockets.address_out,

@@ -21,7 +21,18 @@ Frame = Any  # bytes | memoryview | zmq.Frame | PickleBuffer
 
 _SIG = 32
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
-_loads = json.loads
+_decode = json.JSONDecoder().decode
+
+
+def _keyed(key: bytes) -> Any:
+    """An HMAC-SHA256 already keyed with `key`; `.copy()` of it starts a message without
+    hashing the key again (OpenSSL's object where available: no Python wrapper per message)."""
+    try:
+        import _hashlib
+
+        return _hashlib.hmac_new(key, digestmod="sha256")
+    except (ImportError, AttributeError, ValueError):
+        return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def new_key() -> bytes:
@@ -35,10 +46,11 @@ class BadMessage(Exception):
 class Signer:
     """Signs and verifies messages with one per-mesh key; counts what it drops."""
 
-    __slots__ = ("_key", "dropped")
+    __slots__ = ("_keyed", "dropped", "key")
 
     def __init__(self, key: bytes) -> None:
-        self._key = key
+        self.key = key  # handed to the processes this one starts
+        self._keyed = _keyed(key)
         self.dropped = 0
 
     def pack(self, header: dict[str, Any], signed: Sequence[Frame] = (), data: Sequence[Frame] = ()) -> list[Frame]:
@@ -46,7 +58,8 @@ class Signer:
         if data:
             header["lens"] = [memoryview(d).nbytes for d in data]
         h = _dumps(header).encode()
-        mac = hmac.new(self._key, h, hashlib.sha256)
+        mac = self._keyed.copy()
+        mac.update(h)
         for f in signed:
             mac.update(f)
         return [mac.digest() + h, *signed, *data]
@@ -64,13 +77,14 @@ class Signer:
             n_signed = _peek_signed(h)
             if 1 + n_signed > len(frames):
                 raise BadMessage("bad frame count")
-            mac = hmac.new(self._key, h, hashlib.sha256)
+            mac = self._keyed.copy()
+            mac.update(h)
             signed = list(frames[1 : 1 + n_signed])
             for f in signed:
                 mac.update(f.buffer if hasattr(f, "buffer") else f)
             if not hmac.compare_digest(mac.digest(), first[:_SIG]):
                 raise BadMessage("bad signature")
-            header = _loads(h)
+            header = _decode(h.decode())
             data = list(frames[1 + n_signed :])
             if data or "lens" in header:
                 lens = header.get("lens", [])
