@@ -1,6 +1,7 @@
 """The kernel's per-cell bookkeeping is lighter than stock ipykernel's (see
 viceroy/kernel/iostream.py), and loses nothing: output still arrives before the cell ends and
-history is complete when asked for and written to disk within about a second."""
+history is complete when asked for and written to disk within about a second. It also skips
+ipykernel's 0.5 ms sleep after each cell (see ViceroyKernel._execute_sleep)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,11 @@ def test_history_reaches_the_database_within_about_a_second(kernel: Kernel):
 
     wait_until(stored, 5, "the cell to be written to the history database")
     assert time.monotonic() - started < 3
+
+
+def test_no_sleep_after_a_cell_and_no_debug_records_that_no_handler_prints(kernel: Kernel):
+    ex = kernel.ok(
+        "import logging\nk = get_ipython().kernel\n"
+        "print(k._execute_sleep, k.log.isEnabledFor(logging.DEBUG), min(h.level for h in k.log.handlers) > logging.DEBUG)"
+    )
+    assert ex.stream().split() == ["0.0", "False", "True"]
