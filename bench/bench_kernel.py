@@ -6,6 +6,10 @@ execute_request until the kernel is idle again.
                                                  ipykernel (goal: <= 1/5 of it), when ipyparallel
                                                  is installed (pip install ipyparallel)
 
+The two Viceroy cells run in turn, rep after rep, so load falls on both alike. ipyparallel runs
+afterwards, alone: its controller and engines keep working after each %px (storing results,
+heartbeats), and interleaved that work would land on the other measurements.
+
 Usage: python bench/bench_kernel.py [--reps 300]
 """
 
@@ -43,23 +47,29 @@ def _execute(kc, code: str, timeout: float = 60) -> float:
     return elapsed
 
 
-def _median(kc, code: str, reps: int, warmup: int = 30) -> float:
-    for _ in range(warmup):
-        _execute(kc, code)
-    return statistics.median(_execute(kc, code) for _ in range(reps))
-
-
 def _start(kernel_name: str):
     from jupyter_client.manager import start_new_kernel
 
     return start_new_kernel(kernel_name=kernel_name, startup_timeout=120)
 
 
+def _interleaved(runs: list[tuple[object, str]], reps: int, warmup: int = 30) -> list[float]:
+    """Median time of each (client, code), run in turn rep after rep, so that load on the
+    machine falls on every measurement alike."""
+    for _ in range(warmup):
+        for kc, code in runs:
+            _execute(kc, code)
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        for i, (kc, code) in enumerate(runs):
+            times[i].append(_execute(kc, code))
+    return [statistics.median(t) for t in times]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         from viceroy.kernel.kernelspec import write_kernel_spec
 
@@ -68,33 +78,35 @@ def main() -> None:
         km, kc = _start("viceroy")
         try:
             _execute(kc, "%mesh up gpus=4 --preload none")
-            plain = _median(kc, "a=1", args.reps)
-            mesh = _median(kc, "%%mesh\na=1", args.reps)
+            plain, mesh = _interleaved([(kc, "a=1"), (kc, "%%mesh\na=1")], args.reps)
             _execute(kc, "%mesh down")
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=False)
-        rows.append(("a=1 (Viceroy kernel, controller)", fmt_time(plain), "-", "-", ""))
-        rows.append(("%%mesh a=1, 4 ranks", fmt_time(mesh), f"a=1 in the same kernel: {fmt_time(plain)}",
-                     f"+{fmt_time(mesh - plain)}", "overhead <= 2 ms"))
-        if importlib.util.find_spec("ipyparallel") is None:
-            rows.append(("%px a=1, 4 ipyparallel engines", "not installed", "-", "-", "pip install ipyparallel"))
-        else:
-            from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+    rows = [
+        ("a=1 (Viceroy kernel, controller)", fmt_time(plain), "-", "-", ""),
+        ("%%mesh a=1, 4 ranks", fmt_time(mesh), f"a=1 in the same kernel: {fmt_time(plain)}",
+         f"+{fmt_time(mesh - plain)}", "overhead <= 2 ms"),
+    ]
+    if importlib.util.find_spec("ipyparallel") is None:
+        rows.append(("%px a=1, 4 ipyparallel engines", "not installed", "-", "-", "pip install ipyparallel"))
+    else:
+        from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 
-            km, kc = _start(NATIVE_KERNEL_NAME)
-            try:
-                _execute(kc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
-                             "rc = cluster.start_and_connect_sync()\nrc.wait_for_engines(4, timeout=120)\n"
-                             "rc[:].activate()", timeout=180)
-                px = _median(kc, "%px a=1", max(50, args.reps // 3))
-                _execute(kc, "cluster.stop_cluster_sync()", timeout=60)
-            finally:
-                kc.stop_channels()
-                km.shutdown_kernel(now=False)
-            rows.append(("%%mesh a=1 vs %px a=1 (ipyparallel, 4 engines)", fmt_time(mesh), f"%px a=1: {fmt_time(px)}",
-                         f"{mesh / px:.2f}x", "<= 0.2x"))
-    print(f"\nbench_kernel: medians of {args.reps} executions; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
+        km, kc = _start(NATIVE_KERNEL_NAME)
+        try:
+            _execute(kc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
+                         "rc = cluster.start_and_connect_sync()\nrc.wait_for_engines(4, timeout=120)\n"
+                         "rc[:].activate()", timeout=180)
+            (px,) = _interleaved([(kc, "%px a=1")], max(50, args.reps // 3))
+            _execute(kc, "cluster.stop_cluster_sync()", timeout=60)
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=False)
+        rows.append(("%%mesh a=1 vs %px a=1 (ipyparallel, 4 engines)", fmt_time(mesh), f"%px a=1: {fmt_time(px)}",
+                     f"{mesh / px:.2f}x", "<= 0.2x"))
+    print(f"\nbench_kernel: medians of {args.reps} executions of each; {os.cpu_count()} CPUs; "
+          f"load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
 
 
