@@ -153,3 +153,50 @@ def test_reduce_runs_over_the_data_plane_per_dim(start_mesh):
     assert total.fetch(a=1, b=0).tolist() == [8.0] * 3
     with pytest.raises(ValueError, match="no dim 'gpus'"):
         reduce(y, "sum", dims="gpus")
+
+
+def test_repeated_ops_take_the_cached_road_with_the_right_results(tmesh):
+    with tmesh.activate():
+        a = torch.zeros(3)
+        for _ in range(3):  # the same ops again: from the plan cache (short road)
+            a[1] = 5  # a value, run on the ranks
+            a.add_(1)  # in place: returns its input
+        i = torch.arange(3)
+        ints, floats, bools, again = i + 1, i + 1.0, i + True, i + 1  # equal keys, not equal ops
+        sums = [a.sum(dim=0, keepdim=True) for _ in range(2)]  # keyword arguments
+    assert a.fetch(gpus=1).tolist() == [3.0, 6.0, 3.0]
+    assert (ints.dtype, floats.dtype, bools.dtype, again.dtype) == (torch.int64, torch.float32, torch.int64, torch.int64)
+    assert floats.fetch(gpus=0).tolist() == [1.0, 2.0, 3.0] and again.fetch(gpus=0).tolist() == [1, 2, 3]
+    assert [s.shape for s in sums] == [(1,), (1,)] and sums[1].fetch(gpus=0).tolist() == [12.0]
+
+
+def test_in_place_ops_that_change_the_shape_change_it_here_every_time(tmesh):
+    with tmesh.activate():
+        a, b = torch.zeros(3), torch.zeros(3)
+        a.unsqueeze_(0)
+        b.unsqueeze_(0)  # the same op on the same signature: the controller's shape follows too
+        c = b + 1
+    assert a.shape == b.shape == c.shape == (1, 3)
+    assert b.fetch(gpus=0).shape == (1, 3)
+
+
+def test_ops_with_the_same_values_in_different_places_are_different_ops(tmesh):
+    with tmesh.activate():
+        a = torch.ones(3, 4)
+        by_sizes = a.split([2, 1])  # sizes 2 and 1 along dim 0
+        by_dim = a.split(2, 1)  # pieces of 2 along dim 1
+    assert [t.shape for t in by_sizes] == [(2, 4), (1, 4)]
+    assert [t.shape for t in by_dim] == [(3, 2), (3, 2)]
+    assert [t.shape for t in by_dim[1].fetch().values()] == [(3, 2)] * 2
+
+
+def test_a_cached_op_failing_on_a_rank_names_its_line(tmesh):
+    with tmesh.activate():
+        a = torch.arange(4)
+        for _ in range(3):
+            bad = a // 0  # fine on meta tensors, a ZeroDivisionError on the ranks
+            line = pyinspect.currentframe().f_lineno - 1
+    with pytest.raises(vr.MeshError) as info:
+        bad.fetch()
+    assert f"test_engine.py, line {line}" in str(info.value) and "ZeroDivisionError" in str(info.value)
+    assert a.fetch(gpus=0).tolist() == [0, 1, 2, 3]

@@ -6,14 +6,9 @@ An op that fails on a rank surfaces at the next fetch, with the controller line 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +17,22 @@ from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.tensors import worker
-from viceroy.runtime.tensors.mesh_tensor import MeshTensor
+from viceroy.runtime.tensors.mesh_tensor import (
+    _NEEDS_DATA,
+    ANSWER,
+    BATCH_MAX,
+    GENERAL,
+    INPLACE,
+    KEYABLE,
+    NEW,
+    VALUE,
+    MeshTensor,
+    _general,
+    new,
+    sig_of,
+    torch_function,
+    where,
+)
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -32,28 +42,30 @@ FACTORIES = {
     torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
     torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
 }
-BATCH_MAX = 256  # ops queued before a batch goes out on its own
-_SKIP_DIRS = (
-    os.path.dirname(str(torch.__file__)),
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # viceroy/runtime
-    os.path.dirname(os.path.abspath(str(contextlib.__file__))),
-)
+_NO_KEY = object()
 
 
 class Engine:
-    """One per mesh view: the queue of ops for its ranks and the ids of their tensors."""
+    """One per mesh view: the queue of ops for its ranks and the ids of their tensors.
+
+    Queued ops are tuples ``(func, args, kwargs, slots, out, where, factory)`` (see
+    `worker.apply_batch`). The queue and the frees are appended to without a lock (a list append
+    is atomic); a batch is taken by slicing, under `_send_lock`, so that batches leave in order."""
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
         self._next_id = 0
-        self._lock = threading.Lock()
-        self._queue: list[worker.Op] = []
+        self._send_lock = threading.Lock()
+        self._queue: list[tuple[Any, ...]] = []
         self._frees: list[int] = []
         self._pending: list[Any] = []  # futures of batches sent
         # Meta results by op signature: a loop of the same ops is checked once, not each time
         # (meta kernels cost up to a millisecond each).
         self._plans: dict[Any, _Plan] = {}
-        self._refs: dict[int, weakref.ref[MeshTensor]] = {}
+        # Tensor id -> weak reference to its MeshTensor (mesh_tensor._Ref), whose callback
+        # (`_gone`, one bound method for all) frees the id on the ranks.
+        self._refs: dict[int, Any] = {}
+        self._gone = self._on_gone
 
     def describe(self) -> str:
         return self.mesh._shape.describe()
@@ -68,24 +80,35 @@ class Engine:
         with torch._C.DisableTorchFunctionSubclass():
             meta = func(*args, **{**kwargs, "device": "meta"})
         tid = self._new_id()
-        self._enqueue(worker.Op(func, args, kwargs, [tid], _where(), factory=True))
+        self._enqueue((func, args, kwargs, (), tid, where(), True))
         return MeshTensor(meta, self, tid)
 
-    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: bool = False) -> Any:
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: bool = False,
+                 key: Any = _NO_KEY, plan: _Plan | None = None) -> Any:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
         queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
-        caller saw that no argument is a container."""
+        caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
         flat = flat or (not any(isinstance(x, _CONTAINERS) for x in args) and not any(
             isinstance(x, _CONTAINERS) for x in kwargs.values()
         ))
         in_leaves = [*args, *kwargs.values()] if flat else pytree.tree_leaves((args, kwargs))
-        key = _signature(func, in_leaves)
-        plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = _plan(func, args, kwargs, in_leaves)
-            if key is not None and len(self._plans) < 4096:
-                self._plans[key] = plan
-        if plan.answer is not _NO_ANSWER:
+            if key is _NO_KEY:
+                key = _signature(func, args, kwargs)
+            plan = self._plans.get(key) if key is not None else None
+            if plan is None:
+                name = getattr(func, "__name__", str(func))
+                if name in _NEEDS_DATA:
+                    raise RuntimeError(
+                        f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
+                        "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
+                    )
+                plan = _plan(func, args, kwargs, in_leaves)
+                if key is not None and plan.cacheable:
+                    if len(self._plans) >= 4096:
+                        self._plans.clear()
+                    self._plans[key] = plan
+        if plan.kind is ANSWER:
             return plan.answer  # a question about metadata (shape, dtype, dim...): answered here
         out_ids: list[int | None] = []
         results: list[Any] = []
@@ -95,22 +118,22 @@ class Engine:
                 results.append(value)
             elif kind == "input":  # in place: the op returned its input
                 same = in_leaves[value]
-                same._refresh_sig()
                 out_ids.append(same._id)
                 results.append(same)
             else:
-                shape, stride, dtype = value
+                meta, sig = value
                 tid = self._new_id()
                 out_ids.append(tid)
-                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-                results.append(MeshTensor(meta, self, tid, value))  # value: the tensor's signature
+                results.append(new(self, meta, tid, sig))
         if flat:
             slot_args = tuple(_to_slot(x) for x in args)
             slot_kwargs = {k: _to_slot(v) for k, v in kwargs.items()}
         else:
             slot_args, slot_kwargs = pytree.tree_map(_to_slot, (args, kwargs))
-        self._enqueue(worker.Op(func, slot_args, slot_kwargs, out_ids, _where()))
-        return results[0] if plan.single else pytree.tree_unflatten(results, plan.spec)
+        self._enqueue((func, slot_args, slot_kwargs, None, out_ids, where(), False))
+        if plan.kind is VALUE:
+            return plan.answer
+        return results[0] if plan.kind is not GENERAL else pytree.tree_unflatten(results, plan.spec)
 
     def rank_op(self, t: MeshTensor, fn: Any, *args: Any) -> MeshTensor:
         """Queue ``fn(tensor, *args)`` on every rank; its result (same shape and dtype) becomes
@@ -118,40 +141,48 @@ class Engine:
         with torch._C.DisableTorchFunctionSubclass():
             meta = torch.empty_like(t.as_subclass(torch.Tensor))
         tid = self._new_id()
-        self._enqueue(worker.Op(fn, (worker.Slot(t._id), *args), {}, [tid], _where()))
+        self._enqueue((fn, [t._id, *args], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
 
-    def _enqueue(self, op: worker.Op) -> None:
-        self._queue.append(op)
-        if len(self._queue) >= BATCH_MAX:
+    def _enqueue(self, op: tuple[Any, ...]) -> None:
+        q = self._queue
+        q.append(op)
+        if len(q) >= BATCH_MAX:
             self.flush()
 
-    def track(self, t: MeshTensor, tid: int) -> None:
-        """Free tensor `tid` on the ranks once `t` is garbage (a weak reference's callback: far
-        cheaper per op than weakref.finalize)."""
-        def gone(_ref: weakref.ref[MeshTensor], tid: int = tid) -> None:
-            self.release(tid)
-
-        self._refs[tid] = weakref.ref(t, gone)
-
-    def release(self, tid: int) -> None:
-        """A MeshTensor was garbage-collected: free its tensor on the ranks, with the next batch."""
+    def _on_gone(self, r: Any) -> None:
+        """A MeshTensor was garbage-collected: free its tensor on the ranks, with the next batch.
+        (May run in any thread, in the middle of anything: it only appends, and sends a batch
+        of frees on its own only when no batch is being taken.)"""
+        tid = r.tid
         self._refs.pop(tid, None)
-        with self._lock:
-            self._frees.append(tid)
-            n = len(self._frees)
-        if n >= BATCH_MAX and not self.mesh._controller.closed:
+        frees = self._frees
+        frees.append(tid)
+        if len(frees) >= BATCH_MAX and self._send_lock.acquire(blocking=False):
             try:
-                self.flush()
+                self._send()
             except Exception:
-                pass  # the next flush retries; never raise from a finalizer
+                pass  # the next flush retries; never raise from a weak reference's callback
+            finally:
+                self._send_lock.release()
 
     # --- sending ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        with self._lock:
-            ops, self._queue = self._queue, []
-            frees, self._frees = self._frees, []
+        with self._send_lock:
+            self._send()
+
+    def _send(self) -> None:
+        # Frees first: a free is recorded after every op using its tensor was queued, so each
+        # free taken here has its ops in this batch or an earlier one (and runs after them).
+        f = self._frees
+        n = len(f)
+        frees = f[:n]
+        del f[:n]
+        q = self._queue
+        n = len(q)
+        ops = q[:n]
+        del q[:n]
         if not ops and not frees:
             return
         if self.mesh._controller.closed:
@@ -164,7 +195,10 @@ class Engine:
     def sync(self) -> None:
         """Send what is queued and wait for it; raise the first failure."""
         self.flush()
-        pending, self._pending = self._pending, []
+        p = self._pending  # (sliced, not swapped: a batch of frees may go out from another thread)
+        n = len(p)
+        pending = p[:n]
+        del p[:n]
         first: BaseException | None = None
         for fut in pending:
             try:
@@ -191,14 +225,15 @@ class _ActivateMode(TorchFunctionMode):
         super().__init__()
         self.engine = engine
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    # Ops on MeshTensors go straight to the tensors' handler (the one Python call of the short
+    # road); calling func again would cost a second round of torch's dispatch.
+    __torch_function__ = torch_function
+
+    def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
         kwargs = kwargs or {}
         if func not in FACTORIES:
-            for x in args:
-                if type(x) is MeshTensor:
-                    # Straight to the tensor's own handler: calling func again would cost a
-                    # second round of torch's dispatch for the same answer.
-                    return MeshTensor.__torch_function__(func, types, args, kwargs)
+            if any(type(x) is MeshTensor for x in args):
+                return _general(func, args, kwargs)
             return func(*args, **kwargs)
         if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
             if kwargs.get("device") not in (None, "cuda"):
@@ -214,70 +249,106 @@ def activate(engine: Engine) -> Iterator[Engine]:
     engine.flush()
 
 
-_NO_ANSWER = object()
-
-
-@dataclass(frozen=True)
 class _Plan:
-    """What an op makes, from its meta run: per output leaf ("value", v) | ("input", index of
-    the input leaf it returns) | ("new", (shape, stride, dtype)); or a direct `answer`."""
+    """What an op makes, from its meta run. `kind`: NEW, INPLACE, VALUE, ANSWER or GENERAL (see
+    mesh_tensor). `outputs`, per output leaf: ("value", v) | ("input", index of the input leaf
+    it returns) | ("new", (meta, sig)). For the short road (`mesh_tensor.torch_function`): `meta`, `sig`
+    of the one new tensor, `index` of the input returned, `slots` (the positions of MeshTensors
+    among the arguments); `answer`: what ANSWER and VALUE return."""
 
-    outputs: tuple[tuple[str, Any], ...]
-    spec: Any
-    answer: Any = _NO_ANSWER
-    single: bool = False  # the op returns one tensor (the common case: no tree to rebuild)
+    __slots__ = ("answer", "cacheable", "index", "kind", "meta", "outputs", "sig", "slots", "spec")
+
+    def __init__(self, kind: int, outputs: tuple[tuple[str, Any], ...] = (), spec: Any = None,
+                 answer: Any = None, slots: tuple[int, ...] = (), cacheable: bool = True) -> None:
+        self.kind = kind
+        self.outputs = outputs
+        self.spec = spec
+        self.answer = answer
+        self.slots = slots
+        self.cacheable = cacheable
+        self.meta: Any = None
+        self.sig = 0
+        self.index = -1
+        if kind is NEW:
+            self.meta, self.sig = outputs[0][1]
+        elif kind is INPLACE:
+            self.index = outputs[0][1]
 
 
 def _plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leaves: list[Any]) -> _Plan:
+    """Run `func` on the MeshTensors' meta tensors themselves (an in-place op changes the
+    MeshTensor's shape here as it will on the ranks)."""
     with torch._C.DisableTorchFunctionSubclass():
-        metas = {id(x): x.as_subclass(torch.Tensor) for x in in_leaves if isinstance(x, MeshTensor)}
-        meta_args, meta_kwargs = pytree.tree_map(lambda x: metas.get(id(x), x), (args, kwargs))
-        out = func(*meta_args, **meta_kwargs)
+        out = func(*args, **kwargs)
+        # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
+        # checked each time: only running it changes the MeshTensor's own meta tensor.
+        changed = False
+        for x in in_leaves:
+            if isinstance(x, MeshTensor):
+                sig = sig_of(tuple(x.shape), x.stride(), x.dtype)
+                if sig != x._sig:
+                    x._sig = sig
+                    changed = True
     leaves, spec = pytree.tree_flatten(out)
     name = getattr(func, "__name__", "")
-    if not any(isinstance(leaf, torch.Tensor) for leaf in leaves) and not (name.endswith("_") or name == "__setitem__"):
-        return _Plan((), spec, answer=out)
-    meta_leaves = pytree.tree_leaves((meta_args, meta_kwargs))
+    if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        if not (name.endswith("_") or name == "__setitem__"):
+            return _Plan(ANSWER, answer=out)
+        kind = VALUE
+    else:
+        kind = GENERAL
     outputs: list[tuple[str, Any]] = []
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
             outputs.append(("value", leaf))
             continue
-        same = next((i for i, m in enumerate(meta_leaves) if m is leaf and isinstance(in_leaves[i], MeshTensor)), None)
+        same = next((i for i, x in enumerate(in_leaves) if x is leaf and isinstance(x, MeshTensor)), None)
         if same is not None:
             outputs.append(("input", same))
         else:
-            outputs.append(("new", (tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype)))
-    return _Plan(tuple(outputs), spec, single=not isinstance(out, _CONTAINERS) and len(outputs) == 1)
+            shape, stride = tuple(leaf.shape), tuple(leaf.stride())
+            meta = torch.empty_strided(shape, stride, dtype=leaf.dtype, device="meta")
+            outputs.append(("new", (meta, sig_of(shape, stride, leaf.dtype))))
+    if kind is GENERAL and not isinstance(out, _CONTAINERS) and len(outputs) == 1:
+        kind = NEW if outputs[0][0] == "new" else INPLACE
+    slots = tuple(i for i, a in enumerate(args) if type(a) is MeshTensor)
+    return _Plan(kind, tuple(outputs), spec, answer=out if kind is VALUE else None, slots=slots,
+                 cacheable=not changed)
 
 
 _CONTAINERS = (list, tuple, dict)
+_TREE = object()  # starts the key of an op with nested arguments (never in a flat key)
 
 
-def _signature(func: Any, leaves: list[Any]) -> Any:
-    """A hashable key for an op and the shapes of its inputs; None when not cacheable."""
-    parts: list[Any] = [func]
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            if not isinstance(x, MeshTensor):
-                return None  # a local tensor's values may matter (indexing): check each time
-            parts.append(x._sig)
-        elif isinstance(x, int | float | bool | str | type(None) | torch.dtype | torch.device | slice | type(Ellipsis)):
-            parts.append((type(x), x if not isinstance(x, slice) else (x.start, x.stop, x.step)))
-        else:
-            return None
+def _signature(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A hashable key for an op with nested arguments and the shapes of its inputs; None when
+    not cacheable. (Flat arguments get their key in mesh_tensor.torch_function.)"""
+    parts: list[Any] = [func, _TREE]
+    if not _encode(args, parts) or not _encode(kwargs, parts):
+        return None
     return tuple(parts)
+
+
+def _encode(x: Any, parts: list[Any]) -> bool:
+    t = type(x)
+    if t is MeshTensor:
+        parts.append(x._sig)
+    elif t in KEYABLE:
+        parts.append(t)
+        parts.append(x)
+    elif t is slice:
+        parts.append(slice)
+        return _encode((x.start, x.stop, x.step), parts)
+    elif isinstance(x, list | tuple):
+        parts.append((t, len(x)))
+        return all(_encode(y, parts) for y in x)
+    elif t is dict:
+        parts.append((dict, tuple(x)))
+        return all(_encode(y, parts) for y in x.values())
+    else:
+        return False  # a local tensor's values may matter (indexing): check each time
+    return True
 
 
 def _to_slot(x: Any) -> Any:
     return worker.Slot(x._id) if isinstance(x, MeshTensor) else x
-
-
-def _where() -> str:
-    """The user's line that issued an op (outside torch and viceroy)."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
-        f = f.f_back  # type: ignore[assignment]
-    if f is None:
-        return "?"
-    return f"{f.f_code.co_filename}, line {f.f_lineno}"

@@ -3,14 +3,21 @@
 It is a torch.Tensor subclass over a *meta* tensor (shape and dtype, no data), so torch ops on
 it run here on the meta device first: a shape or dtype error is raised at the user's line and
 nothing reaches the ranks. Ops that pass are queued and sent to the ranks in order.
+
+The common op (flat arguments: MeshTensors of one mesh among scalars, an op seen before) takes
+the short road in `torch_function`: no tree walk, no meta kernel, one small tuple queued.
+Everything else goes to `Engine.dispatch`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 if TYPE_CHECKING:
     from viceroy.runtime.tensors.engine import Engine
@@ -20,6 +27,37 @@ _NEEDS_DATA = {
     "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__",
     "__len__", "__iter__", "__format__", "__reduce_ex__",
 }
+BATCH_MAX = 256  # ops queued before a batch goes out on its own
+
+# What a plan does with an op (the engine's meta-result cache, keyed by op and input signatures).
+NEW = 0  # one new tensor
+INPLACE = 1  # returns one of its inputs (index `plan.index`), same shape
+VALUE = 2  # runs on the ranks, returns a plain value here (``__setitem__``: None)
+ANSWER = 3  # a question about metadata (shape, dtype, dim...): answered here, nothing sent
+GENERAL = 4  # anything else (several outputs, trees): Engine.dispatch builds the result
+
+# Argument types whose value goes into a plan's key as it is (hashable, and few distinct values
+# in a loop); anything else sends the op down the general road.
+KEYABLE = frozenset({int, float, bool, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.Size})
+
+_SIGS: dict[tuple[Any, ...], int] = {}
+
+
+def sig_of(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    """A small int standing for (shape, stride, dtype): cheap to hash in a plan's key. Ids are
+    never reused, so dropping the table (when huge) only costs cache misses."""
+    key = (shape, stride, dtype)
+    sig = _SIGS.get(key)
+    if sig is None:
+        if len(_SIGS) >= 1 << 16:
+            _SIGS.clear()
+        global _next_sig
+        _next_sig += 1
+        sig = _SIGS[key] = _next_sig
+    return sig
+
+
+_next_sig = 0
 
 
 class MeshTensor(torch.Tensor):
@@ -32,58 +70,27 @@ class MeshTensor(torch.Tensor):
     >>> b.fetch()               # ValueMesh of CPU tensors
     """
 
+    __slots__ = ("_engine", "_id", "_sig")
     _engine: Engine
     _id: int
-    _sig: tuple[Any, ...]  # (shape, stride, dtype): the key of the engine's meta-result cache
+    _sig: int  # sig_of(shape, stride, dtype): the key of the engine's meta-result cache
 
     @staticmethod
-    def __new__(cls, meta: torch.Tensor, engine: Engine, tid: int, sig: tuple[Any, ...] | None = None) -> MeshTensor:
-        t = torch.Tensor._make_subclass(cls, meta)
-        t._engine = engine
-        t._id = tid
-        t._sig = sig or (tuple(meta.shape), meta.stride(), meta.dtype)
-        engine.track(t, tid)
-        return t
-
-    def _refresh_sig(self) -> None:
-        """After an in-place op, which may change the shape (``unsqueeze_``, ``resize_``)."""
-        with torch._C.DisableTorchFunctionSubclass():
-            self._sig = (tuple(self.shape), self.stride(), self.dtype)
+    def __new__(cls, meta: torch.Tensor, engine: Engine, tid: int, sig: int | None = None) -> MeshTensor:
+        if sig is None:
+            sig = sig_of(tuple(meta.shape), meta.stride(), meta.dtype)
+        return new(engine, meta, tid, sig)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # (all done in __new__)
         pass
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if not kwargs:  # the common case: MeshTensors of one mesh among plain arguments
-            engine = None
-            for a in args:
-                t = type(a)
-                if t is MeshTensor:
-                    if engine is None:
-                        engine = a._engine
-                    elif a._engine is not engine:
-                        break
-                elif t is list or t is tuple or t is dict:
-                    break
-            else:
-                if engine is not None and getattr(func, "__name__", None) not in _NEEDS_DATA:
-                    return engine.dispatch(func, args, kwargs, flat=True)
-        name = getattr(func, "__name__", str(func))
-        if name in _NEEDS_DATA:
-            raise RuntimeError(
-                f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
-                "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
-            )
-        leaves = args if not kwargs and not any(isinstance(a, list | tuple | dict) for a in args) else pytree.tree_leaves((args, kwargs))
-        engines = {t._engine for t in leaves if isinstance(t, MeshTensor)}
-        if len(engines) > 1:
-            descs = sorted(e.describe() for e in engines)
-            raise ValueError(f"{name} mixes tensors of different meshes ({' and '.join(descs)}); "
-                             "move one with .fetch() and push, or keep the work on one mesh")
-        (engine,) = engines
-        return engine.dispatch(func, args, kwargs)
+        return torch_function(cls, func, types, args, kwargs)
+
+    @staticmethod
+    def _fallback(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+        return _general(func, args, kwargs)
 
     # --- controller-side conveniences -----------------------------------------------------
 
@@ -99,3 +106,161 @@ class MeshTensor(torch.Tensor):
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
+
+
+class _Ref(weakref.ref):
+    """The engine's weak reference to a MeshTensor: its callback frees tensor `tid` on the ranks
+    (far cheaper per op than weakref.finalize; one shared callback, no closure per tensor)."""
+
+    __slots__ = ("tid",)
+    tid: int
+
+
+_make_subclass = torch.Tensor._make_subclass
+
+
+def new(engine: Engine, meta: torch.Tensor, tid: int, sig: int) -> MeshTensor:
+    """A MeshTensor over (an alias of) `meta`, tracked so that the ranks free `tid` once it is
+    garbage. `meta` may be shared: each MeshTensor gets its own alias of it."""
+    t: MeshTensor = _make_subclass(MeshTensor, meta)
+    t._engine = engine
+    t._id = tid
+    t._sig = sig
+    r = _Ref(t, engine._gone)
+    r.tid = tid
+    engine._refs[tid] = r
+    return t
+
+
+def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    """``__torch_function__`` both of MeshTensor (`owner`: the class) and of the activate() mode
+    (`owner`: the mode): one function, so that the common op costs one Python call.
+
+    The short road: flat arguments (MeshTensors of one mesh among keyable values) and an op
+    whose meta result is cached. Anything else goes to `owner._fallback`."""
+    engine: Engine | None = None
+    key: list[Any] = [func]
+    ids: list[Any] = []
+    for a in args:
+        t = type(a)
+        if t is MeshTensor:
+            e = a._engine
+            if e is not engine:
+                if engine is not None:
+                    break  # two meshes: the general road explains
+                engine = e
+            key.append(a._sig)
+            ids.append(a._id)
+        elif t in KEYABLE:
+            key.append(t)  # the type too: 1, 1.0 and True are equal keys, not equal ops
+            key.append(a)
+            ids.append(a)
+        else:
+            break
+    else:
+        if engine is not None:
+            if kwargs:
+                for name, v in kwargs.items():
+                    t = type(v)
+                    if t not in KEYABLE:
+                        return owner._fallback(func, args, kwargs)
+                    key.append(name)
+                    key.append(t)
+                    key.append(v)
+            else:
+                kwargs = None
+            k = tuple(key)
+            plan = engine._plans.get(k)
+            if plan is None:
+                return engine.dispatch(func, args, kwargs or {}, flat=True, key=k)
+            kind = plan.kind
+            if kind is NEW:  # `new`, inline
+                engine._next_id = tid = engine._next_id + 1
+                out: Any = _make_subclass(MeshTensor, plan.meta)
+                out._engine = engine
+                out._id = tid
+                out._sig = plan.sig
+                r = _Ref(out, engine._gone)
+                r.tid = tid
+                engine._refs[tid] = r
+            elif kind is INPLACE:
+                out = args[plan.index]
+                tid = out._id
+            elif kind is ANSWER:
+                return plan.answer
+            elif kind is VALUE:
+                out = plan.answer
+                tid = None
+            else:
+                return engine.dispatch(func, args, kwargs or {}, flat=True, plan=plan)
+            # The user's line (outside torch, viceroy and the standard library), for errors.
+            f = sys._getframe(1)
+            while True:
+                file = f.f_code.co_filename
+                inside = _SKIP_FILES.get(file)
+                if inside is None:
+                    inside = _skip(file)
+                if not inside:
+                    line = (file, f.f_lineno)
+                    break
+                f = f.f_back  # type: ignore[assignment]
+                if f is None:
+                    line = ("?", 0)
+                    break
+            q = engine._queue
+            q.append((func, ids, kwargs, plan.slots, tid, line, False))
+            if len(q) >= BATCH_MAX:
+                engine.flush()
+            return out
+    return owner._fallback(func, args, kwargs)
+
+
+def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """Any op with a MeshTensor among its arguments (nested, in two meshes, next to values
+    that cannot key a plan)."""
+    from torch.utils import _pytree as pytree
+
+    kwargs = kwargs or {}
+    name = getattr(func, "__name__", str(func))
+    if name in _NEEDS_DATA:
+        raise RuntimeError(
+            f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
+            "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
+        )
+    engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}
+    if len(engines) > 1:
+        descs = sorted(e.describe() for e in engines)
+        raise ValueError(f"{name} mixes tensors of different meshes ({' and '.join(descs)}); "
+                         "move one with .fetch() and push, or keep the work on one mesh")
+    (engine,) = engines
+    return engine.dispatch(func, args, kwargs)
+
+
+_SKIP_DIRS = (
+    os.path.dirname(str(torch.__file__)),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # viceroy/runtime
+    os.path.dirname(os.path.abspath(str(contextlib.__file__))),
+)
+_SKIP_FILES: dict[str, bool] = {}  # file name -> inside torch, viceroy or the standard library
+
+
+def _skip(name: str) -> bool:
+    if len(_SKIP_FILES) > 4096:
+        _SKIP_FILES.clear()
+    inside = _SKIP_FILES[name] = name.startswith(_SKIP_DIRS)
+    return inside
+
+
+def where() -> tuple[str, int]:
+    """The user's line that issued an op (outside torch, viceroy and the standard library):
+    (file, line)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        inside = _SKIP_FILES.get(name)
+        if inside is None:
+            inside = _skip(name)
+        if not inside:
+            return (name, f.f_lineno)
+        f = f.f_back  # type: ignore[assignment]
+    return ("?", 0)

@@ -21,14 +21,15 @@ class Slot:
     id: int
 
 
-@dataclass
-class Op:
-    func: Any
-    args: Any
-    kwargs: dict[str, Any]
-    out_ids: list[int | None]
-    where: str
-    factory: bool = False
+# A queued op is a tuple (func, args, kwargs, slots, out, where, factory):
+#   args, kwargs   the call's arguments; kwargs may be None
+#   slots          positions in `args` holding tensor ids (flat arguments), or None: the
+#                  arguments hold `Slot`s anywhere in their trees
+#   out            the id the result gets (int), None (keep nothing), or a list with an id or
+#                  None per leaf of the result
+#   where          (file, line) of the controller line that issued it
+#   factory        a tensor made from nothing: it goes on this rank's device unless placed
+Op = tuple
 
 
 class OpFailed(RuntimeError):
@@ -69,32 +70,54 @@ def apply_batch(packed: bytes | list[Op], frees: list[int]) -> None:
 
     def resolve(x: Any) -> Any:
         if isinstance(x, Slot):
-            try:
-                return tab[x.id]
-            except KeyError:
-                raise OpFailed(f"tensor #{x.id} does not exist here (an earlier op that made it failed)") from None
+            return _lookup(tab, x.id)
         return x
 
     try:
-        for op in ops:
-            name = getattr(op.func, "__name__", str(op.func))
+        for func, args, kwargs, slots, out, where, factory in ops:
             try:
-                args, kwargs = pytree.tree_map(resolve, (op.args, op.kwargs))
-                if op.factory and kwargs.get("device") in (None, "cuda"):
+                if slots is None:
+                    args, kwargs = pytree.tree_map(resolve, (args, kwargs))
+                elif slots:
+                    args = list(args)
+                    for i in slots:
+                        try:
+                            args[i] = tab[args[i]]
+                        except KeyError:
+                            raise OpFailed(_MISSING.format(args[i])) from None
+                if factory and kwargs.get("device") in (None, "cuda"):
                     kwargs = {**kwargs, "device": _device()}
-                out = op.func(*args, **kwargs)
+                result = func(*args, **kwargs) if kwargs else func(*args)
             except OpFailed as exc:
-                raise OpFailed(f"{name} (issued at {op.where}): {exc}") from None
+                raise OpFailed(f"{_name(func)} (issued at {where[0]}, line {where[1]}): {exc}") from None
             except Exception as exc:
-                raise OpFailed(f"{name} (issued at {op.where}) failed: {type(exc).__name__}: {exc}") from exc
-            for tid, leaf in zip(op.out_ids, pytree.tree_leaves(out), strict=False):
-                if tid is not None:
-                    tab[tid] = leaf
+                raise OpFailed(f"{_name(func)} (issued at {where[0]}, line {where[1]}) failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+            if type(out) is int:
+                tab[out] = result
+            elif out is not None:
+                for tid, leaf in zip(out, pytree.tree_leaves(result), strict=False):
+                    if tid is not None:
+                        tab[tid] = leaf
     finally:
         # Frees were recorded after every op of this batch that uses them was queued: apply
         # them last.
         for tid in frees:
             tab.pop(tid, None)
+
+
+_MISSING = "tensor #{} does not exist here (an earlier op that made it failed)"
+
+
+def _lookup(tab: dict[int, Any], tid: int) -> Any:
+    try:
+        return tab[tid]
+    except KeyError:
+        raise OpFailed(_MISSING.format(tid)) from None
+
+
+def _name(func: Any) -> str:
+    return getattr(func, "__name__", str(func))
 
 
 def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> Any:
