@@ -2,6 +2,7 @@
 
 import gc
 import inspect as pyinspect
+import threading
 
 import psutil
 import pytest
@@ -200,3 +201,28 @@ def test_a_cached_op_failing_on_a_rank_names_its_line(tmesh):
         bad.fetch()
     assert f"test_engine.py, line {line}" in str(info.value) and "ZeroDivisionError" in str(info.value)
     assert a.fetch(gpus=0).tolist() == [0, 1, 2, 3]
+
+
+def test_frees_past_a_batch_go_out_on_their_own_even_when_dropped_inside_the_controllers_send(tmesh):
+    """Tensors may be collected anywhere, even while the controller sends (holding its socket
+    lock): the frees then go out from its IO thread, and nothing deadlocks."""
+    with tmesh.activate():
+        base = torch.ones(1)
+    base.fetch()
+    (base_count, *_) = _engine_tensors(tmesh)
+    with tmesh.activate():
+        many = [torch.ones(4) for _ in range(300)]
+    tmesh._engine.sync()
+    assert _engine_tensors(tmesh)[0] == base_count + 300
+    router_lock = tmesh._controller._sockets._router_lock
+
+    def drop_inside_a_send() -> None:
+        with router_lock:  # as if the collection ran in the middle of the controller's send
+            many.clear()
+            gc.collect()
+
+    t = threading.Thread(target=drop_inside_a_send, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "dropping tensors inside the controller's send deadlocked"
+    wait_until(lambda: max(_engine_tensors(tmesh)) <= base_count + 300 - 256, 10, "the frees to go out on their own")

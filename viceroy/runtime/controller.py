@@ -385,7 +385,10 @@ class Controller(CallOutcomes, HostLifecycle):
     def _wake(self) -> None:
         self._sockets.wake()
 
-    def _post(self, task: Callable[[], None]) -> None:
+    def call_soon(self, task: Callable[[], None]) -> None:
+        """Run `task` on the IO thread, soon. Takes no lock, so it is safe from any thread and
+        from anywhere, even from a weak reference's callback in the middle of this class's own
+        code (which may hold its locks)."""
         self._tasks.append(task)
         self._wake()
 

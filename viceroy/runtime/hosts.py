@@ -39,7 +39,7 @@ class HostLifecycle:
     _startup_error: str | None
     _changed: threading.Condition
 
-    def _post(self, task: Callable[[], None]) -> None:
+    def call_soon(self, task: Callable[[], None]) -> None:
         raise NotImplementedError
 
     def _handle(self, frames: list[Any]) -> None:
@@ -78,7 +78,7 @@ class HostLifecycle:
                 self._sockets.send_once(self._agent_ident(h), beat)
                 seen = self._last_seen.get(h)
                 if seen is not None and now - seen > self._host_timeout and not starved:
-                    self._post(functools.partial(self._host_silent, h, self._gen[h]))
+                    self.call_soon(functools.partial(self._host_silent, h, self._gen[h]))
             time.sleep(HEARTBEAT_S)
 
     def _host_silent(self, h: int, gen: int) -> None:
@@ -118,4 +118,4 @@ class HostLifecycle:
     def _watch_agent(self, agent: AgentProcess, gen: int) -> None:
         code = agent.wait()
         if not self._closed:
-            self._post(lambda: self._host_lost(agent.host, gen, f"its agent on host {agent.host} exited ({agent.describe_exit(code)})"))
+            self.call_soon(lambda: self._host_lost(agent.host, gen, f"its agent on host {agent.host} exited ({agent.describe_exit(code)})"))

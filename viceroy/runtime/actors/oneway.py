@@ -40,7 +40,7 @@ class Oneway:
             if self._scheduled:
                 return
             self._scheduled = True
-        self.controller._post(self._flush_from_io_thread)
+        self.controller.call_soon(self._flush_from_io_thread)
 
     def flush(self) -> None:
         """Send what is queued now (before another message to the same actors). Always under

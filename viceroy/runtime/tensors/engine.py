@@ -66,6 +66,7 @@ class Engine:
         # (`_gone`, one bound method for all) frees the id on the ranks.
         self._refs: dict[int, Any] = {}
         self._gone = self._on_gone
+        self._frees_posted = False  # a batch of frees is due to go out from the IO thread
 
     def describe(self) -> str:
         return self.mesh._shape.describe()
@@ -152,19 +153,24 @@ class Engine:
 
     def _on_gone(self, r: Any) -> None:
         """A MeshTensor was garbage-collected: free its tensor on the ranks, with the next batch.
-        (May run in any thread, in the middle of anything: it only appends, and sends a batch
-        of frees on its own only when no batch is being taken.)"""
+        May run in any thread, in the middle of anything: it only appends, and past a batch's
+        worth of frees asks the controller's IO thread to send them."""
         tid = r.tid
         self._refs.pop(tid, None)
         frees = self._frees
         frees.append(tid)
-        if len(frees) >= BATCH_MAX and self._send_lock.acquire(blocking=False):
-            try:
-                self._send()
-            except Exception:
-                pass  # the next flush retries; never raise from a weak reference's callback
-            finally:
-                self._send_lock.release()
+        if len(frees) >= BATCH_MAX and not self._frees_posted:
+            # Not from here: this may run inside the controller's own sending, under its locks.
+            self._frees_posted = True
+            self.mesh._controller.call_soon(self._send_frees)
+
+    def _send_frees(self) -> None:
+        """On the controller's IO thread: send the frees (and ops) queued so far."""
+        self._frees_posted = False
+        try:
+            self.flush()
+        except Exception:
+            pass  # a closed mesh; otherwise the next flush retries
 
     # --- sending ---------------------------------------------------------------------------
 
