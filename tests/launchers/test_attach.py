@@ -86,7 +86,7 @@ def test_the_key_can_come_from_the_environment(tmp_path, monkeypatch):
     procs, t = _attach_later(f"127.0.0.1:{port}", 1)
     try:
         with vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{port}", preload=[], echo=False) as mesh:
-            assert mesh._controller.signer._key.hex() == key
+            assert mesh._controller.signer.key.hex() == key
             assert mesh.run("rank").values() == [0]
     finally:
         t.join()

@@ -35,7 +35,7 @@ def test_a_mesh_in_an_allocation_it_asked_for(slurm):
         assert seen[0][1] == seen[1][1] != seen[2][1] == seen[3][1]  # one step per agent
         assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == [slurm.node] * 4  # the first node
         assert all(psutil.Process(p).parent().parent().name() == "slurmstepd" for p in mesh.pids().values())
-        key = mesh._controller.signer._key.hex()
+        key = mesh._controller.signer.key.hex()
         for p in psutil.process_iter(["cmdline"]):
             assert key not in " ".join(p.info["cmdline"] or [])
         remote = _remote(mesh)

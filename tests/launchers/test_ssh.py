@@ -44,7 +44,7 @@ def test_a_mesh_over_ssh_runs_like_a_local_one(sshd):
 def test_the_key_never_appears_on_a_command_line(sshd):
     mesh = _ssh_mesh(sshd, gpus=1)
     try:
-        key = mesh._controller.signer._key.hex()
+        key = mesh._controller.signer.key.hex()
         for p in psutil.process_iter(["cmdline"]):
             assert key not in " ".join(p.info["cmdline"] or [])
     finally:

@@ -90,10 +90,10 @@ class OutputCapture:
             self._dropped += len(data)
             return
         if len(data) > room:
-            cut = data.rfind(b"\n", 0, room) + 1 or room  # end on a whole line when possible
+            cut = cut_at(data, room, first=self._sent == 0)
             self._dropped += len(data) - cut
-            data = data[:cut]
-            self._send(stream, data, call)
+            if cut:
+                self._send(stream, data[:cut], call)
             self._sent = self._limit
             self._notice(
                 f"output of this call passed the limit of {self._limit} bytes; the rest is "
@@ -105,6 +105,15 @@ class OutputCapture:
 
     def _notice(self, text: str) -> None:
         self._send("stderr", f"\n[viceroy] rank {self._rank}: {text}\n".encode(), self._call)
+
+
+def cut_at(data: bytes, room: int, first: bool) -> int:
+    """How much of `data` to forward when only `room` bytes are left: up to the last whole line
+    that fits, so the output ends on a line the rank wrote, not on a piece of one. Only a call
+    whose very first line is longer than the whole limit gets that line's first `room` bytes
+    (`first`: nothing was forwarded yet), so that it shows something."""
+    cut = data.rfind(b"\n", 0, room) + 1
+    return cut if cut or not first else room
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
