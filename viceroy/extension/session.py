@@ -1,4 +1,5 @@
-"""The notebook's mesh: starting and stopping it, and running one cell on it with live output.
+"""The notebook's mesh: starting and stopping it, its state for the views, and its cells (run
+by a `CellRunner`, see cells.py).
 
 One `MeshSession` per IPython shell; the magics, the comm and the kernel all go through it.
 
@@ -10,14 +11,11 @@ One `MeshSession` per IPython shell; the magics, the comm and the kernel all go 
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
 import inspect
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,22 +29,16 @@ from viceroy.extension.args import (
     start_with_launcher,
     sync_hosts,
 )
+from viceroy.extension.cells import CellRunner
 from viceroy.extension.echo import ApiEcho
-from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
-from viceroy.extension.inbox import Inbox
-from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
-from viceroy.extension.output import format_rank_set
+from viceroy.extension.live import Sink
 from viceroy.extension.state import MeshState, rank_hosts
-from viceroy.runtime.handles import Ref
 
 if TYPE_CHECKING:
     from viceroy import Mesh
 
-_RIDE_ALONG = ("call_started", "rank_done", "ranks_done", "call_finished")  # see Inbox
 AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
 NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
-SETTLE_S = 0.3  # after a call's value arrives, how long to wait for its last output events
-INTERRUPT_GRACE_S = 2.0  # how long an interrupted cell waits for its ranks to stop
 
 
 def describe_dims(dims: dict[str, int]) -> str:
@@ -73,11 +65,8 @@ class MeshSession:
         self.shell = shell
         self.mesh: Mesh | None = None
         self.state = MeshState()
-        self._inbox = Inbox()
-        self._cell_printed = False  # a rank of the running cell's call has sent output
+        self._cells = CellRunner(shell)
         self._unsubscribe: Callable[[], Any] | None = None
-        self._cell_active = False
-        self._cell_title: tuple[int | None, str] = (None, "")  # (thread running the cell, title)
         self._listeners: list[Callable[[], None]] = []
         self._setup = threading.local()
         self._hidden_calls: set[Any] = set()
@@ -244,128 +233,28 @@ class MeshSession:
         kind, call = ev.get("type"), ev.get("call")
         if kind == "call_started" and getattr(self._setup, "active", False):
             self._hidden_calls.add(call)
-        if kind == "call_started" and self._cell_title[0] == threading.get_ident():
-            ev = {**ev, "label": self._cell_title[1]}  # views show the cell, not just "%%mesh"
+        if kind == "call_started":
+            title = self._cells.title_for(threading.get_ident())
+            if title is not None:
+                ev = {**ev, "label": title}  # views show the cell, not just "%%mesh"
         if call in self._hidden_calls and kind in ("call_started", "rank_done", "ranks_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)
         elif self.state.apply(ev):
             self._notify()
-        kind = ev.get("type")
-        if self._cell_active or kind == "rank_exit":
-            if kind in ("output", "publish"):
-                self._cell_printed = True
-            # A rank finishing matters at once only when lines may wait for it in a group;
-            # a finished call is followed by its future's own "future_done".
-            self._inbox.post(ev, wake=kind not in _RIDE_ALONG or (self._cell_printed and kind in ("rank_done", "ranks_done")))
+        if self._cells.active or kind == "rank_exit":
+            self._cells.post(ev)
         elif kind in ("call_started", "output", "publish", "rank_done", "ranks_done", "call_finished"):
             self._echo.put(ev)  # a call made through the Python API
 
-    # --- running a cell ----------------------------------------------------------------------
-
-    def view(self, opts: RunOptions) -> Mesh:
-        """The part of the mesh a cell's ``--where`` / ``--ranks`` selects."""
-        view = self.require()
-        if opts.where:
-            try:
-                view = view.slice(**opts.where)
-            except (ValueError, IndexError, TypeError) as e:
-                raise UsageError(f"--where: {e}") from None
-        if opts.ranks is not None:
-            try:
-                view = view.select(opts.ranks)
-            except (ValueError, IndexError) as e:
-                raise UsageError(f"--ranks: {e}") from None
-        return view
+    # --- running a cell (see cells.py) ------------------------------------------------------
 
     def run_cell(
         self, code: str, opts: RunOptions, label: str = "%%mesh", sink: Sink | None = None
     ) -> Any:
-        """Run ``code`` on the selected ranks, streaming their output into the cell.
-
-        Returns the ValueMesh of trailing-expression values, or None when every rank gave None.
-        Raises a rendered `viceroy.MeshError` when ranks fail, and KeyboardInterrupt (after
-        interrupting the ranks) when the user interrupts.
-        """
-        view = self.view(opts)
-        sink = sink or CellSink()
-        self._report_exits_since_last_cell(sink)
-        self._cell_printed = False
-        self._cell_active = True
-        self._cell_title = (threading.get_ident(), cell_title(label, code))
-        try:
-            try:
-                fut = view.run(
-                    code,
-                    block=False,
-                    timeout=opts.timeout,
-                    fail_fast=opts.fail_fast,
-                    label=label,
-                    **self._handles_used_by(code),
-                )
-            except SyntaxError as e:
-                raise syntax_error(e) from None
-            except ValueError as e:  # a handle from another mesh, or from one shut down
-                raise UsageError(str(e)) from None
-            live = LiveOutput(view.ranks, fut.call_id, sink)
-            # Wake the pump the moment the value is in (the runtime announces call_finished
-            # just before it resolves the future).
-            fut.add_done_callback(lambda _f: self._inbox.post({"type": "future_done", "call": fut.call_id}))
-            try:
-                self._pump(live, fut)
-            except KeyboardInterrupt:
-                self._stop(view, live, fut)
-            finally:
-                live.close()
-        finally:
-            self._cell_active = False
-            self._cell_title = (None, "")
-        try:
-            value = fut.get()
-        except Exception as e:
-            if hasattr(e, "failures"):  # a MeshError: show it grouped, without our frames
-                raise render_mesh_error(e) from None
-            raise
-        values = value.values() if hasattr(value, "values") else [value]
-        return None if all(v is None for v in values) else value
-
-    def _handles_used_by(self, code: str) -> dict[str, Any]:
-        """Controller names the cell reads that hold handles (`mesh.ref(...)`): each rank binds
-        its own value under that name. Nothing else from the controller is sent."""
-        if self.shell is None:
-            return {}
-        ns = self.shell.user_ns
-        return {name: ns[name] for name in names_read_by(code) if isinstance(ns.get(name), Ref)}
-
-    def _pump(self, live: LiveOutput, fut: Any) -> None:
-        done_at: float | None = None
-        while True:
-            now = time.monotonic()
-            self._drain(live, timeout=live.next_wakeup(now))
-            if fut.done():
-                done_at = done_at if done_at is not None else now
-                if live.finished or now - done_at > SETTLE_S:
-                    self._drain(live, timeout=0)
-                    return
-
-    def _drain(self, live: LiveOutput, timeout: float) -> None:
-        """Handle queued events (waiting up to ``timeout`` for one), then emit what is due.
-        Bounded per round, so a flood cannot starve the ticks."""
-        for ev in self._inbox.take(timeout):
-            live.handle(ev, time.monotonic())
-        live.tick(time.monotonic())
-
-    def _stop(self, view: Mesh, live: LiveOutput, fut: Any) -> None:
-        ranks = format_rank_set(view.ranks)
-        try:
-            view.interrupt()
-            deadline = time.monotonic() + INTERRUPT_GRACE_S
-            while not fut.done() and time.monotonic() < deadline:
-                self._drain(live, timeout=0.05)
-            self._drain(live, timeout=0)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: stop waiting, report what we know
-        raise interrupted(ranks, still_running=not fut.done()) from None
+        """Run ``code`` on the ranks `opts` select, streaming their output into the cell (see
+        `CellRunner.run`)."""
+        return self._cells.run(self.require(), code, opts, label, sink)
 
     def interrupt_running(self) -> None:
         """Interrupt every call in flight on the mesh (safe to call from any thread)."""
@@ -375,20 +264,6 @@ class MeshSession:
                 mesh.interrupt()
             except Exception as e:  # interrupting must never take the kernel down
                 print(f"viceroy: interrupting the mesh failed: {e}", file=sys.stderr)
-
-    def _report_exits_since_last_cell(self, sink: Sink) -> None:
-        exits: dict[int, str] = {}
-        while events := self._inbox.take(0):
-            for ev in events:
-                if ev.get("type") == "rank_exit":
-                    exits[ev["rank"]] = ev.get("reason", "unknown")
-        for reason in sorted(set(exits.values())):
-            ranks = sorted(r for r, why in exits.items() if why == reason)
-            sink.write(
-                "stderr",
-                f"[viceroy] {describe_ranks(ranks)} exited ({reason}) since the last cell; "
-                "`%mesh restart --failed` brings back only the dead ranks\n",
-            )
 
     # --- teardown ----------------------------------------------------------------------------
 
@@ -400,20 +275,3 @@ class MeshSession:
             print(f"viceroy: stopping the mesh failed: {e}", file=sys.stderr)
         finally:
             self._echo.stop()
-
-
-@functools.lru_cache(maxsize=256)
-def names_read_by(code: str) -> frozenset[str]:
-    """The names ``code`` reads (cached: a notebook reruns the same cells); none if it does not
-    parse, which the runtime then reports with the line."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return frozenset()
-    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-
-
-def cell_title(label: str, code: str) -> str:
-    """How views name a cell's call: ``%%mesh x = 1 / 0`` (its first line of code)."""
-    first = next((ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
-    return f"{label} {first}".strip()

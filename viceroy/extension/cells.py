@@ -1,0 +1,193 @@
+"""Running one cell on the mesh: its call, the ranks' output streamed into the cell while it
+runs, its value or its grouped error, and what an interrupt does.
+
+`MeshSession` owns one `CellRunner`; the runtime's events reach it through `post` (from the
+runtime's threads) and are handled on the thread running the cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from viceroy.extension.args import RunOptions
+from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
+from viceroy.extension.inbox import Inbox
+from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
+from viceroy.extension.output import format_rank_set
+from viceroy.runtime.handles import Ref
+
+if TYPE_CHECKING:
+    from viceroy import Mesh
+
+SETTLE_S = 0.3  # after a call's value arrives, how long to wait for its last output events
+INTERRUPT_GRACE_S = 2.0  # how long an interrupted cell waits for its ranks to stop
+# Events that need not wake the cell's thread (see Inbox): a rank finishing matters at once
+# only when lines may wait for it in a group, and a finished call is followed by its future's
+# own "future_done".
+_RIDE_ALONG = ("call_started", "rank_done", "ranks_done", "call_finished")
+
+
+class CellRunner:
+    """Runs cells, one at a time, for a shell (``shell.user_ns`` holds the handles a cell may
+    read; None outside IPython)."""
+
+    def __init__(self, shell: Any = None) -> None:
+        self.shell = shell
+        self.active = False  # a cell is running: its events go to the inbox
+        self._inbox = Inbox()
+        self._printed = False  # a rank of the running cell's call has sent output
+        self._title: tuple[int | None, str] = (None, "")  # (thread running the cell, title)
+
+    def title_for(self, thread: int) -> str | None:
+        """How views should name a call started on `thread`: the cell's title, if the cell
+        running now started it there."""
+        ident, title = self._title
+        return title if ident == thread else None
+
+    def post(self, ev: dict[str, Any]) -> None:
+        """A runtime event for the running cell, or a rank's exit (any thread)."""
+        kind = ev.get("type")
+        if kind in ("output", "publish"):
+            self._printed = True
+        wake = kind not in _RIDE_ALONG or (self._printed and kind in ("rank_done", "ranks_done"))
+        self._inbox.post(ev, wake=wake)
+
+    def view(self, mesh: Mesh, opts: RunOptions) -> Mesh:
+        """The part of `mesh` a cell's ``--where`` / ``--ranks`` selects."""
+        view = mesh
+        if opts.where:
+            try:
+                view = view.slice(**opts.where)
+            except (ValueError, IndexError, TypeError) as e:
+                raise UsageError(f"--where: {e}") from None
+        if opts.ranks is not None:
+            try:
+                view = view.select(opts.ranks)
+            except (ValueError, IndexError) as e:
+                raise UsageError(f"--ranks: {e}") from None
+        return view
+
+    def run(self, mesh: Mesh, code: str, opts: RunOptions, label: str = "%%mesh", sink: Sink | None = None) -> Any:
+        """Run ``code`` on the ranks of `mesh` that `opts` select, streaming their output into
+        the cell.
+
+        Returns the ValueMesh of trailing-expression values, or None when every rank gave None.
+        Raises a rendered `viceroy.MeshError` when ranks fail, and KeyboardInterrupt (after
+        interrupting the ranks) when the user interrupts.
+        """
+        view = self.view(mesh, opts)
+        sink = sink or CellSink()
+        self._report_exits_since_last_cell(sink)
+        self._printed = False
+        self.active = True
+        self._title = (threading.get_ident(), cell_title(label, code))
+        try:
+            try:
+                fut = view.run(
+                    code,
+                    block=False,
+                    timeout=opts.timeout,
+                    fail_fast=opts.fail_fast,
+                    label=label,
+                    **self._handles_used_by(code),
+                )
+            except SyntaxError as e:
+                raise syntax_error(e) from None
+            except ValueError as e:  # a handle from another mesh, or from one shut down
+                raise UsageError(str(e)) from None
+            live = LiveOutput(view.ranks, fut.call_id, sink)
+            # Wake the pump the moment the value is in (the runtime announces call_finished
+            # just before it resolves the future).
+            fut.add_done_callback(lambda _f: self._inbox.post({"type": "future_done", "call": fut.call_id}))
+            try:
+                self._pump(live, fut)
+            except KeyboardInterrupt:
+                self._stop(view, live, fut)
+            finally:
+                live.close()
+        finally:
+            self.active = False
+            self._title = (None, "")
+        try:
+            value = fut.get()
+        except Exception as e:
+            if hasattr(e, "failures"):  # a MeshError: show it grouped, without our frames
+                raise render_mesh_error(e) from None
+            raise
+        values = value.values() if hasattr(value, "values") else [value]
+        return None if all(v is None for v in values) else value
+
+    def _handles_used_by(self, code: str) -> dict[str, Any]:
+        """Controller names the cell reads that hold handles (`mesh.ref(...)`): each rank binds
+        its own value under that name. Nothing else from the controller is sent."""
+        if self.shell is None:
+            return {}
+        ns = self.shell.user_ns
+        return {name: ns[name] for name in names_read_by(code) if isinstance(ns.get(name), Ref)}
+
+    def _pump(self, live: LiveOutput, fut: Any) -> None:
+        done_at: float | None = None
+        while True:
+            now = time.monotonic()
+            self._drain(live, timeout=live.next_wakeup(now))
+            if fut.done():
+                done_at = done_at if done_at is not None else now
+                if live.finished or now - done_at > SETTLE_S:
+                    self._drain(live, timeout=0)
+                    return
+
+    def _drain(self, live: LiveOutput, timeout: float) -> None:
+        """Handle queued events (waiting up to ``timeout`` for one), then emit what is due.
+        Bounded per round, so a flood cannot starve the ticks."""
+        for ev in self._inbox.take(timeout):
+            live.handle(ev, time.monotonic())
+        live.tick(time.monotonic())
+
+    def _stop(self, view: Mesh, live: LiveOutput, fut: Any) -> None:
+        ranks = format_rank_set(view.ranks)
+        try:
+            view.interrupt()
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            while not fut.done() and time.monotonic() < deadline:
+                self._drain(live, timeout=0.05)
+            self._drain(live, timeout=0)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, report what we know
+        raise interrupted(ranks, still_running=not fut.done()) from None
+
+    def _report_exits_since_last_cell(self, sink: Sink) -> None:
+        exits: dict[int, str] = {}
+        while events := self._inbox.take(0):
+            for ev in events:
+                if ev.get("type") == "rank_exit":
+                    exits[ev["rank"]] = ev.get("reason", "unknown")
+        for reason in sorted(set(exits.values())):
+            ranks = sorted(r for r, why in exits.items() if why == reason)
+            sink.write(
+                "stderr",
+                f"[viceroy] {describe_ranks(ranks)} exited ({reason}) since the last cell; "
+                "`%mesh restart --failed` brings back only the dead ranks\n",
+            )
+
+
+@functools.lru_cache(maxsize=256)
+def names_read_by(code: str) -> frozenset[str]:
+    """The names ``code`` reads (cached: a notebook reruns the same cells); none if it does not
+    parse, which the runtime then reports with the line."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return frozenset()
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+
+
+def cell_title(label: str, code: str) -> str:
+    """How views name a cell's call: ``%%mesh x = 1 / 0`` (its first line of code)."""
+    first = next((ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+    return f"{label} {first}".strip()
