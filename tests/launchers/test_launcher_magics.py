@@ -11,7 +11,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from tests.launchers.conftest import SSH_OPTS
-from viceroy.extension.args import check_launcher_options, parse_command
+from viceroy.extension.args import parse_command
+from viceroy.extension.launching import check_launcher_options
 from viceroy.extension.session import MeshSession
 
 

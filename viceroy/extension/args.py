@@ -13,7 +13,7 @@ import functools
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from IPython.core.error import UsageError
 
@@ -348,58 +348,3 @@ def _parse(p: _Parser, tokens: list[str]) -> argparse.Namespace:
         return p.parse_args(tokens)
     except argparse.ArgumentError as e:
         p.error(str(e))
-
-
-# --- launchers (%mesh up --launcher ..., %mesh sync) ----------------------------------------
-
-
-def check_launcher_options(
-    launcher: str, dims: dict[str, int], hostfile: str | None, listen: str | None, key_file: str | None
-) -> None:
-    """Which ``%mesh up`` options go with which launcher; a mistake is a one-line UsageError."""
-    if launcher not in ("local", "ssh", "slurm", "attach"):
-        raise UsageError(f"%mesh up: unknown launcher {launcher!r}; use local, ssh, slurm or attach")
-    if launcher == "ssh" and not hostfile:
-        raise UsageError("%mesh up --launcher ssh needs --hostfile FILE (one host per line)")
-    if hostfile and launcher != "ssh":
-        raise UsageError("%mesh up: --hostfile goes with --launcher ssh")
-    if launcher == "local" and listen:
-        raise UsageError("%mesh up: --listen goes with --launcher ssh, slurm or attach")
-    if key_file and launcher != "attach":
-        raise UsageError("%mesh up: --key-file goes with --launcher attach")
-    if launcher == "attach" and "hosts" not in dims:
-        raise UsageError("%mesh up --launcher attach needs hosts=N (one agent per host), e.g. hosts=2 gpus=8")
-
-
-def start_with_launcher(
-    launcher: str, dims: dict[str, int], kwargs: dict[str, Any], listen: str | None, key_file: str | None
-) -> Any:
-    """``%mesh up --launcher slurm|attach``: the mesh, or a UsageError that says what to fix."""
-    import viceroy as vr
-    from viceroy.runtime.slurm import SlurmError
-
-    params: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in dims}
-    try:
-        if launcher == "slurm":
-            other: dict[str, Any] = {k: v for k, v in dims.items() if k != "hosts"}
-            return vr.Mesh.slurm(dims.get("hosts"), interface=listen or "127.0.0.1", **other, **params)
-        return vr.Mesh.attach(listen=listen or "127.0.0.1:7777", key_file=key_file, **dims, **params)
-    except (SlurmError, OSError, ValueError, TypeError) as e:
-        raise UsageError(f"%mesh up --launcher {launcher}: {e}") from None
-
-
-def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str]:
-    """``%mesh sync``: rsync `src` to every host of the ssh mesh that is up."""
-    from viceroy.runtime.ssh import SshLauncher
-
-    launcher = getattr(getattr(mesh, "_controller", None), "launcher", None)
-    if not isinstance(launcher, SshLauncher):
-        raise UsageError(
-            "%mesh sync copies files to the hosts of an ssh mesh (`%mesh up ... --launcher ssh`); "
-            "Slurm clusters and attached hosts usually share a filesystem"
-            + ("" if mesh is None else f" (this mesh's launcher: {getattr(launcher, 'name', '?')})")
-        )
-    try:
-        return launcher.sync(src, dest, dry_run)
-    except (OSError, RuntimeError) as e:
-        raise UsageError(f"%mesh sync: {e}") from None

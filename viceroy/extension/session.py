@@ -21,14 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from viceroy.extension import display_hook
-from viceroy.extension.args import (
-    RunOptions,
-    check_launcher_options,
-    parse_dims,
-    start_with_launcher,
-    sync_hosts,
-)
+from viceroy.extension import display_hook, launching
+from viceroy.extension.args import RunOptions, parse_dims
 from viceroy.extension.cells import CellRunner
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.live import Sink
@@ -94,13 +88,14 @@ class MeshSession:
         torch_dist: bool = False,
         key_file: str | None = None,
     ) -> Mesh:
-        """Start a local mesh with these dims (stopping the previous one) and bind ``mesh``.
+        """Start a mesh with these dims, local or through `launcher` (stopping the previous
+        one), and bind ``mesh``.
 
         ``preload``: modules the ranks import once before starting (runtime default if None).
         """
         import viceroy as vr
 
-        check_launcher_options(launcher, dims, hostfile, listen, key_file)
+        launching.check_launcher_options(launcher, dims, hostfile, listen, key_file)
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -118,12 +113,7 @@ class MeshSession:
             old = describe_dims(self.mesh.dims)
             self.down()
             print(f"stopped the previous mesh ({old})")
-        if launcher == "ssh":
-            mesh = self._up_ssh(dims, kwargs, str(hostfile), listen)
-        elif launcher in ("slurm", "attach"):
-            mesh = start_with_launcher(launcher, dims, kwargs, listen, key_file)
-        else:
-            mesh = vr.Mesh.local(**kwargs)
+        mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file)
         self._attach(mesh)
         with self._setup_calls():
             mesh.run(display_hook.install)
@@ -136,24 +126,9 @@ class MeshSession:
             self.shell.user_ns["mesh"] = mesh
         return mesh
 
-    @staticmethod
-    def _up_ssh(dims: dict[str, int], kwargs: dict[str, Any], hostfile: str, listen: str | None) -> Mesh:
-        import viceroy as vr
-        from viceroy.runtime.ssh import read_hostfile
-
-        try:
-            n = len(read_hostfile(hostfile))
-        except (OSError, ValueError) as e:
-            raise UsageError(f"%mesh up: {e}") from None
-        if dims.get("hosts", n) != n:
-            raise UsageError(f"%mesh up: hosts={dims['hosts']} but {hostfile} lists {n} host(s)")
-        params: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in dims}
-        params.update({k: v for k, v in dims.items() if k != "hosts"})
-        return vr.Mesh.ssh(hostfile, interface=listen or "127.0.0.1", **params)
-
     def sync(self, src: str, dest: str | None, dry_run: bool) -> list[str]:
         """``%mesh sync``: copy a directory to every host of the ssh mesh that is up."""
-        return sync_hosts(self.mesh, src, dest, dry_run)
+        return launching.sync_hosts(self.mesh, src, dest, dry_run)
 
     def _attach(self, mesh: Mesh) -> None:
         self.mesh = mesh
