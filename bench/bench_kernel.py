@@ -6,11 +6,13 @@ execute_request until the kernel is idle again.
                                                  ipykernel (goal: <= 1/5 of it), when ipyparallel
                                                  is installed (pip install ipyparallel)
 
-The two Viceroy cells run in turn, rep after rep, so load falls on both alike. ipyparallel runs
-afterwards, alone: its controller and engines keep working after each %px (storing results,
-heartbeats), and interleaved that work would land on the other measurements.
+The two Viceroy cells run in turn, rep after rep, so load falls on both alike. %px runs in
+blocks of its own between theirs, in --rounds rounds: its controller and engines keep working
+after each %px (storing results), and run cell by cell that work would land on the Viceroy
+cells; rounds keep a slow drift of the machine's speed (this VM's moves by 2x within an hour)
+from landing on one side only.
 
-Usage: python bench/bench_kernel.py [--reps 300]
+Usage: python bench/bench_kernel.py [--reps 300] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -53,60 +55,71 @@ def _start(kernel_name: str):
     return start_new_kernel(kernel_name=kernel_name, startup_timeout=120)
 
 
-def _interleaved(runs: list[tuple[object, str]], reps: int, warmup: int = 30) -> list[float]:
-    """Median time of each (client, code), run in turn rep after rep, so that load on the
-    machine falls on every measurement alike."""
-    for _ in range(warmup):
-        for kc, code in runs:
-            _execute(kc, code)
+def _in_turn(runs: list[tuple[object, str]], reps: int) -> list[list[float]]:
+    """Times of each (client, code), run in turn rep after rep, so that load on the machine
+    falls on every measurement alike."""
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):
         for i, (kc, code) in enumerate(runs):
             times[i].append(_execute(kc, code))
-    return [statistics.median(t) for t in times]
+    return times
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=300, help="executions of each Viceroy cell")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    have_ipp = importlib.util.find_spec("ipyparallel") is not None
+    kernels: list[tuple[object, object, str]] = []
+    ours: list[list[float]] = [[], []]
+    px: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         from viceroy.kernel.kernelspec import write_kernel_spec
 
         write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
         os.environ["JUPYTER_PATH"] = tmp
-        km, kc = _start("viceroy")
         try:
+            km, kc = _start("viceroy")
+            kernels.append((km, kc, "%mesh down"))
             _execute(kc, "%mesh up gpus=4 --preload none")
-            plain, mesh = _interleaved([(kc, "a=1"), (kc, "%%mesh\na=1")], args.reps)
-            _execute(kc, "%mesh down")
+            viceroy_runs = [(kc, "a=1"), (kc, "%%mesh\na=1")]
+            if have_ipp:
+                from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+
+                pkm, pkc = _start(NATIVE_KERNEL_NAME)
+                kernels.append((pkm, pkc, "cluster.stop_cluster_sync()"))
+                _execute(pkc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
+                              "rc = cluster.start_and_connect_sync()\nrc.wait_for_engines(4, timeout=120)\n"
+                              "rc[:].activate()", timeout=180)
+                _in_turn([(pkc, "%px a=1")], 30)  # warm-up
+            _in_turn(viceroy_runs, 30)
+            for _ in range(args.rounds):
+                for i, t in enumerate(_in_turn(viceroy_runs, args.reps // args.rounds)):
+                    ours[i] += t
+                if have_ipp:
+                    px += _in_turn([(pkc, "%px a=1")], max(20, args.reps // (3 * args.rounds)))[0]
         finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=False)
+            for km, kc, stop in reversed(kernels):
+                try:
+                    _execute(kc, stop, timeout=60)
+                finally:
+                    kc.stop_channels()
+                    km.shutdown_kernel(now=False)
+    plain, mesh = statistics.median(ours[0]), statistics.median(ours[1])
     rows = [
         ("a=1 (Viceroy kernel, controller)", fmt_time(plain), "-", "-", ""),
         ("%%mesh a=1, 4 ranks", fmt_time(mesh), f"a=1 in the same kernel: {fmt_time(plain)}",
          f"+{fmt_time(mesh - plain)}", "overhead <= 2 ms"),
     ]
-    if importlib.util.find_spec("ipyparallel") is None:
-        rows.append(("%px a=1, 4 ipyparallel engines", "not installed", "-", "-", "pip install ipyparallel"))
+    if have_ipp:
+        p = statistics.median(px)
+        rows.append(("%%mesh a=1 vs %px a=1 (ipyparallel, 4 engines)", fmt_time(mesh), f"%px a=1: {fmt_time(p)}",
+                     f"{mesh / p:.2f}x", "<= 0.2x"))
     else:
-        from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
-
-        km, kc = _start(NATIVE_KERNEL_NAME)
-        try:
-            _execute(kc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
-                         "rc = cluster.start_and_connect_sync()\nrc.wait_for_engines(4, timeout=120)\n"
-                         "rc[:].activate()", timeout=180)
-            (px,) = _interleaved([(kc, "%px a=1")], max(50, args.reps // 3))
-            _execute(kc, "cluster.stop_cluster_sync()", timeout=60)
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=False)
-        rows.append(("%%mesh a=1 vs %px a=1 (ipyparallel, 4 engines)", fmt_time(mesh), f"%px a=1: {fmt_time(px)}",
-                     f"{mesh / px:.2f}x", "<= 0.2x"))
-    print(f"\nbench_kernel: medians of {args.reps} executions of each; {os.cpu_count()} CPUs; "
-          f"load {os.getloadavg()[0]:.2f}\n")
+        rows.append(("%px a=1, 4 ipyparallel engines", "not installed", "-", "-", "pip install ipyparallel"))
+    print(f"\nbench_kernel: medians of {len(ours[0])} executions of each Viceroy cell and {len(px)} of %px, "
+          f"in {args.rounds} rounds; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
 
 
