@@ -6,7 +6,7 @@
                  vs  one `python -c "import torch"`
   shutdown       mesh.shutdown() (absolute; the goal is <= 1 s)
 
-Usage:  python bench/bench_runtime.py [--ns 4,8,16] [--rounds 3]
+Usage:  python bench/bench_runtime.py [--ns 4,8,16] [--rounds 3] [--gap-ms 3 --skip-startup]
 Each measurement runs in its own child process; rounds interleave ours and the baseline so a
 noisy neighbour hits both. Medians over rounds are reported.
 """
@@ -44,7 +44,7 @@ def _zmq_worker(addr: str, idx: int) -> None:
         s.send_multipart(msg)
 
 
-def child_zmq(n: str) -> None:
+def child_zmq(n: str, gap_ms: str = "0") -> None:
     import multiprocessing as mp
 
     import zmq
@@ -64,20 +64,21 @@ def child_zmq(n: str) -> None:
         for _ in ids:
             r.recv_multipart()
 
-    emit("zmq_bcast_gather", median(timeit(bcast, 200, REPS, BUDGET_S)))
+    emit("zmq_bcast_gather", median(timeit(bcast, 200, REPS, BUDGET_S, float(gap_ms) / 1000)))
     for i in ids:
         r.send_multipart([i, b"q"])
     for p in procs:
         p.join()
 
 
-def child_viceroy_calls(n: str) -> None:
+def child_viceroy_calls(n: str, gap_ms: str = "0") -> None:
     import viceroy as vr
 
+    gap = float(gap_ms) / 1000
     with vr.Mesh.local(gpus=int(n), preload=[], echo=False) as mesh:
-        emit("viceroy_run_a1", median(timeit(lambda: mesh.run("a=1"), 200, REPS, BUDGET_S)))
+        emit("viceroy_run_a1", median(timeit(lambda: mesh.run("a=1"), 200, REPS, BUDGET_S, gap)))
         f = lambda: 1  # noqa: E731
-        emit("viceroy_run_fn", median(timeit(lambda: mesh.run(f), 200, REPS, BUDGET_S)))
+        emit("viceroy_run_fn", median(timeit(lambda: mesh.run(f), 200, REPS, BUDGET_S, gap)))
 
 
 def child_viceroy_startup() -> None:
@@ -106,6 +107,8 @@ def main() -> None:
     ap.add_argument("--ns", default="4,8,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-startup", action="store_true")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="keep the caller busy this long between calls, untimed (a kernel's cadence)")
     args = ap.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     acc: dict[str, list[float]] = {}
@@ -116,8 +119,8 @@ def main() -> None:
 
     for rnd in range(args.rounds):
         for n in ns:
-            add(run_child("bench_runtime", "child_zmq", str(n)), f"@{n}")
-            add(run_child("bench_runtime", "child_viceroy_calls", str(n)), f"@{n}")
+            add(run_child("bench_runtime", "child_zmq", str(n), str(args.gap_ms)), f"@{n}")
+            add(run_child("bench_runtime", "child_viceroy_calls", str(n), str(args.gap_ms)), f"@{n}")
         if not args.skip_startup:
             add(run_child("bench_runtime", "child_torch_import"))
             add(run_child("bench_runtime", "child_viceroy_startup"))
@@ -137,7 +140,8 @@ def main() -> None:
         rows.append(("Mesh.local(gpus=4) + import torch on every rank", fmt_time(m["viceroy_startup_torch"]),
                      f"python -c 'import torch': {fmt_time(base)}", f"{m['viceroy_startup_torch'] / base:.2f}x", "<= 1.3x"))
         rows.append(("mesh.shutdown(), 4 ranks", fmt_time(m["viceroy_shutdown"]), "-", "-", "<= 1 s"))
-    print(f"\nbench_runtime: {args.rounds} rounds, medians; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
+    gap = f"; {args.gap_ms:g} ms of busy caller between calls" if args.gap_ms else ""
+    print(f"\nbench_runtime: {args.rounds} rounds, medians{gap}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
 
 

@@ -14,16 +14,25 @@ from collections.abc import Callable
 RESULT_TAG = "@@RESULT@@ "
 
 
-def timeit(fn: Callable[[], object], warmup: int, reps: int, budget_s: float | None = None) -> list[float]:
+def timeit(
+    fn: Callable[[], object], warmup: int, reps: int, budget_s: float | None = None, gap_s: float = 0.0
+) -> list[float]:
+    """Times of `reps` calls of `fn` after `warmup` untimed ones. `gap_s`: between calls, keep
+    this thread busy that long, untimed (as a kernel is between two cells), so that the other
+    processes idle and wake as they would there."""
     for _ in range(warmup):
         fn()
     out: list[float] = []
-    start = time.perf_counter()
+    spent = 0.0  # time in the loop, gaps left out
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - start > budget_s and len(out) >= 30:
+        t1 = time.perf_counter()
+        out.append(t1 - t0)
+        while gap_s and time.perf_counter() - t1 < gap_s:
+            pass
+        spent += t1 - t0
+        if budget_s is not None and spent > budget_s and len(out) >= 30:
             break
     return out
 
