@@ -1,7 +1,8 @@
 """The kernel's per-cell bookkeeping is lighter than stock ipykernel's (see
 viceroy/kernel/iostream.py), and loses nothing: output still arrives before the cell ends and
 history is complete when asked for and written to disk within about a second. It also skips
-ipykernel's 0.5 ms sleep after each cell (see ViceroyKernel._execute_sleep)."""
+ipykernel's 0.5 ms sleep after each cell (see ViceroyKernel._execute_sleep) and its second
+transform of each cell (ViceroyKernel.do_execute)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,19 @@ def test_no_sleep_after_a_cell_and_no_debug_records_that_no_handler_prints(kerne
         "print(k._execute_sleep, k.log.isEnabledFor(logging.DEBUG), min(h.level for h in k.log.handlers) > logging.DEBUG)"
     )
     assert ex.stream().split() == ["0.0", "False", "True"]
+
+
+def test_each_cell_is_transformed_once(kernel: Kernel):
+    """ipykernel transforms a cell to decide whether it is async and again to run it; the second
+    reuses the first (IPython's tokenizer is a good part of a small cell's cost)."""
+    kernel.ok(
+        "seen_8812 = []\n"
+        "def count_8812(lines):\n"
+        "    seen_8812.append(''.join(lines))\n"
+        "    return lines\n"
+        "get_ipython().input_transformers_post.append(count_8812)"
+    )
+    kernel.ok("y_8812 = 41")
+    kernel.ok("y_8812 += 1")
+    ex = kernel.ok("get_ipython().input_transformers_post.remove(count_8812)\nprint(seen_8812[:2], y_8812)")
+    assert ex.stream().strip() == "['y_8812 = 41\\n', 'y_8812 += 1\\n'] 42"
