@@ -6,6 +6,7 @@ An op that fails on a rank surfaces at the next fetch, with the controller line 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,7 +55,7 @@ class Engine:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self._next_id = 0
+        self._ids = itertools.count(1)  # tensor ids; next() on it is atomic, so threads never share one
         self._send_lock = threading.Lock()
         self._queue: list[tuple[Any, ...]] = []
         self._frees: list[int] = []
@@ -74,8 +75,7 @@ class Engine:
     # --- recording -----------------------------------------------------------------------
 
     def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
+        return next(self._ids)
 
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
         with torch._C.DisableTorchFunctionSubclass():

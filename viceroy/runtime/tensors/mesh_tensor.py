@@ -175,7 +175,7 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                 return engine.dispatch(func, args, kwargs or {}, flat=True, key=k)
             kind = plan.kind
             if kind is NEW:  # `new`, inline
-                engine._next_id = tid = engine._next_id + 1
+                tid = next(engine._ids)
                 out: Any = _make_subclass(MeshTensor, plan.meta)
                 out._engine = engine
                 out._id = tid
