@@ -94,6 +94,11 @@ class LabServer:
         return json.loads(raw) if raw else None
 
     def page_url(self, path: str) -> str:
+        """With a fresh JupyterLab workspace (``reset``): the server keeps the last one, and a
+        notebook an earlier test left open would otherwise come back and start its kernel
+        beside this test's."""
+        if path.startswith("/lab") and "reset" not in path:
+            path += ("&" if "?" in path else "?") + "reset"
         sep = "&" if "?" in path else "?"
         return f"{self.url}{path}{sep}token={self.token}"
 
