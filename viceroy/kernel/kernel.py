@@ -12,7 +12,7 @@ import atexit
 import inspect
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -59,6 +59,8 @@ class ViceroyKernel(IPythonKernel):
         super().__init__(**kwargs)
         assert self.shell is not None
         _skip_debug_records(self.log)
+        self._transform_memo = threading.local()
+        self.shell.transform_cell = self._transform_once(self.shell.transform_cell)
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
         batch_history_writes(self.shell)
@@ -83,34 +85,33 @@ class ViceroyKernel(IPythonKernel):
         allow_stdin: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """ipykernel transforms each cell twice: once to decide whether it runs async, then
-        again inside ``run_cell``. Here the second time reuses the first's result (nothing
-        runs in between to change it), which saves every cell a pass of IPython's tokenizer."""
-        shell = self.shell
-        assert shell is not None
-        own = vars(shell).get("transform_cell")  # someone else's wrapper, if any, stays in use
-        transform = shell.transform_cell
-        memo: list[tuple[str, str]] = []  # the cell's first transform, until asked for again
-        stored = False
-
-        def transform_once(raw_cell: str) -> str:
-            nonlocal stored
-            if memo and memo[0][0] == raw_cell:
-                return memo.pop()[1]
-            cell = transform(raw_cell)
-            if not stored:
-                stored = True
-                memo.append((raw_cell, cell))
-            return cell
-
-        shell.transform_cell = transform_once
+        """As ipykernel's, with the cell transformed once (see `_transform_once`)."""
+        memo = self._transform_memo
+        memo.armed, memo.cell = True, None
         try:
             return await super().do_execute(code, silent, store_history, user_expressions, allow_stdin, **kwargs)
         finally:
-            if own is not None:
-                shell.transform_cell = own
-            else:
-                del shell.transform_cell
+            memo.armed, memo.cell = False, None
+
+    def _transform_once(self, transform: Callable[[str], str]) -> Callable[[str], str]:
+        """ipykernel transforms each cell twice: once to decide whether it runs async, then
+        again inside ``run_cell``. The shell's `transform_cell` becomes this wrapper, which
+        hands the second request the first's result (nothing runs in between to change it),
+        saving every cell a pass of IPython's tokenizer. Per thread: subshells run cells on
+        their own threads, concurrently."""
+        memo = self._transform_memo
+
+        def transform_cell(raw_cell: str) -> str:
+            kept = getattr(memo, "cell", None)
+            if kept is not None and kept[0] == raw_cell:
+                memo.cell = None
+                return kept[1]
+            cell = transform(raw_cell)
+            if getattr(memo, "armed", False):  # the cell's first transform: keep it once
+                memo.armed, memo.cell = False, (raw_cell, cell)
+            return cell
+
+        return transform_cell
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """Shutdown and restart both stop the mesh and every process of it."""
