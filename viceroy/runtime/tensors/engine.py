@@ -19,7 +19,6 @@ from torch.utils import _pytree as pytree
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.tensors import worker
 from viceroy.runtime.tensors.mesh_tensor import (
-    _NEEDS_DATA,
     ANSWER,
     BATCH_MAX,
     GENERAL,
@@ -29,6 +28,7 @@ from viceroy.runtime.tensors.mesh_tensor import (
     VALUE,
     MeshTensor,
     _general,
+    check_needs_no_data,
     new,
     sig_of,
     torch_function,
@@ -98,12 +98,7 @@ class Engine:
                 key = _signature(func, args, kwargs)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
-                name = getattr(func, "__name__", str(func))
-                if name in _NEEDS_DATA:
-                    raise RuntimeError(
-                        f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
-                        "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
-                    )
+                check_needs_no_data(getattr(func, "__name__", str(func)))
                 plan = _plan(func, args, kwargs, in_leaves)
                 if key is not None and plan.cacheable:
                     if len(self._plans) >= 4096:

@@ -174,15 +174,9 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
             if plan is None:
                 return engine.dispatch(func, args, kwargs or {}, flat=True, key=k)
             kind = plan.kind
-            if kind is NEW:  # `new`, inline
+            if kind is NEW:
                 tid = next(engine._ids)
-                out: Any = _make_subclass(MeshTensor, plan.meta)
-                out._engine = engine
-                out._id = tid
-                out._sig = plan.sig
-                r = _Ref(out, engine._gone)
-                r.tid = tid
-                engine._refs[tid] = r
+                out: Any = new(engine, plan.meta, tid, plan.sig)
             elif kind is INPLACE:
                 out = args[plan.index]
                 tid = out._id
@@ -193,26 +187,18 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                 tid = None
             else:
                 return engine.dispatch(func, args, kwargs or {}, flat=True, plan=plan)
-            # The user's line (outside torch, viceroy and the standard library), for errors.
-            f = sys._getframe(1)
-            while True:
-                file = f.f_code.co_filename
-                inside = _SKIP_FILES.get(file)
-                if inside is None:
-                    inside = _skip(file)
-                if not inside:
-                    line = (file, f.f_lineno)
-                    break
-                f = f.f_back  # type: ignore[assignment]
-                if f is None:
-                    line = ("?", 0)
-                    break
-            q = engine._queue
-            q.append((func, ids, kwargs, plan.slots, tid, line, False))
-            if len(q) >= BATCH_MAX:
-                engine.flush()
+            engine._enqueue((func, ids, kwargs, plan.slots, tid, where(), False))
             return out
     return owner._fallback(func, args, kwargs)
+
+
+def check_needs_no_data(name: str) -> None:
+    """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks."""
+    if name in _NEEDS_DATA:
+        raise RuntimeError(
+            f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
+            "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
+        )
 
 
 def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
@@ -222,11 +208,7 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
 
     kwargs = kwargs or {}
     name = getattr(func, "__name__", str(func))
-    if name in _NEEDS_DATA:
-        raise RuntimeError(
-            f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
-            "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
-        )
+    check_needs_no_data(name)
     engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}
     if len(engines) > 1:
         descs = sorted(e.describe() for e in engines)
@@ -253,7 +235,7 @@ def _skip(name: str) -> bool:
 
 def where() -> tuple[str, int]:
     """The user's line that issued an op (outside torch, viceroy and the standard library):
-    (file, line)."""
+    (file, line), looking from the frame that called this one's caller."""
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
