@@ -1,6 +1,7 @@
 """The controller's side of a mesh: the table of calls in flight, rank states, and the IO thread
 that turns replies into results, errors and events. Sockets are in `transport`, one call's
-bookkeeping in `calls`, how calls end in `outcomes`, hosts' agents in `hosts`.
+bookkeeping in `calls`, how calls end in `outcomes`; starting, restarting and hosts' agents
+in `hosts`.
 
 One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it.
 """
@@ -30,7 +31,7 @@ from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvou
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
-from viceroy.runtime.shape import RunSet, Shape, format_rank_set, rank_runs
+from viceroy.runtime.shape import RunSet, Shape, rank_runs
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer, new_key
 
@@ -106,35 +107,6 @@ class Controller(CallOutcomes, HostLifecycle):
         _live.add(self)
 
     # --- lifecycle -----------------------------------------------------------------------------
-
-    def start(self, timeout: float) -> None:
-        """Launch the agents; return when every rank has answered."""
-        try:
-            plans = self.launcher.plan(self.shape.dims)
-            self._direct = self.launcher.same_host and len(plans) == 1
-            for plan in plans:
-                self._plans[plan.index] = plan
-                for rc in plan.ranks:
-                    self._host_of[rc["rank"]] = plan.index
-                self._launch(plan.index)
-            self._beat_thread.start()
-        except BaseException:
-            self.shutdown()  # nothing half-started stays behind
-            raise
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not all(s == "idle" for s in self._state.values()):
-                left = deadline - time.monotonic()
-                if self._startup_error or left <= 0:
-                    break
-                self._changed.wait(left)
-            error = self._startup_error
-            waiting = [r for r, s in self._state.items() if s != "idle"]
-        if error or waiting:
-            logs = "\n".join(a.log_tail() for a in self._agents.values()).strip()
-            self.shutdown()
-            what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
-            raise RuntimeError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
 
     def shutdown(self) -> None:
         with self._lock:
@@ -266,35 +238,6 @@ class Controller(CallOutcomes, HostLifecycle):
             with contextlib.suppress(BaseException):
                 call.future._cf.exception(max(0.0, deadline - time.monotonic()))
         return [c.id for c in calls]
-
-    def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
-        if not ranks:
-            return
-        with self._lock:
-            self._check_open()
-            for r in ranks:
-                self._set_state(r, "starting")
-            lost = {self._host_of[r] for r in ranks} & set(self._lost)
-            for h in lost:  # a new agent for a lost host brings all its ranks back
-                ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
-                for r in self._plans[h].ranks_ids():
-                    self._set_state(r, "starting")
-        for h in sorted(lost):
-            self._launch(h)
-        others = [r for r in ranks if self._host_of[r] not in lost]
-        if others:
-            self._broadcast({"op": "restart", "ranks": others})
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while any(self._state[r] != "idle" for r in ranks):
-                again = {self._host_of[r] for r in ranks} & set(self._lost)
-                if again:
-                    raise RuntimeError("during restart: " + "\n".join(self._lost[h] for h in sorted(again)))
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    late = [r for r in ranks if self._state[r] != "idle"]
-                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s")
-                self._changed.wait(left)
 
     def query(self, op: str, ranks: Sequence[int], timeout: float = 3.0) -> dict[Any, Any]:
         """Ask live ranks something answered by their IO thread (works while they are busy).

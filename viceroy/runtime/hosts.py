@@ -1,6 +1,7 @@
-"""The controller's hosts: launching each host's agent, heartbeats both ways, and giving a host
-up when its agent falls silent or exits (its ranks dead, its calls failed naming it), so that
-`restart(failed_only=True)` can launch it again as a new generation.
+"""The controller's hosts: starting the mesh and restarting its ranks, launching each host's
+agent, heartbeats both ways, and giving a host up when its agent falls silent or exits (its
+ranks dead, its calls failed naming it), so that `restart(failed_only=True)` can launch it
+again as a new generation.
 
 A mixin of `Controller`, which owns the state declared here; kept apart because it is one
 concern with its own thread (the heartbeat) and its own failure story.
@@ -12,17 +13,19 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
 from viceroy.runtime.procs import HEARTBEAT_S
+from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import BadMessage, Signer
 
 
 class HostLifecycle:
     launcher: Launcher
+    shape: Shape
     signer: Signer
     _sockets: ControllerSockets
     _config: dict[str, Any]
@@ -37,9 +40,23 @@ class HostLifecycle:
     _state: dict[int, str]
     _host_timeout: float
     _startup_error: str | None
+    _lock: threading.RLock
     _changed: threading.Condition
+    _beat_thread: threading.Thread
 
     def call_soon(self, task: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _set_state(self, r: int, state: str) -> None:
+        raise NotImplementedError
+
+    def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
         raise NotImplementedError
 
     def _handle(self, frames: list[Any]) -> None:
@@ -47,6 +64,68 @@ class HostLifecycle:
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
         raise NotImplementedError
+
+    # --- starting and restarting -----------------------------------------------------------
+
+    def start(self, timeout: float) -> None:
+        """Launch the agents; return when every rank has answered."""
+        try:
+            plans = self.launcher.plan(self.shape.dims)
+            self._direct = self.launcher.same_host and len(plans) == 1
+            for plan in plans:
+                self._plans[plan.index] = plan
+                for rc in plan.ranks:
+                    self._host_of[rc["rank"]] = plan.index
+                self._launch(plan.index)
+            self._beat_thread.start()
+        except BaseException:
+            self.shutdown()  # nothing half-started stays behind
+            raise
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not all(s == "idle" for s in self._state.values()):
+                left = deadline - time.monotonic()
+                if self._startup_error or left <= 0:
+                    break
+                self._changed.wait(left)
+            error = self._startup_error
+            waiting = [r for r, s in self._state.items() if s != "idle"]
+        if error or waiting:
+            logs = "\n".join(a.log_tail() for a in self._agents.values()).strip()
+            self.shutdown()
+            what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
+            raise RuntimeError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
+
+    def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
+        if not ranks:
+            return
+        with self._lock:
+            self._check_open()
+            for r in ranks:
+                self._set_state(r, "starting")
+            lost = {self._host_of[r] for r in ranks} & set(self._lost)
+            for h in lost:  # a new agent for a lost host brings all its ranks back
+                ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
+                for r in self._plans[h].ranks_ids():
+                    self._set_state(r, "starting")
+        for h in sorted(lost):
+            self._launch(h)
+        others = [r for r in ranks if self._host_of[r] not in lost]
+        if others:
+            self._broadcast({"op": "restart", "ranks": others})
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while any(self._state[r] != "idle" for r in ranks):
+                again = {self._host_of[r] for r in ranks} & set(self._lost)
+                if again:
+                    raise RuntimeError("during restart: " + "\n".join(self._lost[h] for h in sorted(again)))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    late = [r for r in ranks if self._state[r] != "idle"]
+                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s")
+                self._changed.wait(left)
+
+    # --- one host's agent -------------------------------------------------------------------
 
     def _agent_ident(self, h: int) -> bytes:
         return f"agent-{h}.{self._gen.get(h, 0)}".encode()
