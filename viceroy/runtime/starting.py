@@ -1,0 +1,164 @@
+"""Starting a mesh: on this machine (`Mesh.local`), over ssh, as Slurm job steps, or with agents
+started by anything else (`Mesh.attach`). A mixin of `Mesh`: each returns the new mesh."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any, Self
+
+from viceroy.runtime.controller import Controller
+from viceroy.runtime.launcher import Launcher, LocalLauncher
+from viceroy.runtime.shape import Shape
+
+_START_OPTIONS = ("echo", "preload", "output_limit", "startup_timeout", "env")
+
+
+def _default_preload() -> list[str]:
+    return ["torch"] if importlib.util.find_spec("torch") is not None else []
+
+
+class MeshStarts:
+    """`Mesh`'s constructors; `Mesh.local(gpus=4)` and the others start processes and return
+    once every rank answers."""
+
+    def __init__(self, controller: Controller, shape: Shape) -> None:  # Mesh's own
+        raise NotImplementedError
+
+    @classmethod
+    def local(
+        cls,
+        dims: dict[str, int] | None = None,
+        /,
+        *,
+        echo: bool = True,
+        interface: str = "127.0.0.1",
+        preload: list[str] | None = None,
+        output_limit: int = 1 << 20,
+        startup_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+        launcher: Launcher | None = None,
+        **named_dims: int,
+    ) -> Self:
+        """Start ranks on this machine, one per position of `dims` (e.g. ``gpus=4`` or
+        ``dp=2, tp=2``); returns when every rank answers.
+
+        echo: print rank output here as ``[rank] line`` (the kernel turns this off and streams
+            output into cells instead).
+        preload: modules the ranks' template process imports once before forking them; default
+            ``["torch"]`` when torch is installed, so ``import torch`` on a rank is instant.
+        output_limit: bytes of output forwarded per rank per call; the rest is dropped with a
+            notice.
+        A leading dim named ``hosts`` gets one agent per host index (the layout many-host
+        launchers use), even on one machine. Dims may also come as a dict,
+        ``Mesh.local({"gpus": 4})``, e.g. when a dim is named like one of the options above.
+        """
+        if dims and named_dims:
+            raise TypeError("give dims either as a dict or as keywords, not both")
+        dims = dict(dims or named_dims)
+        if not dims:
+            raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
+        shape = Shape(dims)  # validates names and sizes
+        env = dict(env or {})
+        controller = Controller(
+            shape.dims,
+            launcher or LocalLauncher(),
+            interface=interface,
+            echo=echo,
+            output_limit=output_limit,
+            preload=_default_preload() if preload is None else preload,
+            env=env,
+        )
+        controller.start(startup_timeout)
+        return cls(controller, shape)
+
+    @classmethod
+    def ssh(
+        cls,
+        hosts: list[str] | str,
+        *,
+        python: str | None = None,
+        port: int | None = None,
+        identity: str | None = None,
+        ssh_options: list[str] | None = None,
+        interface: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> Self:
+        """Start one agent per host over ssh; dims are ``hosts=len(hosts)`` then yours:
+        ``Mesh.ssh(["node1", "node2"], gpus=8)``. `hosts` may be a hostfile path (one host per
+        line, optionally ``python=PATH``). `interface` is where the controller listens: an
+        address every host can reach (loopback by default). Other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.ssh import SshLauncher, read_hostfile
+
+        host_list = read_hostfile(hosts) if isinstance(hosts, str) else list(hosts)
+        launcher = SshLauncher(
+            host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
+        )
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
+
+    @classmethod
+    def slurm(
+        cls,
+        hosts: int | None = None,
+        *,
+        agents_per_node: int = 1,
+        python: str | None = None,
+        srun_options: list[str] | None = None,
+        salloc_options: list[str] | None = None,
+        interface: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> Self:
+        """One agent per node as Slurm job steps (`srun`); dims are ``hosts`` then yours:
+        ``Mesh.slurm(hosts=4, gpus=8)``. Inside an allocation (salloc/sbatch) its nodes are used
+        and `hosts` defaults to their number; outside one, ``salloc --no-shell`` asks for one
+        (with `salloc_options`, e.g. ``["-p", "gpu", "-t", "60"]``), cancelled at shutdown.
+        `agents_per_node` > 1 puts several hosts on each node. `interface`: an address every node
+        can reach (loopback by default: one-node clusters only). Other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.slurm import SlurmLauncher
+
+        launcher = SlurmLauncher(
+            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ())
+        )
+        hosts = hosts or SlurmLauncher.hosts_in_allocation(agents_per_node)
+        if hosts is None:
+            raise TypeError("outside a Slurm allocation, say how many hosts: Mesh.slurm(hosts=4, gpus=8)")
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        try:
+            return cls.local({"hosts": hosts, **kwargs}, launcher=launcher, interface=interface, **options)
+        except BaseException:
+            launcher.close()
+            raise
+
+    @classmethod
+    def attach(
+        cls,
+        *,
+        listen: str = "127.0.0.1:7777",
+        key_file: str | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Wait on `listen` for agents started by anything else (Kubernetes, torchrun, mpirun,
+        a shell), one per host: ``Mesh.attach(hosts=2, gpus=8, listen="0.0.0.0:7777",
+        key_file="mesh.key")``, then on each host ``viceroy agent --connect ADDR:7777 --key-file
+        mesh.key``. The key file is created (mode 0600) if missing; without one the key comes
+        from $VICEROY_MESH_KEY, else from ~/.viceroy/attach-PORT.key (made on first use).
+        Listening beyond loopback is opt-in (name the interface).
+        Returns when every rank answers (`startup_timeout`); other keywords as `Mesh.local`.
+        """
+        from viceroy.runtime.attach import AttachLauncher
+
+        if "hosts" not in kwargs:
+            raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
+        launcher = AttachLauncher(listen, key_file)
+        options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
+        print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
+        dims = {"hosts": kwargs.pop("hosts"), **kwargs}
+        try:
+            return cls.local(dims, launcher=launcher, interface=launcher.interface, **options)
+        except BaseException:
+            launcher.close()
+            raise
+
