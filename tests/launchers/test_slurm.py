@@ -92,14 +92,17 @@ def test_controller_death_leaves_nothing_on_the_nodes(slurm):
         assert proc.stdout is not None
         ranks = json.loads(proc.stdout.readline())
         everything = ranks + [psutil.Process(p).parent().pid for p in ranks]
+        jobs = slurm.jobs()
+        assert len(jobs) == 1  # the allocation the controller asked for
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         wait_until(lambda: not live_pids(everything), 10, f"the agents and ranks to exit: {live_pids(everything)}")
+        wait_until(lambda: jobs[0] not in slurm.jobs(), 10, f"the dead controller's allocation {jobs[0]} to end")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        subprocess.run(["scancel", "--name=viceroy"], capture_output=True)  # the dead controller's allocation
+        subprocess.run(["scancel", "--name=viceroy"], capture_output=True)  # only if the test failed
 
 
 def test_the_magic_starts_a_slurm_mesh(slurm):
@@ -113,3 +116,13 @@ def test_the_magic_starts_a_slurm_mesh(slurm):
         assert mesh.run("import os\n'SLURM_JOB_ID' in os.environ").values() == [True, True]
     finally:
         session.close()
+
+
+def test_an_allocation_the_cluster_cannot_grant_is_explained(slurm):
+    from viceroy.runtime.slurm import SlurmError
+
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError, match=r"no allocation of 3 node\(s\) within 2 s \(.*salloc.*\); check `sinfo`"):
+        vr.Mesh.slurm(hosts=3, gpus=1, allocation_timeout=2, preload=[], echo=False)
+    assert time.monotonic() - t0 < 30
+    assert slurm.jobs() == []

@@ -1,8 +1,10 @@
 """The Slurm launcher: one agent per node, each a job step started with `srun`.
 
 Inside an allocation (``salloc``/``sbatch``: $SLURM_JOB_ID is set) the steps run in it;
-otherwise the launcher asks for one (``salloc --no-shell``) and cancels it when the mesh shuts
-down. Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
+otherwise the launcher asks for one and holds it with a small command run under ``salloc``
+whose stdin is a pipe from this process: the allocation ends when the mesh shuts down, and
+also when this process dies by any signal (the pipe closes, the command exits, salloc gives
+the allocation back), so a killed kernel leaves no job behind. Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
 its configuration, key included, goes on srun's stdin (Slurm forwards it to the task), never
 on a command line, and that stdin stays open as the agent's lifeline, as with ssh.
 
@@ -14,10 +16,11 @@ the nodes can reach (loopback by default, which only works on a one-node cluster
 from __future__ import annotations
 
 import os
-import re
+import select
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +71,7 @@ class SlurmLauncher(Launcher):
     def __post_init__(self) -> None:
         self.job_id: str | None = None
         self.nodes: list[str] = []
-        self.created = False  # we asked for the allocation: we cancel it
+        self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for
 
     @staticmethod
     def hosts_in_allocation(agents_per_node: int = 1) -> int | None:
@@ -102,25 +105,41 @@ class SlurmLauncher(Launcher):
             self.job_id, self.nodes = job, nodes[:n_nodes]
             return
         wait = max(1, int(self.allocation_timeout))
+        argv = ["salloc", f"--immediate={wait}", f"--nodes={n_nodes}", f"--ntasks-per-node={self.agents_per_node}",
+                "--job-name=viceroy", *self.salloc_options, self.python, "-c", _HOLD]
         try:
-            out = _run(["salloc", "--no-shell", f"--immediate={wait}", f"--nodes={n_nodes}",
-                        f"--ntasks-per-node={self.agents_per_node}", "--job-name=viceroy", *self.salloc_options],
-                       timeout=wait + 30)
-        except SlurmError as e:
-            raise SlurmError(
-                f"no allocation of {n_nodes} node(s) within {wait} s ({e}); check `sinfo`, pass salloc_options "
-                "(partition, time), or put several agents on a node with agents_per_node"
-            ) from None
-        m = re.search(r"Granted job allocation (\d+)", out)
-        if not m:
-            raise SlurmError(f"salloc granted no allocation: {out.strip()}")
-        self.job_id, self.created = m.group(1), True
+            # Its own session: the kernel's SIGINT to its process group must not reach salloc.
+            self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError:
+            raise SlurmError("salloc is not installed here: the Slurm launcher needs Slurm's client commands") from None
         try:
-            nodelist = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
+            granted = _read_line(self._holder, wait + 30)
+            if not granted:
+                raise SlurmError(
+                    f"no allocation of {n_nodes} node(s) within {wait} s ({self._holder_error()}); check "
+                    "`sinfo`, pass salloc_options (partition, time), or put several agents on a node with "
+                    "agents_per_node"
+                )
+            self.job_id, nodelist = granted.split()
             self.nodes = expand_nodelist(nodelist)
         except BaseException:
             self.close()
             raise
+
+    def _holder_error(self) -> str:
+        """What salloc said when it gave up (it is stopped first if it is still waiting)."""
+        holder = self._holder
+        assert holder is not None and holder.stderr is not None
+        if holder.poll() is None:
+            holder.terminate()  # salloc withdraws its request on SIGTERM
+            try:
+                holder.wait(10)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.wait()
+        said = "; ".join(line.strip() for line in holder.stderr.read().decode(errors="replace").splitlines())
+        return said or f"salloc exited with code {holder.returncode} and said nothing"
 
     def node_of(self, host: int) -> str:
         return self.nodes[host // self.agents_per_node]
@@ -141,6 +160,42 @@ class SlurmLauncher(Launcher):
         return agent
 
     def close(self) -> None:
-        if self.created and self.job_id is not None:
-            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=30)
-            self.created = False
+        holder, self._holder = self._holder, None
+        if holder is None:
+            return
+        if holder.stdin:
+            try:
+                holder.stdin.close()  # the holding command exits; salloc gives the allocation back
+            except OSError:
+                pass
+        try:
+            holder.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            if self.job_id is not None:
+                subprocess.run(["scancel", self.job_id], capture_output=True, timeout=30)
+            holder.kill()
+            holder.wait()
+        for pipe in (holder.stdout, holder.stderr):
+            if pipe:
+                pipe.close()
+
+
+# Run under salloc, inside the allocation: say which one it is, then hold it until stdin closes.
+_HOLD = ("import os, sys; print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_JOB_NODELIST'], flush=True); "
+         "sys.stdin.read()")
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The holder's first line, or "" if salloc gave up or `timeout` passed first."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            return ""
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            return ""
+        buf += chunk
+    return buf.decode(errors="replace").strip()

@@ -107,20 +107,23 @@ class MeshStarts:
         python: str | None = None,
         srun_options: list[str] | None = None,
         salloc_options: list[str] | None = None,
+        allocation_timeout: float = 300.0,
         interface: str = "127.0.0.1",
         **kwargs: Any,
     ) -> Self:
         """One agent per node as Slurm job steps (`srun`); dims are ``hosts`` then yours:
         ``Mesh.slurm(hosts=4, gpus=8)``. Inside an allocation (salloc/sbatch) its nodes are used
-        and `hosts` defaults to their number; outside one, ``salloc --no-shell`` asks for one
-        (with `salloc_options`, e.g. ``["-p", "gpu", "-t", "60"]``), cancelled at shutdown.
+        and `hosts` defaults to their number; outside one, ``salloc`` asks for one (with
+        `salloc_options`, e.g. ``["-p", "gpu", "-t", "60"]``; waiting at most
+        `allocation_timeout` seconds), held while this process lives and ended at shutdown.
         `agents_per_node` > 1 puts several hosts on each node. `interface`: an address every node
         can reach (loopback by default: one-node clusters only). Other keywords as `Mesh.local`.
         """
         from viceroy.runtime.slurm import SlurmLauncher
 
         launcher = SlurmLauncher(
-            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ())
+            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ()),
+            allocation_timeout,
         )
         hosts = hosts or SlurmLauncher.hosts_in_allocation(agents_per_node)
         if hosts is None:
