@@ -226,6 +226,16 @@ def test_dims_may_be_given_as_a_dict_even_when_named_like_an_option(start_mesh):
         mesh.shutdown()
 
 
+@pytest.mark.parametrize("start", [
+    lambda: vr.Mesh.local(gpus=2, startup_timout=30),
+    lambda: vr.Mesh.ssh(["localhost"], gpus=2, prelaod=[]),
+    lambda: vr.Mesh.slurm(hosts=1, alocation_timeout=5),
+])
+def test_a_misspelt_option_is_not_taken_for_a_dim(start):
+    with pytest.raises(TypeError, match=r"would be a dim of the mesh; did you mean the option \w+=\? A dim really"):
+        start()
+
+
 def test_stacks_show_only_user_frames(start_mesh):
     mesh = start_mesh(gpus=1)
     assert "(idle: waiting for work)" in mesh.stacks().item(gpus=0)

@@ -3,6 +3,7 @@ started by anything else (`Mesh.attach`). A mixin of `Mesh`: each returns the ne
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import sys
 from typing import Any, Self
@@ -12,6 +13,21 @@ from viceroy.runtime.launcher import Launcher, LocalLauncher
 from viceroy.runtime.shape import Shape
 
 _START_OPTIONS = ("echo", "preload", "output_limit", "startup_timeout", "env")
+# Every keyword a constructor takes that is not a dim: a keyword dim named like one of these is
+# a typo far more often than a dim (``startup_timout=30`` would start 30x the ranks).
+_OPTION_NAMES = (*_START_OPTIONS, "interface", "launcher", "python", "port", "identity", "ssh_options",
+                 "agents_per_node", "srun_options", "salloc_options", "allocation_timeout", "listen", "key_file")
+
+
+def _check_keyword_dims(named_dims: dict[str, Any]) -> None:
+    for name in named_dims:
+        close = difflib.get_close_matches(name, _OPTION_NAMES, n=1, cutoff=0.8)
+        if close and close[0] != name:
+            raise TypeError(
+                f"{name}={named_dims[name]!r} would be a dim of the mesh; did you mean the option "
+                f"{close[0]}=? A dim really named {name!r} can be given in a dict: "
+                f"Mesh.local({{{name!r}: {named_dims[name]!r}}})"
+            )
 
 
 def _default_preload() -> list[str]:
@@ -55,6 +71,7 @@ class MeshStarts:
         """
         if dims and named_dims:
             raise TypeError("give dims either as a dict or as keywords, not both")
+        _check_keyword_dims(named_dims)
         dims = dict(dims or named_dims)
         if not dims:
             raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
@@ -95,6 +112,7 @@ class MeshStarts:
         launcher = SshLauncher(
             host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
         )
+        _check_keyword_dims(kwargs)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
 
@@ -128,6 +146,7 @@ class MeshStarts:
         hosts = hosts or SlurmLauncher.hosts_in_allocation(agents_per_node)
         if hosts is None:
             raise TypeError("outside a Slurm allocation, say how many hosts: Mesh.slurm(hosts=4, gpus=8)")
+        _check_keyword_dims(kwargs)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         try:
             return cls.local({"hosts": hosts, **kwargs}, launcher=launcher, interface=interface, **options)
@@ -155,6 +174,7 @@ class MeshStarts:
 
         if "hosts" not in kwargs:
             raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
+        _check_keyword_dims(kwargs)
         launcher = AttachLauncher(listen, key_file)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
