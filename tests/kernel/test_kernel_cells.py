@@ -22,6 +22,19 @@ def test_rank_output_streams_while_the_cell_runs(mesh_kernel: Kernel):
     assert ex.stream() == "[0-1] first\n[0-1] second\n"
 
 
+def test_stdout_and_stderr_lines_reach_the_cell_in_the_order_they_were_written(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nimport sys, warnings\n"
+        "for i in range(3):\n"
+        "    print('step', i)\n"
+        "    warnings.warn(f'careful {i}')\n"
+    )
+    shown = [(m["content"]["name"], line) for m in ex.outputs if m["msg_type"] == "stream"
+             for line in m["content"]["text"].splitlines() if "step" in line or "UserWarning" in line]
+    assert [(name, "step" if "step" in line else "careful") for name, line in shown] == [
+        ("stdout", "step"), ("stderr", "careful")] * 3, shown
+
+
 def test_trailing_expression_values_come_back_as_a_value_mesh(mesh_kernel: Kernel):
     ex = mesh_kernel.ok("%%mesh\nrank * 10")
     (result,) = ex.of_type("execute_result")

@@ -1,5 +1,19 @@
-"""Rank-side capture of stdout/stderr at the file-descriptor level (C extensions and
-subprocesses included), forwarded live, in order, and capped per call."""
+"""Rank-side capture of stdout/stderr: forwarded live, in the order it was written, and capped
+per call.
+
+Python-level writes (print, logging, warnings, tqdm) reach one in-memory queue a line at a time
+(sys.stdout and sys.stderr are line-buffered), in the order the lines are written, whichever
+stream they are for: a line on stderr written between two lines on stdout stays between them.
+Writes at the file-descriptor level (C extensions, subprocesses, os.write, forked children) go
+into a pipe per fd; before a Python-level line is queued, the queue takes what those pipes
+hold, so the two kinds stay in order too.
+
+Only the reader thread sends, never the thread that writes: that is often the rank's main
+thread, where an interrupt may land at any line, and must not land inside a message half sent.
+Lines go out within LINE_DELAY_S of being written (a burst of them as one message), an
+unfinished line as soon as it is flushed (a progress bar's "\r 42%"), and all of it before the
+call's result.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +23,19 @@ import os
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 Send = Callable[[str, bytes, "int | None"], None]  # (stream, data, call id)
 
+LINE_DELAY_S = 0.002  # a line waits at most this long for others to go out with it
+MAX_QUEUED = 1 << 20  # past this many bytes waiting, writers wait for the reader (backpressure)
+
 
 class OutputCapture:
-    """Redirects fds 1 and 2 into pipes; a reader thread forwards what arrives.
+    """Installs sys.stdout/sys.stderr and redirects fds 1 and 2 into pipes; a reader thread
+    forwards both in order.
 
     `send(stream, data, call_id)` must be thread-safe. `limit` caps the bytes forwarded per call;
     past it the rest is dropped and a notice says how much.
@@ -26,62 +46,175 @@ class OutputCapture:
         self._limit = limit
         self._rank = rank
         self._current_call = current_call
-        self._lock = threading.Lock()
-        self._fds: dict[int, str] = {}
+        self._sending = threading.Lock()  # held by whoever forwards: one sender at a time, in order
+        # Held briefly, also by writers; reentrant, as a signal handler that prints may run in a
+        # thread that is inside write().
+        self._queue_lock = threading.RLock()
+        self._drained = threading.Condition(self._queue_lock)  # writers wait here past MAX_QUEUED
+        self._queue: list[tuple[str, bytearray]] = []  # (stream, data), oldest first
+        self._queued = 0
+        self._line_start = True  # the last byte queued ended a line (or nothing is queued)
+        self._due: float | None = None  # when the queued lines must go out
         self._sent = 0
         self._dropped = 0
         self._call: int | None = None
+        self._fds: dict[int, str] = {}
         for target, name in ((1, "stdout"), (2, "stderr")):
             r, w = os.pipe()
             os.dup2(w, target)
             os.close(w)
-            fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+            _nonblocking(r)
             self._fds[r] = name
-        sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]
-        sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
+        self._pipes = select.poll()
+        for fd in self._fds:
+            self._pipes.register(fd, select.POLLIN)
+        self._wake_r, self._wake_w = os.pipe()
+        _nonblocking(self._wake_r)
+        _nonblocking(self._wake_w)
+        self._forked = False
+        os.register_at_fork(after_in_child=self._after_fork)
+        self._streams = (_text_stream(self, "stdout", 1), _text_stream(self, "stderr", 2))
+        sys.stdout = sys.__stdout__ = self._streams[0]  # type: ignore[misc]
+        sys.stderr = sys.__stderr__ = self._streams[1]  # type: ignore[misc]
         threading.Thread(target=self._reader, name="viceroy-output", daemon=True).start()
 
+    # --- writers (any thread) ------------------------------------------------------------
+
+    def write(self, stream: str, data: bytes, fd: int) -> None:
+        if self._forked:  # a child forked by user code: its fds lead to our pipes
+            _write_all(fd, data)
+            return
+        if not data:
+            return
+        with self._queue_lock:
+            while self._queued > MAX_QUEUED:
+                self._due = 0.0  # all of it, unfinished line too
+                self._wake()
+                self._drained.wait(1.0)
+            # What was written at the fd level before this goes first. Checked where lines
+            # start: print() writes a line in pieces, and a line is not cut in two for it.
+            if self._line_start and self._pipes.poll(0):
+                self._take_pipes()
+            self._append(stream, data)
+            if self._due is None and b"\n" in data:
+                self._due = time.monotonic() + LINE_DELAY_S
+                self._wake()
+
+    def flush(self) -> None:
+        """Send what is queued now (the reader does it, right away)."""
+        if self._forked:
+            return
+        with self._queue_lock:
+            if self._queue:
+                self._due = 0.0
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the reader has wake-ups waiting already
+
+    def _after_fork(self) -> None:
+        self._forked = True
+
+    # --- calls (the rank's main thread, between user code) --------------------------------
+
     def begin_call(self, call_id: int) -> None:
-        with self._lock:
+        with self._sending:
             self._call, self._sent, self._dropped = call_id, 0, 0
 
     def end_call(self) -> None:
         """Forward everything written so far (before the call's reply goes out)."""
-        for stream in (sys.stdout, sys.stderr):
+        for stream in self._streams:  # an unfinished line, bytes written to .buffer
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        with self._lock:
-            pending, _, _ = select.select(list(self._fds), [], [], 0)
-            for fd in pending:
-                self._read_all(fd)
+        with self._sending:
+            self._forward_queue(everything=True)
             if self._dropped:
                 self._notice(f"{self._dropped} more bytes of output dropped")
             self._call = None
 
-    def _reader(self) -> None:
-        fds = list(self._fds)
-        while True:
-            try:
-                ready, _, _ = select.select(fds, [], [])
-            except InterruptedError:
-                continue
-            with self._lock:
-                for fd in ready:
-                    self._read_all(fd)
+    # --- the reader thread ---------------------------------------------------------------
 
-    def _read_all(self, fd: int) -> None:
+    def _reader(self) -> None:
+        poller = select.poll()
+        for fd in (*self._fds, self._wake_r):
+            poller.register(fd, select.POLLIN)
         while True:
+            due = self._due
+            timeout = None if due is None else max(0, int((due - time.monotonic()) * 1000) + 1)
             try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                return
+                poller.poll(timeout)
             except InterruptedError:
                 continue
-            if not data:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            with self._sending:
+                self._forward_queue(everything=False)
+
+    def _forward_queue(self, everything: bool) -> None:
+        """Take the queue and what the pipes hold, and send it (holding `_sending`). Unless
+        `everything` (or a flush was asked, or fd-level output arrived, which must not pass
+        them), the queue goes only once its lines are due, and a last unfinished line stays."""
+        with self._queue_lock:
+            arrived = bool(self._pipes.poll(0))
+            asked = self._due == 0.0  # a flush
+            if not (everything or arrived or (self._due is not None and time.monotonic() >= self._due)):
                 return
-            self._forward(self._fds[fd], data)
+            keep = None if everything or arrived or asked else self._split_unfinished_line()
+            if everything or arrived:
+                self._take_pipes()
+            batch, self._queue = self._queue, [keep] if keep else []
+            self._queued = len(keep[1]) if keep else 0
+            self._due = None
+            self._line_start = not self._queue
+            self._drained.notify_all()
+        for stream, data in batch:
+            self._forward(stream, bytes(data))
+
+    def _split_unfinished_line(self) -> tuple[str, bytearray] | None:
+        """Take a last line not finished yet off the queue (it goes with its newline)."""
+        if not self._queue:
+            return None
+        stream, data = self._queue[-1]
+        cut = data.rfind(b"\n") + 1
+        if cut == len(data):
+            return None
+        rest = data[cut:]
+        if cut:
+            del data[cut:]
+        else:
+            self._queue.pop()
+        return stream, rest
+
+    def _take_pipes(self) -> None:
+        """Move what the fd-level pipes hold into the queue (holding the queue lock)."""
+        for fd, stream in self._fds.items():
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                except InterruptedError:
+                    continue
+                if not data:
+                    break
+                self._append(stream, data)
+
+    def _append(self, stream: str, data: bytes) -> None:
+        queue = self._queue
+        if queue and queue[-1][0] == stream:
+            queue[-1][1].extend(data)
+        else:
+            queue.append((stream, bytearray(data)))
+        self._queued += len(data)
+        self._line_start = data.endswith(b"\n")
 
     def _forward(self, stream: str, data: bytes) -> None:
         call = self._call if self._call is not None else self._current_call()
@@ -116,8 +249,47 @@ def cut_at(data: bytes, room: int, first: bool) -> int:
     return cut if cut or not first else room
 
 
-def _text_stream(fd: int) -> io.TextIOWrapper:
-    raw = io.FileIO(fd, "w", closefd=False)
+class _Queued(io.RawIOBase):
+    """The raw file under a rank's sys.stdout / sys.stderr (a line-buffered TextIOWrapper, so
+    print() reaches it once per line): bytes into the capture's queue, in write order."""
+
+    def __init__(self, capture: OutputCapture, stream: str, fd: int) -> None:
+        self._capture = capture
+        self._stream = stream
+        self._fd = fd
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        self._capture.write(self._stream, data, self._fd)
+        if not data.endswith(b"\n"):  # a flush (line-buffered text reaches here by lines):
+            self._capture.flush()  # e.g. a progress bar's "\r 42%"
+        return len(data)
+
+    def flush(self) -> None:
+        self._capture.flush()
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def writable(self) -> bool:
+        return True
+
+
+def _text_stream(capture: OutputCapture, stream: str, fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
-        io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        io.BufferedWriter(_Queued(capture, stream, fd)), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
     )
+
+
+def _nonblocking(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue

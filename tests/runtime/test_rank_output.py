@@ -1,0 +1,75 @@
+"""What ranks print reaches the controller in the order it was written, whichever stream and
+however it was written (print, os.write, forked children), and a rank's writes never stall it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import viceroy as vr
+
+INTERLEAVED = """
+import os, sys, warnings
+for i in range(300):
+    print(f"out {i}")
+    print(f"err {i}", file=sys.stderr)
+    if i % 50 == 0:
+        os.write(1, f"fd1 {i}\\n".encode())  # C-level, as extensions and subprocesses write
+        os.write(2, f"fd2 {i}\\n".encode())
+"""
+
+
+def test_stdout_and_stderr_keep_the_order_they_were_written_in(start_mesh):
+    mesh = start_mesh(gpus=1)
+    mesh.run(INTERLEAVED)
+    want = []
+    for i in range(300):
+        want += [f"out {i}", f"err {i}"] + ([f"fd1 {i}", f"fd2 {i}"] if i % 50 == 0 else [])
+    assert mesh.logs(0, tail=2000).splitlines() == want
+
+
+def test_a_forked_child_prints_through_the_same_capture(start_mesh):
+    mesh = start_mesh(gpus=1)
+    mesh.run(
+        "import os, sys\n"
+        "print('parent before', flush=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child')\n"
+        "    sys.stderr.write('child err\\n')\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('parent after')\n"
+    )
+    assert mesh.logs(0).splitlines() == ["parent before", "child", "child err", "parent after"]
+    assert mesh.run("print('still fine')\n1").values() == [1]
+    assert mesh.logs(0).splitlines()[-1] == "still fine"
+
+
+def test_bytes_and_unfinished_lines_arrive(start_mesh):
+    mesh = start_mesh(gpus=1)
+    mesh.run("import sys\nsys.stdout.buffer.write(b'raw bytes\\n')\nsys.stdout.write('no newline')")
+    assert mesh.logs(0).splitlines() == ["raw bytes", "no newline"]
+
+
+def test_a_huge_line_without_newline_neither_hangs_nor_passes_the_limit(start_mesh):
+    mesh = start_mesh(gpus=1)
+    t0 = time.monotonic()
+    mesh.run("import sys\nsys.stdout.write('x' * (8 << 20))\nsys.stdout.flush()", timeout=30)
+    assert time.monotonic() - t0 < 10
+    tail = mesh.logs(0)
+    assert "passed the limit of 1048576 bytes" in tail
+    assert len(tail) < (1 << 20) + 1000
+
+
+def test_a_flushed_line_arrives_while_the_call_runs(start_mesh):
+    mesh = start_mesh(gpus=1)
+    fut = mesh.run("import sys, time\nsys.stderr.write('working')\nsys.stderr.flush()\ntime.sleep(30)", block=False)
+    deadline = time.monotonic() + 5
+    while "working" not in mesh.logs(0):
+        assert time.monotonic() < deadline, "a flushed partial line must go out at once"
+        time.sleep(0.01)
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        fut.get(timeout=10)
