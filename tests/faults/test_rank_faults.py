@@ -98,6 +98,26 @@ def test_interrupt_gets_through_code_that_swallows_keyboard_interrupt(start_mesh
     assert mesh.run("caught").values() == [1]
 
 
+def test_an_interrupt_never_cuts_a_message_in_half(start_mesh):
+    # A rank that sends all the time (displays, actor requests): the interrupt lands while a
+    # message is on its way out. Half a message garbled the next one, the call's result
+    # among them, so the call waited out its grace and its ranks were given up on.
+    mesh = start_mesh(gpus=2)
+    code = "from viceroy.runtime import context\nctx = context.context()\nwhile True:\n    ctx._publish('noise', {'x': 1})"
+    for i in range(12):
+        fut = mesh.run(code, block=False)
+        wait_running(mesh, "ctx._publish")
+        time.sleep(0.01 * (i % 4))
+        t0 = time.monotonic()
+        mesh.interrupt()
+        with pytest.raises(vr.MeshError, match="interrupted") as info:
+            fut.get(timeout=5)
+        assert time.monotonic() - t0 < 0.9, f"try {i}: {info.value}"
+        assert "did not stop" not in str(info.value)
+        assert mesh.run("rank", timeout=5).values() == [0, 1]
+    assert mesh.stats()["controller"]["dropped"] == 0
+
+
 def test_timeout_cancels_the_call(start_mesh):
     mesh = start_mesh(gpus=2)
     t0 = time.monotonic()

@@ -55,6 +55,8 @@ class Rank:
         # alone (one hop less), else to the agent, which aggregates per host.
         self.outbox.connect(cfg["outbox"])
         self.send_lock = threading.Lock()
+        self.sender: int | None = None  # the thread sending a message now
+        self.interrupt_deferred = False
 
         self.state_lock = threading.Lock()
         self.current: int | None = None
@@ -100,7 +102,17 @@ class Rank:
         header["r"] = self.rank
         frames = self.signer.pack(header, signed, data)
         with self.send_lock:
-            self.outbox.send_multipart(frames, copy=False)
+            # send_multipart sends frame by frame, in Python: an interrupt raised between two
+            # frames (user code publishing a display, say) would leave half a message that
+            # garbles the next one, the call's result perhaps. Not in the middle of one.
+            self.sender = threading.get_ident()
+            try:
+                self.outbox.send_multipart(frames, copy=False)
+            finally:
+                self.sender = None
+        if self.interrupt_deferred and threading.get_ident() == self.main_ident:
+            self.interrupt_deferred = False
+            self._on_sigint(signal.SIGINT, None)
 
     def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
         """One rank's answer to a call, in the same shape as an agent's aggregate."""
@@ -192,6 +204,9 @@ class Rank:
             time.sleep(_RESEND_INTERRUPT_S)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.sender == self.main_ident:  # this (the main) thread has a message half sent
+            self.interrupt_deferred = True  # raised once it is all sent
+            return
         if self.in_user_code and self.interrupt_target is not None and self.interrupt_target == self.current:
             raise KeyboardInterrupt
 
