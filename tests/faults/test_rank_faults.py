@@ -118,6 +118,51 @@ def test_an_interrupt_never_cuts_a_message_in_half(start_mesh):
     assert mesh.stats()["controller"]["dropped"] == 0
 
 
+class Poke(Exception):
+    pass
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_an_interrupt_on_the_controller_never_cuts_a_message_in_half(start_mesh, dims):
+    # The kernel's stop button raises KeyboardInterrupt wherever the controller's main thread
+    # is, inside sending a call too. Half a message sent would garble the next one.
+    mesh = start_mesh(**dims)
+    armed, stop = [False], threading.Event()
+
+    def poke(signum, frame):
+        if armed[0]:
+            raise Poke
+
+    def pester(main: int) -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.0002)
+
+    previous = signal.signal(signal.SIGINT, poke)
+    thread = threading.Thread(target=pester, args=(threading.get_ident(),))
+    thread.start()
+    pokes, futures = 0, []
+    try:
+        for _ in range(1500):
+            try:
+                armed[0] = True
+                futures.append(mesh.run("x = 1", block=False))
+                armed[0] = False
+            except Poke:
+                armed[0] = False
+                pokes += 1
+    finally:
+        stop.set()
+        thread.join()
+        signal.signal(signal.SIGINT, previous)
+    assert pokes > 50  # the interrupts really landed all over the sends
+    for fut in futures:
+        assert fut.get(timeout=10).values() == [None, None]
+    assert mesh.run("rank", timeout=10).values() == [0, 1]
+    stats = mesh.stats()
+    assert [r["dropped"] for r in [*stats["ranks"].values(), *stats["agents"].values()]] == [0] * (2 + len(stats["agents"]))
+
+
 def test_timeout_cancels_the_call(start_mesh):
     mesh = start_mesh(gpus=2)
     t0 = time.monotonic()

@@ -1,7 +1,9 @@
 """The controller's sockets: a ROUTER that sends to agents (or, on one local host, straight to
 ranks) and a PULL that receives from them; plus a wake-up pipe for the IO thread.
 
-Sending happens on callers' threads under a lock; receiving only on the IO thread.
+Sending happens on callers' threads under a lock; receiving only on the IO thread. A message
+goes out whole: on the main thread an interrupt (the kernel's stop button) that lands while
+one is being sent is raised once it is out (see `whole_messages`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -18,6 +21,32 @@ from typing import Any
 import zmq
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum built per check
+
+
+@contextlib.contextmanager
+def whole_messages() -> Iterator[None]:
+    """Hold SIGINT back, on the main thread, while a message is being sent: pyzmq sends a
+    multipart message frame by frame, and a KeyboardInterrupt between two frames would leave
+    half of it in the socket, to garble whatever is sent next. An interrupt that comes meanwhile
+    is delivered (to the handler that was there) as soon as the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[Any] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    except ValueError:  # not in the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if came:
+            if callable(previous):
+                previous(signal.SIGINT, came[0])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 class ControllerSockets:
@@ -48,22 +77,23 @@ class ControllerSockets:
 
     def send_once(self, ident: bytes, frames: list[Any]) -> None:
         """One try, never blocking nor retrying (heartbeats: a lost peer must not stall them)."""
-        with contextlib.suppress(zmq.ZMQError), self._router_lock:
+        with contextlib.suppress(zmq.ZMQError), self._router_lock, whole_messages():
             self._router.send_multipart([ident, *frames], flags=zmq.NOBLOCK)
 
     def send(self, idents: list[bytes], frames: list[Any]) -> None:
         """One copy of `frames` to each peer. A peer that just started may not have finished
         connecting: retry briefly. One that is gone is skipped (its watcher reports it)."""
-        for ident in idents:
-            for attempt in range(200):
-                try:
-                    with self._router_lock:
-                        self._router.send_multipart([ident, *frames], copy=False)
-                    break
-                except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EHOSTUNREACH or attempt == 199:
+        with whole_messages():  # to every peer, or (raising before it starts) to none
+            for ident in idents:
+                for attempt in range(200):
+                    try:
+                        with self._router_lock:
+                            self._router.send_multipart([ident, *frames], copy=False)
                         break
-                    time.sleep(0.005)
+                    except zmq.ZMQError as exc:
+                        if exc.errno != zmq.EHOSTUNREACH or attempt == 199:
+                            break
+                        time.sleep(0.005)
 
     # --- the IO thread -------------------------------------------------------------------------
 
