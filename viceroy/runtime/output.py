@@ -93,8 +93,10 @@ class OutputCapture:
                 self._drained.wait(1.0)
             # What was written at the fd level before this goes first. Checked where lines
             # start: print() writes a line in pieces, and a line is not cut in two for it.
-            if self._line_start and self._pipes.poll(0):
-                self._take_pipes()
+            if self._line_start:
+                ready = self._pipes.poll(0)
+                if ready:
+                    self._take_pipes(ready)
             self._append(stream, data)
             if self._due is None and b"\n" in data:
                 self._due = time.monotonic() + LINE_DELAY_S
@@ -163,13 +165,13 @@ class OutputCapture:
         `everything` (or a flush was asked, or fd-level output arrived, which must not pass
         them), the queue goes only once its lines are due, and a last unfinished line stays."""
         with self._queue_lock:
-            arrived = bool(self._pipes.poll(0))
+            ready = self._pipes.poll(0)
             asked = self._due == 0.0  # a flush
-            if not (everything or arrived or (self._due is not None and time.monotonic() >= self._due)):
+            if not (everything or ready or (self._due is not None and time.monotonic() >= self._due)):
                 return
-            keep = None if everything or arrived or asked else self._split_unfinished_line()
-            if everything or arrived:
-                self._take_pipes()
+            keep = None if everything or ready or asked else self._split_unfinished_line()
+            if ready:
+                self._take_pipes(ready)
             batch, self._queue = self._queue, [keep] if keep else []
             self._queued = len(keep[1]) if keep else 0
             self._due = None
@@ -193,9 +195,10 @@ class OutputCapture:
             self._queue.pop()
         return stream, rest
 
-    def _take_pipes(self) -> None:
-        """Move what the fd-level pipes hold into the queue (holding the queue lock)."""
-        for fd, stream in self._fds.items():
+    def _take_pipes(self, ready: list[tuple[int, int]]) -> None:
+        """Move what the `ready` fd-level pipes hold into the queue (holding the queue lock)."""
+        for fd, _ in sorted(ready):  # stdout's pipe first, as it was created first
+            stream = self._fds[fd]
             while True:
                 try:
                     data = os.read(fd, 1 << 16)
