@@ -96,3 +96,33 @@ def test_importing_viceroy_imports_neither_torch_nor_cupy():
     code = "import sys, viceroy; print('torch' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_taken_rendezvous_port_is_named_with_what_to_do(start_mesh):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mesh = start_mesh(preload=["torch"], gpus=2, env={"MASTER_PORT": str(port)})
+        with pytest.raises(vr.MeshError) as info:
+            mesh.run("import torch, viceroy as vr\nvr.all_reduce(torch.ones(1))", timeout=60)
+    text = str(info.value)
+    assert f"MASTER_PORT {port} is taken on rank 0's host" in text, text
+    assert "env={'MASTER_PORT'" in text and "%env VICEROY_MASTER_PORT=" in text
+
+
+def test_the_rendezvous_port_can_be_chosen_for_every_mesh(start_mesh, monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("VICEROY_MASTER_PORT", str(port))
+    mesh = start_mesh(preload=["torch"], gpus=2)
+    assert mesh.run("import os\nos.environ['MASTER_PORT']").values() == [str(port)] * 2
+    assert mesh.run("import torch, viceroy as vr\nt = torch.ones(1)\nvr.all_reduce(t)\nt.item()").values() == [2.0, 2.0]
+    monkeypatch.setenv("VICEROY_MASTER_PORT", "http")
+    with pytest.raises(ValueError, match="VICEROY_MASTER_PORT='http' is not a port number"):
+        vr.Mesh.local(gpus=1, preload=[])

@@ -73,14 +73,19 @@ class Launcher(ABC):
 
 
 def rendezvous_env(interface: str) -> dict[str, str]:
-    """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a free port.
-    (Launchers for many hosts override MASTER_ADDR with host 0's address.)"""
+    """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a port that is
+    free here, or $VICEROY_MASTER_PORT. (Launchers for many hosts override MASTER_ADDR with
+    host 0's address; a port free here may be taken there, hence the variable.)"""
     import socket
 
-    with socket.socket() as s:
-        s.bind((interface, 0))
-        port = s.getsockname()[1]
-    return {"MASTER_ADDR": interface, "MASTER_PORT": str(port)}
+    port = os.environ.get("VICEROY_MASTER_PORT", "")
+    if not port:
+        with socket.socket() as s:
+            s.bind((interface, 0))
+            port = str(s.getsockname()[1])
+    elif not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"VICEROY_MASTER_PORT={port!r} is not a port number (1-65535)")
+    return {"MASTER_ADDR": interface, "MASTER_PORT": port}
 
 
 def plan_by_hosts(dims: dict[str, int]) -> list[HostPlan]:

@@ -92,10 +92,20 @@ class Rendezvous:
         if not master:
             _wait_for_server(host, port, deadline)
         before = sockets.socket_fds()
-        store = TCPStore(
-            host, port, None, master, timedelta(seconds=timeout),
-            wait_for_workers=False, multi_tenant=True,
-        )
+        try:
+            store = TCPStore(
+                host, port, None, master, timedelta(seconds=timeout),
+                wait_for_workers=False, multi_tenant=True,
+            )
+        except RuntimeError as exc:
+            if master and "EADDRINUSE" in str(exc):
+                raise CollectiveError(
+                    f"MASTER_PORT {port} is taken on rank 0's host ({host}), so the rendezvous store "
+                    "cannot listen there; free it, or start the mesh on another port: "
+                    "Mesh.local(..., env={'MASTER_PORT': '29533'}), or set VICEROY_MASTER_PORT "
+                    "(in a notebook: %env VICEROY_MASTER_PORT=29533, then %mesh up)"
+                ) from None
+            raise
         self._conn = sockets.connection_to(port, {fd: ln for fd, ln in sockets.socket_fds().items() if before.get(fd) != ln})
         if master:
             store.compare_set(INCARNATION_KEY, "", secrets.token_hex(4))
