@@ -159,8 +159,31 @@ def test_an_interrupt_on_the_controller_never_cuts_a_message_in_half(start_mesh,
     for fut in futures:
         assert fut.get(timeout=10).values() == [None, None]
     assert mesh.run("rank", timeout=10).values() == [0, 1]
+    # A call whose caller got the interrupt instead of its future was stopped, not left behind.
+    wait_until(lambda: not mesh._controller._calls, 10, f"calls left: {list(mesh._controller._calls)}")
     stats = mesh.stats()
     assert [r["dropped"] for r in [*stats["ranks"].values(), *stats["agents"].values()]] == [0] * (2 + len(stats["agents"]))
+
+
+def test_a_call_sent_as_the_stop_button_lands_is_stopped_on_the_ranks(start_mesh, monkeypatch):
+    # The interrupt comes while the call is being sent: the caller gets KeyboardInterrupt, not
+    # the future, so the call must not go on running on the ranks with nobody to stop it.
+    mesh = start_mesh(gpus=2)
+    controller = mesh._controller
+    send = controller._to_ranks
+
+    def send_then_sigint(*args, **kwargs):
+        send(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # the kernel's interrupt, mid-send
+
+    monkeypatch.setattr(controller, "_to_ranks", send_then_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        mesh.run("import time\ntime.sleep(30)", block=False)
+    monkeypatch.setattr(controller, "_to_ranks", send)
+    t0 = time.monotonic()
+    assert mesh.run("rank", timeout=5).values() == [0, 1]
+    assert time.monotonic() - t0 < 2
+    assert not controller._calls
 
 
 def test_timeout_cancels_the_call(start_mesh):

@@ -32,7 +32,7 @@ from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
 from viceroy.runtime.shape import RunSet, Shape, rank_runs
-from viceroy.runtime.transport import ControllerSockets
+from viceroy.runtime.transport import ControllerSockets, whole_messages
 from viceroy.runtime.wire import BadMessage, Signer, new_key
 
 Listener = Callable[[Event], None]
@@ -175,11 +175,27 @@ class Controller(CallOutcomes, HostLifecycle):
                 data, entries, call.shm_paths = shm.offload(data, self.token)
                 if entries:
                     extra = {**extra, "shm": entries}
-            self._calls[call_id] = call
-        if self._listeners:
-            self._emit({"type": "call_started", "call": call_id, "ranks": shape.ranks, "label": label})
-        frames = self.signer.pack({"op": op, "id": call_id, "ranks": shape.runs(), **self._returning(op, shape.runs()), **extra}, signed, data)
-        self._to_ranks(shape.ranks, frames, control=op == "actor")
+        # From here the call is registered and sent as one: an interrupt (the stop button)
+        # is held back until it is out, then stops it on the ranks, since the caller, who
+        # gets the KeyboardInterrupt and not the future, cannot.
+        try:
+            with whole_messages:
+                with self._lock:
+                    self._calls[call_id] = call
+                if self._listeners:
+                    self._emit({"type": "call_started", "call": call_id, "ranks": shape.ranks, "label": label})
+                frames = self.signer.pack(
+                    {"op": op, "id": call_id, "ranks": shape.runs(), **self._returning(op, shape.runs()), **extra},
+                    signed, data,
+                )
+                self._to_ranks(shape.ranks, frames, control=op == "actor")
+        except KeyboardInterrupt:  # held back until the call was out
+            self.cancel(call_id, "interrupted (KeyboardInterrupt on the controller)", wait=1.0)
+            raise
+        except BaseException:  # the call may not be out: nothing is waiting for it
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise
         if deadline:
             self._wake()
         return fut
