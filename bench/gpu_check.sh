@@ -22,7 +22,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "gpu_check: skipped: no GPU here (nvidia-smi finds none)"; exit 2
 fi
 nvidia-smi -L
-if ! "$PY" -c "import cupy, cupy.cuda.nccl" 2>/dev/null; then
+if ! "$PY" -c "import cupy, cupy.cuda.nccl as n; assert getattr(n, 'available', True)" 2>/dev/null; then
     echo "gpu_check: skipped: needs CuPy with NCCL in $PY (pip install 'viceroy-kernel[gpu]')"; exit 2
 fi
 
@@ -68,10 +68,12 @@ def collectives_cupy():
         "cupy.cuda.Device().synchronize()\n"
         "float(a[0]), g.tolist(), s.tolist(), b.tolist()")
     want = float(n * (n + 1) // 2)
-    for v in out.values():
+    for r, v in enumerate(out.values()):
         assert v[0] == want, v
+        assert v[1] == [[i, i] for i in range(n)], v  # all_gather: every rank's row, in order
+        assert v[2] == [float(n * 2 * r), float(n * (2 * r + 1))], v  # reduce_scatter: its chunk
         assert v[3] == [0.0] * 3, v
-    return f"all_reduce={want:g} on {n} rank(s)"
+    return f"all_reduce={want:g}, all_gather, reduce_scatter, broadcast on {n} rank(s)"
 
 
 def collectives_torch():

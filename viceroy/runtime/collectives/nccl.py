@@ -5,8 +5,14 @@ says why (`unavailable`) and is never half-used. The NCCL unique id travels thro
 rendezvous store, one communicator per (group, device).
 
 Operations run on the tensor's current stream (torch's for torch tensors, CuPy's for CuPy
-arrays) and the call returns when they are done, like the gloo path; waiting polls a CUDA event
-in short slices so an interrupt gets through, and aborting calls ``ncclCommAbort``.
+arrays), with the tensor's device current, and the call returns when they are done, like the
+gloo path; waiting polls a CUDA event in short slices so an interrupt gets through, and gives up
+after the communicator's timeout (NCCL over shared memory or NVLink never reports a dead peer).
+Aborting calls ``ncclCommAbort``; every use of the raw communicator holds one lock, so an abort
+from another thread never frees it under a call in flight.
+
+Not yet run on a GPU: written against CuPy's ``cupy_backends/cuda/libs/nccl.pyx``;
+``bench/gpu_check.sh`` exercises it where there is one.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ def _buffer(t: Any) -> tuple[int, int, Any]:
     return t.data.ptr, t.size, t.dtype.name
 
 
+def _device(t: Any) -> int:
+    return int(t.device.index) if _is_torch(t) else int(t.device.id)
+
+
 def _stream(t: Any) -> Any:
     """The stream the caller's work on `t` is queued on, as a CuPy stream."""
     import cupy
@@ -46,40 +56,69 @@ def _stream(t: Any) -> Any:
 
 
 class NcclPending(Pending):
-    def __init__(self, comm: Any, stream: Any, after: Any = None) -> None:
+    def __init__(self, comm: NcclCommunicator, stream: Any, after: Any = None) -> None:
         import cupy
 
         self._comm = comm
         self._event = cupy.cuda.Event(block=False, disable_timing=True)
         self._event.record(stream)
         self._after = after
+        self._started = time.monotonic()
+        self._deadline = self._started + comm.timeout
 
     def wait(self, seconds: float) -> bool:
-        # Spin briefly (small messages finish in microseconds), then back off to sleeping.
+        # Spin briefly (small messages finish in microseconds), then sleep in steps kept small
+        # against the time already spent, so a long operation is noticed within ~10 % of its
+        # duration (a bandwidth measurement would otherwise see the sleeps).
         end = time.monotonic() + seconds
-        spin_until = time.monotonic() + 200e-6
-        delay = 20e-6
         while not self._event.done:
-            self._comm.check_async_error()  # a peer's failure, seen by NCCL
+            self._comm.check()  # a peer's failure, seen by NCCL
             now = time.monotonic()
+            if now >= self._deadline:
+                raise NcclFailure(
+                    f"no progress in {self._comm.timeout:g} s: a peer is gone or stuck (NCCL over shared "
+                    "memory or NVLink does not notice a dead peer by itself)"
+                )
             if now >= end:
                 return False
-            if now > spin_until:
-                time.sleep(min(delay, end - now))
-                delay = min(delay * 2, 0.01)
-        self._comm.check_async_error()
+            spent = now - self._started
+            if spent > 200e-6:
+                time.sleep(min(max(20e-6, 0.1 * spent), 0.01, end - now))
+        self._comm.check()
         if self._after is not None:
             self._after()
             self._after = None
         return True
 
 
+class NcclFailure(RuntimeError):
+    """The communicator is broken (aborted, timed out, or NCCL reported a failure)."""
+
+
 class NcclCommunicator(Communicator):
-    def __init__(self, comm: Any, size: int) -> None:
-        self.comm = comm
+    def __init__(self, comm: Any, size: int, timeout: float) -> None:
+        self._comm = comm
         self._size = size
-        self._lock = threading.Lock()
+        self.timeout = timeout
+        self._lock = threading.Lock()  # held around every use of the raw communicator
         self._aborted = False
+
+    def _call(self, method: str, *args: Any) -> None:
+        with self._lock:
+            if self._aborted:
+                raise NcclFailure("the nccl communicator was aborted")
+            getattr(self._comm, method)(*args)
+
+    def check(self) -> None:
+        """Raise NcclFailure if NCCL saw the group fail (ncclCommGetAsyncError)."""
+        from cupy.cuda import nccl
+
+        try:
+            self._call("check_async_error")
+        except nccl.NcclError as exc:
+            raise NcclFailure(str(exc)) from None
+        except KeyError as exc:  # CuPy before cupy#8662 (2024-10) has no name for code 6: KeyError
+            raise NcclFailure(f"NCCL error {exc.args[0]} (6: a peer exited or the network failed)") from None
 
     @staticmethod
     def _dtype(key: str) -> int:
@@ -88,7 +127,7 @@ class NcclCommunicator(Communicator):
         names = {
             "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16",
             "bfloat16": "NCCL_BFLOAT16", "int32": "NCCL_INT32", "int64": "NCCL_INT64",
-            "int8": "NCCL_INT8", "uint8": "NCCL_UINT8",
+            "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "uint32": "NCCL_UINT32", "uint64": "NCCL_UINT64",
         }
         if key not in names or not hasattr(nccl, names[key]):
             raise TypeError(f"nccl does not move {key} tensors (it takes {', '.join(names)})")
@@ -99,8 +138,8 @@ class NcclCommunicator(Communicator):
         """(NCCL op, divide afterwards?)"""
         from cupy.cuda import nccl
 
-        if op == "avg":
-            return (nccl.NCCL_AVG, False) if hasattr(nccl, "NCCL_AVG") else (nccl.NCCL_SUM, True)
+        if op == "avg":  # the constant is always there; the library has it from 2.10
+            return (nccl.NCCL_AVG, False) if nccl.get_version() >= 21000 else (nccl.NCCL_SUM, True)
         table = {"sum": "NCCL_SUM", "product": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
         if op not in table:
             raise ValueError(f"nccl has no {op!r} reduction (it has sum, avg, product, min, max)")
@@ -109,45 +148,42 @@ class NcclCommunicator(Communicator):
     def _divide(self, t: Any, divide: bool) -> Any:
         return (lambda: t.__itruediv__(self._size)) if divide else None
 
+    def _start(self, t: Any, method: str, *args: Any, after: Any = None) -> Pending:
+        """Queue `method` on `t`'s stream, with `t`'s device current (the event too)."""
+        import cupy
+
+        with cupy.cuda.Device(_device(t)):
+            s = _stream(t)
+            self._call(method, *args, s.ptr)
+            return NcclPending(self, s, after)
+
     def all_reduce(self, t: Any, op: str) -> Pending:
         ptr, n, dt = _buffer(t)
         nop, divide = self._op(op)
-        s = _stream(t)
-        self.comm.allReduce(ptr, ptr, n, self._dtype(dt), nop, s.ptr)
-        return NcclPending(self.comm, s, self._divide(t, divide))
+        return self._start(t, "allReduce", ptr, ptr, n, self._dtype(dt), nop, after=self._divide(t, divide))
 
     def all_gather(self, outs: list[Any], t: Any) -> Pending:
         ptr, n, dt = _buffer(t)
         out_ptr = _buffer(outs[0])[0]  # the parts are consecutive rows of one buffer
-        s = _stream(t)
-        self.comm.allGather(ptr, out_ptr, n, self._dtype(dt), s.ptr)
-        return NcclPending(self.comm, s)
+        return self._start(t, "allGather", ptr, out_ptr, n, self._dtype(dt))
 
     def reduce_scatter(self, out: Any, ins: list[Any], op: str) -> Pending:
         in_ptr = _buffer(ins[0])[0]  # the chunks are consecutive slices of one buffer
         out_ptr, n, dt = _buffer(out)
         nop, divide = self._op(op)
-        s = _stream(out)
-        self.comm.reduceScatter(in_ptr, out_ptr, n, self._dtype(dt), nop, s.ptr)
-        return NcclPending(self.comm, s, self._divide(out, divide))
+        return self._start(out, "reduceScatter", in_ptr, out_ptr, n, self._dtype(dt), nop, after=self._divide(out, divide))
 
     def broadcast(self, t: Any, root: int) -> Pending:
         ptr, n, dt = _buffer(t)
-        s = _stream(t)
-        self.comm.broadcast(ptr, ptr, n, self._dtype(dt), root, s.ptr)
-        return NcclPending(self.comm, s)
+        return self._start(t, "broadcast", ptr, ptr, n, self._dtype(dt), root)
 
     def send(self, t: Any, peer: int) -> Pending:
         ptr, n, dt = _buffer(t)
-        s = _stream(t)
-        self.comm.send(ptr, n, self._dtype(dt), peer, s.ptr)
-        return NcclPending(self.comm, s)
+        return self._start(t, "send", ptr, n, self._dtype(dt), peer)
 
     def recv(self, t: Any, peer: int) -> Pending:
         ptr, n, dt = _buffer(t)
-        s = _stream(t)
-        self.comm.recv(ptr, n, self._dtype(dt), peer, s.ptr)
-        return NcclPending(self.comm, s)
+        return self._start(t, "recv", ptr, n, self._dtype(dt), peer)
 
     def barrier(self) -> Pending:
         raise NotImplementedError("barrier runs on gloo")
@@ -157,7 +193,12 @@ class NcclCommunicator(Communicator):
             if self._aborted:
                 return
             self._aborted = True
-        self.comm.abort()
+            self._comm.abort()
+
+    def healthy(self) -> bool | None:
+        # Aborted here (an interrupt aborts every communicator, idle ones too): rebuild. Else
+        # NCCL cannot tell without an operation: ask the store whether a peer gave it up.
+        return False if self._aborted else None
 
 
 class NcclBackend(Backend):
@@ -166,10 +207,13 @@ class NcclBackend(Backend):
     def unavailable(self) -> str | None:
         try:
             import cupy
-            from cupy.cuda import nccl  # noqa: F401
+            from cupy.cuda import nccl
         except ImportError as exc:
             return (f"nccl {SKIPPED} ({exc}); install the gpu extra (pip install "
                     "'viceroy-kernel[gpu]') on a machine with a GPU, or use CPU tensors (gloo)")
+        if not getattr(nccl, "available", True):  # CuPy imports, but found no libnccl
+            return (f"nccl {SKIPPED}: CuPy found no NCCL library; pip install nvidia-nccl-cu12 (or "
+                    "import torch first, which ships one), or use CPU tensors (gloo)")
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception as exc:
@@ -184,12 +228,12 @@ class NcclBackend(Backend):
         return type(t).__module__.split(".")[0] == "cupy"
 
     def device_of(self, t: Any) -> int | None:
-        return int(t.device.index) if _is_torch(t) else int(t.device.id)
+        return _device(t)
 
     def is_failure(self, error: BaseException) -> bool:
         from cupy.cuda import nccl
 
-        return isinstance(error, nccl.NcclError | RuntimeError)
+        return isinstance(error, NcclFailure | nccl.NcclError)
 
     def connect(self, store: Any, index: int, size: int, device: int | None, timeout: float) -> Communicator:
         import cupy
@@ -203,4 +247,4 @@ class NcclBackend(Backend):
                 store.wait(["uid"], timedelta(seconds=timeout))
                 uid = tuple(json.loads(store.get("uid")))
             comm = nccl.NcclCommunicator(size, uid, index)
-        return NcclCommunicator(comm, size)
+        return NcclCommunicator(comm, size, timeout)
