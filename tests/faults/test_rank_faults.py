@@ -119,39 +119,29 @@ def test_an_interrupt_never_cuts_a_message_in_half(start_mesh):
     assert mesh.stats()["controller"]["dropped"] == 0
 
 
-class SigintBetweenFrames:
-    """The controller's ROUTER socket, sending frame by frame as pyzmq's send_multipart does,
-    with the stop button pressed (SIGINT) on the main thread between the first two frames."""
-
-    def __init__(self, sock) -> None:
-        self._sock = sock
-        self.pressed = 0
-
-    def send_multipart(self, parts, flags=0, copy=True, **kwargs):
-        for i, part in enumerate(parts[:-1]):
-            self._sock.send(part, zmq.SNDMORE | flags, copy=copy)
-            if i == 0 and threading.current_thread() is threading.main_thread():
-                self.pressed += 1
-                signal.raise_signal(signal.SIGINT)
-        return self._sock.send(parts[-1], flags, copy=copy)
-
-    def __getattr__(self, name):
-        return getattr(self._sock, name)
-
-
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
 def test_an_interrupt_on_the_controller_never_cuts_a_message_in_half(start_mesh, monkeypatch, dims):
     # The kernel's stop button raises KeyboardInterrupt wherever the controller's main thread
-    # is, inside sending a call too. Half a message sent would garble the next one.
+    # is, inside sending a call too. Half a message sent would garble the next one. Here the
+    # button is pressed (SIGINT) on the main thread right after the first frame of a message.
+    from viceroy.runtime import multipart
+
     mesh = start_mesh(**dims)
-    sockets = mesh._controller._sockets
-    router = SigintBetweenFrames(sockets._router)
-    monkeypatch.setattr(sockets, "_router", router)
+    send_frame, pressed = multipart._send, []
+
+    def send_frame_then_sigint(sock, frame, flags, copy, track):
+        send_frame(sock, frame, flags, copy, track)
+        if flags & zmq.SNDMORE and threading.current_thread() is threading.main_thread() and not pressed:
+            pressed.append(1)
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(multipart, "_send", send_frame_then_sigint)
     for _ in range(3):
+        pressed.clear()
         with pytest.raises(KeyboardInterrupt):
             mesh.run("x = 1", block=False)
-    assert router.pressed >= 3
-    monkeypatch.setattr(sockets, "_router", router._sock)
+        assert pressed
+    monkeypatch.setattr(multipart, "_send", send_frame)
     assert mesh.run("rank", timeout=5).values() == [0, 1]
     wait_until(lambda: not mesh._controller._calls, 10, f"calls left: {list(mesh._controller._calls)}")
     stats = mesh.stats()

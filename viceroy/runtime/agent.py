@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import shm
+from viceroy.runtime import multipart, shm
 from viceroy.runtime.answers import PendingCall, aggregate
 from viceroy.runtime.forkserver import ChildExits, ForkServer
 from viceroy.runtime.procs import (
@@ -146,12 +146,12 @@ class Agent:
 
     def _to_controller(self, header: dict[str, Any], signed: Iterable[Any] = (), data: Iterable[Any] = ()) -> None:
         header["host"], header["gen"] = self.host, self.gen
-        self.to_ctrl.send_multipart(self.signer.pack(header, list(signed), list(data)), copy=False)
+        multipart.send(self.to_ctrl, self.signer.pack(header, list(signed), list(data)))
 
     def _send_rank(self, rank: int, frames: list[Any], control: bool = False) -> bool:
         slot = self.slots[rank]
         try:
-            self.to_ranks.send_multipart([slot.control_ident if control else slot.work_ident, *frames], copy=False)
+            multipart.send(self.to_ranks, [slot.control_ident if control else slot.work_ident, *frames])
             return True
         except zmq.ZMQError:
             return False
@@ -219,7 +219,7 @@ class Agent:
             call.data.extend(data)
             self._maybe_flush(header["id"], force=not item["ok"])
         else:  # out, pub, stacks, stats: already signed with the mesh key; pass through
-            self.to_ctrl.send_multipart(frames, copy=False)
+            multipart.send(self.to_ctrl, frames)
 
     def _maybe_flush(self, call_id: int, force: bool = False) -> None:
         """Send collected results: when every rank answered, or at once for a failure (fail

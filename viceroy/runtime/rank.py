@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import serialize, shm
+from viceroy.runtime import multipart, serialize, shm
 from viceroy.runtime.execution import (
     Executor,
     format_user_traceback,
@@ -102,12 +102,12 @@ class Rank:
         header["r"] = self.rank
         frames = self.signer.pack(header, signed, data)
         with self.send_lock:
-            # send_multipart sends frame by frame, in Python: an interrupt raised between two
+            # A message goes frame by frame, in Python: an interrupt raised between two
             # frames (user code publishing a display, say) would leave half a message that
             # garbles the next one, the call's result perhaps. Not in the middle of one.
             self.sender = threading.get_ident()
             try:
-                self.outbox.send_multipart(frames, copy=False)
+                multipart.send(self.outbox, frames)
             finally:
                 self.sender = None
         if self.interrupt_deferred and threading.get_ident() == self.main_ident:
