@@ -4,7 +4,9 @@ Inside an allocation (``salloc``/``sbatch``: $SLURM_JOB_ID is set) the steps run
 otherwise the launcher asks for one and holds it with a small command run under ``salloc``
 whose stdin is a pipe from this process: the allocation ends when the mesh shuts down, and
 also when this process dies by any signal (the pipe closes, the command exits, salloc gives
-the allocation back), so a killed kernel leaves no job behind. Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
+the allocation back), so a killed kernel leaves no job behind.
+
+Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
 its configuration, key included, goes on srun's stdin (Slurm forwards it to the task), never
 on a command line, and that stdin stays open as the agent's lifeline, as with ssh.
 

@@ -63,6 +63,7 @@ class _WholeMessages:
         if self._depth:
             return
         previous, came = self._previous, self._came
+        self._previous = self._came = None  # keep no frame alive
         if previous is None:
             return
         _signal.signal(_SIGINT, previous)
