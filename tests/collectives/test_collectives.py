@@ -110,7 +110,7 @@ def test_a_taken_rendezvous_port_is_named_with_what_to_do(start_mesh):
             mesh.run("import torch, viceroy as vr\nvr.all_reduce(torch.ones(1))", timeout=60)
     text = str(info.value)
     assert f"MASTER_PORT {port} is taken on rank 0's host" in text, text
-    assert "env={'MASTER_PORT'" in text and "%env VICEROY_MASTER_PORT=" in text
+    assert "env={'MASTER_PORT'" in text and "--env MASTER_PORT=" in text
 
 
 def test_the_rendezvous_port_can_be_chosen_for_every_mesh(start_mesh, monkeypatch):

@@ -71,6 +71,8 @@ def test_up_parses_dims_and_options():
     cmd = parse_command("up hosts=2 gpus=4 --preload none")
     assert cmd.name == "up" and cmd.dims == {"hosts": 2, "gpus": 4} and cmd.preload == []
     assert parse_command("up gpus=2 --preload torch,numpy").preload == ["torch", "numpy"]
+    env = parse_command("up gpus=2 --env NCCL_DEBUG=INFO --env OPTS=a=b --env EMPTY=").env
+    assert env == {"NCCL_DEBUG": "INFO", "OPTS": "a=b", "EMPTY": ""}
 
 
 @pytest.mark.parametrize(
@@ -81,6 +83,8 @@ def test_up_parses_dims_and_options():
         ("up gpus=2 gpus=3", "given twice"),
         ("up 4", "NAME=SIZE"),
         ("up gpus=2 --backend mpi", "invalid choice"),
+        ("up gpus=2 --env DEBUG", "--env takes NAME=VALUE"),
+        ("up gpus=2 --env 1X=2", "--env takes NAME=VALUE"),
         ("restart --all", "unknown option"),
         ("logs two", "invalid int value"),
         ("pull", "give the names"),

@@ -50,3 +50,17 @@ def test_reload_ext_keeps_the_magics_working(shell: InteractiveShell):
     assert current_session(shell) is not first
     with pytest.raises(UsageError, match="unknown %mesh command 'nope'"):
         shell.run_line_magic("mesh", "nope")
+
+
+def test_up_sets_environment_variables_on_every_rank():
+    from viceroy.extension.args import parse_command
+    from viceroy.extension.session import MeshSession
+
+    cmd = parse_command("up gpus=2 --preload none --backend gloo --env VICEROY_TEST_VAR=a=b")
+    session = MeshSession(None)
+    try:
+        mesh = session.up(cmd.dims, backend=cmd.backend, preload=cmd.preload, env=cmd.env)
+        seen = mesh.run("import os\n(os.environ['VICEROY_TEST_VAR'], os.environ['VICEROY_BACKEND'])").values()
+        assert seen == [("a=b", "gloo")] * 2
+    finally:
+        session.close()

@@ -34,6 +34,7 @@ RUN_OPTIONS_HELP = (
     "options: --where DIM=A:B (repeatable), --ranks 0,3, --no-fail-fast, --timeout SECONDS"
 )
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,6 +197,7 @@ class Command:
     backend: str | None = None
     torch_dist: bool = False
     preload: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # NAME=VALUE for every rank
     failed_only: bool = False
     rank: int | None = None
     tail: int = 200
@@ -293,7 +295,7 @@ def parse_command(line: str) -> Command:
             prog,
             "usage: %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] "
             "[--listen ADDR] [--key-file FILE] "
-            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none]",
+            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]...",
         )
         p.add_argument("--launcher", default="local", choices=["local", "ssh", "slurm", "attach"])
         p.add_argument("--hostfile")
@@ -302,6 +304,7 @@ def parse_command(line: str) -> Command:
         p.add_argument("--torch-dist", action="store_true")
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
+        p.add_argument("--env", action="append", default=[])
         p.add_argument("dims", nargs="*")
         ns = _parse(p, tokens)
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
@@ -310,6 +313,11 @@ def parse_command(line: str) -> Command:
         if ns.preload is not None:
             mods = [m for m in ns.preload.split(",") if m.strip()]
             cmd.preload = [] if mods == ["none"] else mods
+        for item in ns.env:
+            name, eq, value = item.partition("=")
+            if not eq or not _ENV_NAME.match(name):
+                raise UsageError(f"{prog}: --env takes NAME=VALUE (one variable each), e.g. --env NCCL_DEBUG=INFO; got {item!r}")
+            cmd.env[name] = value
         cmd.dims = parse_dims(ns.dims, prog)
     elif word == "sync":
         p = _Parser(prog, "usage: %mesh sync [DIR] [--to PATH] [--dry-run] (copies DIR, default the "

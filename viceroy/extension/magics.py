@@ -1,6 +1,7 @@
 """``%mesh`` / ``%%mesh`` and the ipyparallel-style aliases ``%px``, ``%%px``, ``%autopx``.
 
 %mesh up gpus=4            start a local mesh (any NAME=SIZE dims); binds `mesh`
+    [--preload MOD,MOD|none] [--backend gloo|nccl] [--torch-dist] [--env NAME=VALUE]...
 %%mesh [--where gpus=0:2] [--ranks 0,3] [--no-fail-fast] [--timeout S]
                            run the cell on the ranks, output streamed live
 %mesh status | down | restart [--failed] | interrupt | logs RANK | stacks
@@ -105,6 +106,7 @@ class MeshMagics(Magics):
             listen=cmd.listen,
             key_file=cmd.key_file,
             torch_dist=cmd.torch_dist,
+            env=cmd.env,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
         self.show_view()

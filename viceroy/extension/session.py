@@ -87,11 +87,13 @@ class MeshSession:
         listen: str | None = None,
         torch_dist: bool = False,
         key_file: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Mesh:
         """Start a mesh with these dims, local or through `launcher` (stopping the previous
         one), and bind ``mesh``.
 
         ``preload``: modules the ranks import once before starting (runtime default if None).
+        ``env``: environment variables for every rank.
         """
         import viceroy as vr
 
@@ -106,9 +108,11 @@ class MeshSession:
         kwargs: dict[str, Any] = {"echo": False, **dims}
         if preload is not None:
             kwargs["preload"] = preload
+        if env or backend is not None:
+            kwargs["env"] = dict(env or {})
         if backend is not None:
             # Collectives follow the tensor (CPU: gloo, CUDA: nccl); this forces one.
-            kwargs["env"] = {"VICEROY_BACKEND": backend}
+            kwargs["env"]["VICEROY_BACKEND"] = backend
         if self.mesh is not None:
             old = describe_dims(self.mesh.dims)
             self.down()

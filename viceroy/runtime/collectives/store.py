@@ -102,8 +102,8 @@ class Rendezvous:
                 raise CollectiveError(
                     f"MASTER_PORT {port} is taken on rank 0's host ({host}), so the rendezvous store "
                     "cannot listen there; free it, or start the mesh on another port: "
-                    "Mesh.local(..., env={'MASTER_PORT': '29533'}), or set VICEROY_MASTER_PORT "
-                    "(in a notebook: %env VICEROY_MASTER_PORT=29533, then %mesh up)"
+                    "Mesh.local(..., env={'MASTER_PORT': '29533'}) or %mesh up ... --env "
+                    "MASTER_PORT=29533 (or $VICEROY_MASTER_PORT for every mesh)"
                 ) from None
             raise
         self._conn = sockets.connection_to(port, {fd: ln for fd, ln in sockets.socket_fds().items() if before.get(fd) != ln})
