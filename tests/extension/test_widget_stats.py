@@ -7,12 +7,12 @@ import types
 
 import pytest
 
-from viceroy.runtime import rank
+from viceroy.runtime import resources
 
 
 def test_a_rank_without_a_gpu_reports_its_rss_only(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(rank._nvml, "failed", True)  # as on a machine without NVML
-    use = rank._resource_use()
+    monkeypatch.setitem(resources.nvml, "failed", True)  # as on a machine without NVML
+    use = resources.use()
     assert isinstance(use["rss"], int) and use["rss"] > 10 * 2**20
     assert use["gpu_mem"] is None and use["gpu_util"] is None
 
@@ -25,13 +25,13 @@ def test_gpu_use_comes_from_torch_once_it_has_initialised_cuda(monkeypatch: pyte
         utilization=lambda device: 42,
     )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    assert rank._gpu_use() == (3 * 2**30, 42.0)
+    assert resources.gpu_use() == (3 * 2**30, 42.0)
 
     def no_nvml(device: int) -> int:
         raise ModuleNotFoundError("pynvml")
 
     cuda.utilization = no_nvml
-    assert rank._gpu_use() == (3 * 2**30, None)
+    assert resources.gpu_use() == (3 * 2**30, None)
 
 
 def test_cuda_is_never_initialised_to_ask(monkeypatch: pytest.MonkeyPatch):
@@ -40,5 +40,5 @@ def test_cuda_is_never_initialised_to_ask(monkeypatch: pytest.MonkeyPatch):
 
     cuda = types.SimpleNamespace(is_initialized=lambda: False, current_device=boom)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setitem(rank._nvml, "failed", True)
-    assert rank._gpu_use() == (None, None)
+    monkeypatch.setitem(resources.nvml, "failed", True)
+    assert resources.gpu_use() == (None, None)

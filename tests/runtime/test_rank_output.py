@@ -8,6 +8,7 @@ import time
 import pytest
 
 import viceroy as vr
+from tests.conftest import wait_until
 
 INTERLEAVED = """
 import os, sys, warnings
@@ -66,10 +67,7 @@ def test_a_huge_line_without_newline_neither_hangs_nor_passes_the_limit(start_me
 def test_a_flushed_line_arrives_while_the_call_runs(start_mesh):
     mesh = start_mesh(gpus=1)
     fut = mesh.run("import sys, time\nsys.stderr.write('working')\nsys.stderr.flush()\ntime.sleep(30)", block=False)
-    deadline = time.monotonic() + 5
-    while "working" not in mesh.logs(0):
-        assert time.monotonic() < deadline, "a flushed partial line must go out at once"
-        time.sleep(0.01)
+    wait_until(lambda: "working" in mesh.logs(0), 5, "a flushed partial line to go out while the call runs")
     mesh.interrupt()
     with pytest.raises(vr.MeshError, match="interrupted"):
         fut.get(timeout=10)

@@ -31,6 +31,7 @@ from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvou
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
+from viceroy.runtime.routing import Routing
 from viceroy.runtime.shape import RunSet, Shape, rank_runs
 from viceroy.runtime.transport import ControllerSockets, whole_messages
 from viceroy.runtime.wire import BadMessage, Signer, new_key
@@ -38,7 +39,7 @@ from viceroy.runtime.wire import BadMessage, Signer, new_key
 Listener = Callable[[Event], None]
 
 
-class Controller(CallOutcomes, HostLifecycle):
+class Controller(Routing, CallOutcomes, HostLifecycle):
     def __init__(
         self,
         dims: dict[str, int],
@@ -310,34 +311,6 @@ class Controller(CallOutcomes, HostLifecycle):
     def _check_open(self) -> None:
         if self._closed:
             raise MeshClosedError("this mesh was shut down; start a new one with Mesh.local(...)")
-
-    def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
-        """To agents (lifecycle: restart, shutdown, their own stats)."""
-        header["ranks"] = rank_runs(header.get("ranks", ()))
-        frames = self.signer.pack(header)
-        self._send([self._agent_ident(h) for h in sorted(set(self._agents) if hosts is None else hosts)], frames)
-
-    def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
-        """Work (or control) for some ranks: straight to them in direct mode, else one copy per
-        host to its agent, which fans out."""
-        if self._direct:
-            kind = "c" if control else "w"
-            self._send([f"{kind}{r}".encode() for r in ranks], frames)
-        else:
-            self._send([self._agent_ident(h) for h in self._hosts_of(ranks)], frames)
-
-    def _hosts_of(self, ranks: Sequence[int]) -> list[int]:
-        """The hosts of `ranks`, sorted; cached, since the same meshes are called again and again."""
-        key = tuple(ranks)
-        hosts = self._hosts_of_ranks.get(key)
-        if hosts is None:
-            if len(self._hosts_of_ranks) >= 256:
-                self._hosts_of_ranks.clear()
-            hosts = self._hosts_of_ranks[key] = sorted({self._host_of[r] for r in ranks})
-        return hosts
-
-    def _send(self, idents: list[bytes], frames: list[Any]) -> None:
-        self._sockets.send(idents, frames)
 
     # --- internals: the IO thread --------------------------------------------------------------
 

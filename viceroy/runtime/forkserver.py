@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 
-class _Lines:
+class Lines:
     """Complete lines from a non-seekable fd, as they arrive."""
 
     def __init__(self, fd: int) -> None:
@@ -42,7 +42,7 @@ class ForkServer:
             cwd=cwd if os.path.isdir(cwd or "") else os.path.expanduser("~"),
         )
         assert self.proc.stdout is not None
-        self._out = _Lines(self.proc.stdout.fileno())
+        self._out = Lines(self.proc.stdout.fileno())
         self._send({"config": {"sys_path": sys_path, "preload": preload, "lifeline_fd": lifeline_fd}})
 
     @property
@@ -82,7 +82,7 @@ class ChildExits:
 
     def __init__(self) -> None:
         r, self._w = os.pipe()
-        self._lines = _Lines(r)
+        self._lines = Lines(r)
         threading.Thread(target=self._reap, name="viceroy-reaper", daemon=True).start()
 
     def fileno(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import multipart, serialize, shm
+from viceroy.runtime import multipart, resources, serialize, shm
 from viceroy.runtime.execution import (
     Executor,
     format_user_traceback,
@@ -172,7 +172,7 @@ class Rank:
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
             elif op == "stats":
-                self._send({"op": "stats", "id": header["id"], "dropped": self.signer.dropped, **_resource_use()})
+                self._send({"op": "stats", "id": header["id"], "dropped": self.signer.dropped, **resources.use()})
 
     def _cancel(self, call_id: int) -> None:
         with self.state_lock:
@@ -288,74 +288,6 @@ class Rank:
                                 "the rank (assign it to a variable).",
                      "tb": ""}, [], [])
         return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
-
-
-def _resource_use() -> dict[str, Any]:
-    """This process's memory and GPU use, for the "stats" query: ``rss`` (bytes), ``gpu_mem``
-    (bytes) and ``gpu_util`` (0-100), each None where unknown. GPU figures come from torch when
-    it has already initialised CUDA here (never initialised for this), else from NVML (pynvml)
-    if installed; a rank without a GPU reports None."""
-    gpu_mem, gpu_util = _gpu_use()
-    return {"rss": _rss(), "gpu_mem": gpu_mem, "gpu_util": gpu_util}
-
-
-def _rss() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except Exception:
-        return None
-
-
-_nvml: dict[str, Any] = {}
-
-
-def _gpu_use() -> tuple[int | None, float | None]:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            device = torch.cuda.current_device()
-            mem = int(torch.cuda.memory_reserved(device))
-            try:
-                util: float | None = float(torch.cuda.utilization(device))
-            except Exception:  # needs pynvml
-                util = None
-            return mem, util
-    except Exception:
-        pass
-    return _nvml_use()
-
-
-def _nvml_use() -> tuple[int | None, float | None]:
-    """Memory this process holds on its GPU and that GPU's utilisation, through NVML; (None,
-    None) without pynvml, a driver, or a GPU. The handle is looked up once."""
-    if _nvml.get("failed"):
-        return None, None
-    try:
-        if "handle" not in _nvml:
-            import pynvml
-
-            pynvml.nvmlInit()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(visible)) if visible.isdigit()
-                      else pynvml.nvmlDeviceGetHandleByUUID(visible))
-            _nvml.update(handle=handle, lib=pynvml)
-        lib, handle = _nvml["lib"], _nvml["handle"]
-        util = float(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
-        mem = None
-        for proc in lib.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid():
-                mem = int(proc.usedGpuMemory or 0)
-        return mem, util
-    except Exception:
-        _nvml["failed"] = True
-        return None, None
 
 
 def _all_stacks(main_ident: int, main_busy: bool) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from viceroy.runtime.forkserver import Lines
 from viceroy.runtime.launcher import (
     AgentProcess,
     HostPlan,
@@ -191,13 +192,12 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     """The holder's first line, or "" if salloc gave up or `timeout` passed first."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
-    buf = b""
-    while not buf.endswith(b"\n"):
+    lines = Lines(proc.stdout.fileno())
+    while not lines.closed:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
             return ""
-        chunk = os.read(proc.stdout.fileno(), 4096)
-        if not chunk:
-            return ""
-        buf += chunk
-    return buf.decode(errors="replace").strip()
+        got = lines.read()
+        if got:
+            return got[0].decode(errors="replace").strip()
+    return ""
