@@ -44,6 +44,28 @@ def test_gather_scatter_broadcast_point_to_point_and_barrier(torch_mesh):
         assert got == (42.0 if r == 3 else None)
 
 
+def test_ranks_other_than_0_talk_before_rank_0_ever_used_a_collective(torch_mesh):
+    mesh = torch_mesh(gpus=3)
+    pair = mesh.slice(gpus=slice(1, 3))  # rank 0 hosts the rendezvous store, and is not here
+    got = pair.run(
+        "got = None\n"
+        "if rank == 1: vr.send(torch.tensor([7.0]), dst=2)\n"
+        "if rank == 2: got = vr.recv(torch.zeros(1), src=1).item()\n"
+        "got", timeout=30)
+    assert got.values() == [None, 7.0]
+
+
+def test_a_send_longer_than_a_wait_slice_arrives_whole(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    got = mesh.run(
+        "t = torch.arange(32 << 20, dtype=torch.float32) if rank == 0 else torch.zeros(32 << 20)\n"
+        "vr.barrier()\n"
+        "if rank == 1: time.sleep(0.5)  # the sender waits for the receiver longer than a slice\n"
+        "(vr.send(t, dst=1) if rank == 0 else vr.recv(t, src=0))\n"
+        "bool((t == torch.arange(32 << 20, dtype=torch.float32)).all())", timeout=60)
+    assert got.values() == [True, True]
+
+
 def test_numpy_arrays_are_reduced_in_place(torch_mesh):
     mesh = torch_mesh(gpus=2)
     out = mesh.run("import numpy as np\na = np.ones(4, dtype=np.float32) * (rank + 1)\nvr.all_reduce(a); a.tolist()")

@@ -78,6 +78,27 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
     assert_next_collective_is_right(mesh, 4)
 
 
+@pytest.mark.parametrize("blocked", ["send", "recv"])
+def test_interrupt_releases_a_rank_blocked_in_a_send_or_receive(torch_mesh, blocked):
+    mesh = torch_mesh(gpus=2)
+    mesh.run("vr.barrier()")
+    code = ("t = torch.ones(1 << 20)\n"
+            f"if rank == 0: vr.{blocked}(t, 1)\n"  # its peer never answers
+            "else: time.sleep(60)")
+    fut = mesh.run(code, block=False)
+    wait_running(mesh.slice(gpus=0), f"vr.{blocked}")
+    t0 = time.monotonic()
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        fut.get(timeout=10)
+    assert time.monotonic() - t0 < 2
+    waiters = "import threading\nsum(t.name == 'viceroy-gloo-p2p' for t in threading.enumerate())"
+    wait_until(lambda: mesh.run(waiters).values() == [0, 0], 5, "the send's waiting thread to end")
+    pair = mesh.run("t = torch.full((3,), 5.0) if rank == 0 else torch.zeros(3)\n"
+                    "vr.send(t, 1) if rank == 0 else vr.recv(t, 0)\nt.tolist()", timeout=30)
+    assert pair.values() == [[5.0] * 3] * 2
+
+
 def test_ranks_that_never_join_are_named_when_the_group_times_out(torch_mesh):
     mesh = torch_mesh(gpus=4)
     head = mesh.slice(gpus=slice(0, 2))  # ranks 2 and 3 do not run this code

@@ -330,6 +330,10 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
         _reseed_after_fork()
+        if "torch" in sys.modules:  # preloaded: rank 0 opens the rendezvous store at once
+            from viceroy.runtime.collectives.store import start_early
+
+            start_early()
         Rank(cfg).serve()
     except BaseException:
         traceback.print_exc()

@@ -66,6 +66,33 @@ class GlooPending(Pending):
         return True
 
 
+class PointToPointPending(Pending):
+    """A gloo send or receive. Unlike a collective's, its wait cannot be sliced: a wait that
+    times out ends the operation with that error (gloo's unbound buffers). So one thread waits
+    without a limit, and `wait` watches it in slices; an abort ends the thread's wait too."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        threading.Thread(target=self._wait, name="viceroy-gloo-p2p", daemon=True).start()
+
+    def _wait(self) -> None:
+        try:
+            self._work.wait()
+        except BaseException as exc:  # handed to the waiting thread
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, seconds: float) -> bool:
+        if not self._done.wait(seconds):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
 class GlooCommunicator(Communicator):
     def __init__(self, pg: Any, conns: list[sockets.Socket], peer_ports: dict[int, int]) -> None:
         self.pg = pg
@@ -110,10 +137,10 @@ class GlooCommunicator(Communicator):
         return GlooPending(self.pg.broadcast([t], opts))
 
     def send(self, t: Any, peer: int) -> Pending:
-        return GlooPending(self.pg.send([t], peer, 0))
+        return PointToPointPending(self.pg.send([t], peer, 0))
 
     def recv(self, t: Any, peer: int) -> Pending:
-        return GlooPending(self.pg.recv([t], peer, 0))
+        return PointToPointPending(self.pg.recv([t], peer, 0))
 
     def barrier(self) -> Pending:
         from torch.distributed import BarrierOptions

@@ -11,9 +11,11 @@ empty, and every key we use is prefixed with the incarnation, so nothing stale i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -116,6 +118,21 @@ class Rendezvous:
         return store, store.get(INCARNATION_KEY).decode()
 
 
+def start_early() -> None:
+    """On rank 0, when torch is already imported (preloaded): start the server now, in the
+    background, so that ranks talking among themselves without rank 0 (a send from rank 1 to
+    rank 2, a tensor moved between two views) find it up. A failure, such as a taken port, is
+    left for the first collective to report: it tries again, and says what to do."""
+    if not hosts_server() or "torch" not in sys.modules or "MASTER_PORT" not in os.environ:
+        return
+
+    def start() -> None:
+        with contextlib.suppress(Exception):
+            rendezvous.get(60.0)
+
+    threading.Thread(target=start, name="viceroy-store", daemon=True).start()
+
+
 def _wait_for_server(host: str, port: int, deadline: float) -> None:
     """Until the server accepts connections; in Python, so an interrupt gets through (the
     TCPStore constructor retries in C++, deaf to KeyboardInterrupt)."""
@@ -127,8 +144,9 @@ def _wait_for_server(host: str, port: int, deadline: float) -> None:
         except OSError:
             if time.monotonic() > deadline:
                 raise CollectiveError(
-                    f"the rendezvous store at {host}:{port} did not come up: it runs on rank 0 "
-                    "once rank 0 uses a collective or torch.distributed; is rank 0 part of this call?"
+                    f"the rendezvous store at {host}:{port} did not come up: it runs on rank 0, "
+                    "from its start when torch is preloaded, else once rank 0 uses a collective or "
+                    "torch.distributed; is rank 0 alive, and part of this call if torch is not preloaded?"
                 ) from None
             sleep_slice(delay)
             delay = min(delay * 2, 0.1)
