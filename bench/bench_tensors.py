@@ -6,6 +6,9 @@ baseline measured in the same run.
   pull       64 MiB tensor pulled from one local rank
              vs   dst.copy_(src) of 64 MiB in one process            (goal: >= 50 % of memcpy)
   push       64 MiB tensor pushed to 4 local ranks, per rank        (goal: >= 50 % of memcpy)
+  to_mesh    64 MiB tensor moved from ranks 0-1 to ranks 2-3 (t.to_mesh(view), then sync)
+             vs   dist.send / dist.recv of 64 MiB between the same ranks, gloo, into a reused
+                  buffer, and into a fresh tensor each time as to_mesh must (no goal)
 
 Usage: python bench/bench_tensors.py [--only dispatch]
 """
@@ -30,6 +33,33 @@ def child_memcpy() -> None:
     src = torch.ones(BIG // 4)
     dst = torch.empty_like(src)
     emit("memcpy", median(timeit(lambda: dst.copy_(src), 5, 40)))
+
+
+def raw_sendrecv(nbytes: int, iters: int, fresh: bool) -> float:
+    """On each of 4 ranks: ranks 0-1 send to ranks 2-3 with torch.distributed (gloo), as
+    to_mesh does; seconds per transfer. `fresh`: receive into a new tensor each time (its
+    pages are faulted in as it fills), else into one reused buffer."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    t = torch.ones(nbytes // 4)
+    r = dist.get_rank()
+
+    def once() -> None:
+        if r < 2:
+            dist.send(t, r + 2)
+        else:
+            dist.recv(torch.empty(nbytes // 4) if fresh else t, r - 2)
+
+    once()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        once()
+    dist.barrier()
+    return (time.perf_counter() - t0) / iters
 
 
 def child_engine(only: str = "") -> None:
@@ -74,6 +104,22 @@ def child_engine(only: str = "") -> None:
         emit("pull_64MiB", median(timeit(lambda: one.pull("big"), 2, 10)))
         emit("push_64MiB_4ranks", median(timeit(lambda: mesh.push(big=big), 2, 10)))
 
+        first, second = mesh.slice(gpus=slice(0, 2)), mesh.slice(gpus=slice(2, 4))
+        with first.activate():
+            m = torch.ones(BIG // 4)
+
+        def move() -> None:
+            m.to_mesh(second)._engine.sync()
+
+        ours, raw, fresh = [], [], []
+        for _ in range(5):  # interleaved rounds: a noisy neighbour hits every side
+            ours.append(median(timeit(move, 1, 3)))
+            raw.append(mesh.run(raw_sendrecv, BIG, 3, False).item(gpus=2))
+            fresh.append(mesh.run(raw_sendrecv, BIG, 3, True).item(gpus=2))
+        emit("move_64MiB", median(ours))
+        emit("raw_sendrecv_64MiB", median(raw))
+        emit("raw_sendrecv_fresh_64MiB", median(fresh))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -97,6 +143,10 @@ def main() -> None:
              f"{v['memcpy'] / v['pull_64MiB'] * 100:.0f} %", ">= 50 %"),
             ("push 64 MiB to 4 ranks, per rank", gbs(v["push_64MiB_4ranks"] / 4), f"memcpy: {gbs(v['memcpy'])}",
              f"{v['memcpy'] / (v['push_64MiB_4ranks'] / 4) * 100:.0f} %", ">= 50 %"),
+            ("to_mesh 64 MiB, ranks 0-1 to 2-3", gbs(v["move_64MiB"]), f"dist.send/recv: {gbs(v['raw_sendrecv_64MiB'])}",
+             f"{v['raw_sendrecv_64MiB'] / v['move_64MiB'] * 100:.0f} %", ""),
+            ("", "", f"into a fresh tensor: {gbs(v['raw_sendrecv_fresh_64MiB'])}",
+             f"{v['raw_sendrecv_fresh_64MiB'] / v['move_64MiB'] * 100:.0f} %", ""),
         ]
     print(f"\nbench_tensors: medians; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))

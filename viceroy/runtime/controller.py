@@ -81,6 +81,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         self._beat_thread = threading.Thread(target=self._heartbeats, name="viceroy-heartbeat", daemon=True)
         self._tasks: deque[Callable[[], None]] = deque()
         self._closed = False
+        # The tensor engine of each view of this mesh, by its shape (see runtime.tensors).
+        self.engines: dict[Shape, Any] = {}
         self._startup_error: str | None = None
         self.agent_info: dict[int, dict[str, Any]] = {}
 

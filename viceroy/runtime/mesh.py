@@ -201,10 +201,9 @@ class Mesh(MeshStarts, ShapeOps):
     def activate(self) -> Any:
         """``with mesh.activate():`` torch calls here make `MeshTensor`s whose ops run on this
         mesh's ranks (shapes and dtypes are checked here first, on meta tensors)."""
-        from viceroy.runtime.tensors.engine import Engine, activate
+        from viceroy.runtime.tensors.engine import activate, engine_for
 
-        if getattr(self, "_engine", None) is None:
-            self._engine = Engine(self)
+        self._engine = engine_for(self)
         return activate(self._engine)
 
     # --- control --------------------------------------------------------------------------------

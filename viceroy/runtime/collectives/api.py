@@ -104,6 +104,21 @@ def recv(t: T, src: int) -> T:
     return t
 
 
+def exchange(out: Any, to: int | None, into: Any, frm: int | None, group: Group, what: str = "exchange") -> None:
+    """Send `out` to rank `to` while receiving into `into` from rank `frm` (global ranks; either
+    pair may be None), over `group`, whose every member calls this at once. Both are in flight
+    together, so a ring of exchanges (each rank sending to the next) cannot deadlock. The two
+    tensors must be of one kind (both CPU, or both on the GPU)."""
+    if out is None and into is None:
+        raise ValueError(f"{what}: nothing to send or receive")
+    backend, x = _native(out if out is not None else into, what)
+    sx = x if out is not None else None
+    rx = x if out is None else (None if into is None else _native(into, what)[1])
+    to_i = None if to is None else group.index(to)
+    frm_i = None if frm is None else group.index(frm)
+    _run(what, backend, group, x, lambda c: c.exchange(sx, to_i, rx, frm_i))
+
+
 def barrier(dims: Dims = None) -> None:
     """Return once every member of the group has called it."""
     if _gloo.unavailable():

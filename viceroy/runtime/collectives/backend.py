@@ -22,6 +22,20 @@ class Pending(ABC):
         """Wait up to `seconds`; True when done. Raises the backend's error if it failed."""
 
 
+class AllOf(Pending):
+    """Several operations in flight, done when all are."""
+
+    def __init__(self, pending: list[Pending]) -> None:
+        self._left = pending
+
+    def wait(self, seconds: float) -> bool:
+        while self._left:
+            if not self._left[0].wait(seconds):
+                return False
+            self._left.pop(0)
+        return True
+
+
 class Communicator(ABC):
     """One group's connections on this rank. Tensors are the backend's native kind."""
 
@@ -39,6 +53,17 @@ class Communicator(ABC):
     def recv(self, t: Any, peer: int) -> Pending: ...
     @abstractmethod
     def barrier(self) -> Pending: ...
+
+    def exchange(self, out: Any, to: int | None, into: Any, frm: int | None) -> Pending:
+        """Send `out` to member `to` and receive `into` from member `frm` (either pair may be
+        None), both in flight at once: in a ring of exchanges no member waits on a peer that
+        is itself waiting to send. Backends whose sends block until received override this."""
+        started = []
+        if out is not None:
+            started.append(self.send(out, to))  # type: ignore[arg-type]
+        if into is not None:
+            started.append(self.recv(into, frm))  # type: ignore[arg-type]
+        return AllOf(started)
 
     @abstractmethod
     def abort(self) -> None:

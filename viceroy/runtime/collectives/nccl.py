@@ -185,6 +185,30 @@ class NcclCommunicator(Communicator):
         ptr, n, dt = _buffer(t)
         return self._start(t, "recv", ptr, n, self._dtype(dt), peer)
 
+    def exchange(self, out: Any, to: int | None, into: Any, frm: int | None) -> Pending:
+        """A send and a receive in one NCCL group call: issued one after the other on one
+        stream, two ranks sending to each other would each wait for the other's receive."""
+        import cupy
+        from cupy.cuda import nccl
+
+        t = out if out is not None else into
+        with cupy.cuda.Device(_device(t)):
+            s = _stream(t)
+            with self._lock:
+                if self._aborted:
+                    raise NcclFailure("the nccl communicator was aborted")
+                nccl.groupStart()
+                try:
+                    if out is not None:
+                        ptr, n, dt = _buffer(out)
+                        self._comm.send(ptr, n, self._dtype(dt), to, s.ptr)
+                    if into is not None:
+                        ptr, n, dt = _buffer(into)
+                        self._comm.recv(ptr, n, self._dtype(dt), frm, s.ptr)
+                finally:
+                    nccl.groupEnd()
+            return NcclPending(self, s)
+
     def barrier(self) -> Pending:
         raise NotImplementedError("barrier runs on gloo")
 

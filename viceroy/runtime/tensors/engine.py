@@ -44,6 +44,22 @@ FACTORIES = {
     torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
 }
 _NO_KEY = object()
+# Tensor ids, unique across every engine here: views of one mesh share its ranks, and a rank
+# keeps all its engine tensors in one table.
+_IDS = itertools.count(1)
+# Ops that talk to other ranks: a batch holding one interrupts every rank once one fails, or
+# the others would wait in it for the failed rank (see `_send`).
+_TALKERS = frozenset({worker.reduced})
+
+
+def engine_for(mesh: Mesh) -> Engine:
+    """The engine of `mesh`'s view: one per view shape, so that equal views (two calls of
+    ``mesh.slice(gpus=0)``) share their tensors."""
+    engines = mesh._controller.engines
+    engine = engines.get(mesh._shape)
+    if engine is None:
+        engine = engines.setdefault(mesh._shape, Engine(mesh))
+    return engine
 
 
 class Engine:
@@ -55,7 +71,7 @@ class Engine:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self._ids = itertools.count(1)  # tensor ids; next() on it is atomic, so threads never share one
+        self._ids = _IDS  # next() on it is atomic, so threads never share an id
         self._send_lock = threading.Lock()
         self._queue: list[tuple[Any, ...]] = []
         self._frees: list[int] = []
@@ -140,6 +156,36 @@ class Engine:
         self._enqueue((fn, [t._id, *args], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
 
+    def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
+        """`t` on `target`'s view: position i of this view sends its tensor to position i of
+        the target's (row-major), rank to rank. One call over the ranks of both views, after
+        what each has queued; its failure surfaces at the next sync of either."""
+        src, dst = self.mesh, target.mesh
+        if src._controller is not dst._controller:
+            raise ValueError(
+                f"to_mesh moves a tensor between views of one mesh; {self.describe()} and "
+                f"{target.describe()} are different meshes: fetch it and push it instead")
+        if list(src.dims.values()) != list(dst.dims.values()):
+            raise ValueError(
+                f"to_mesh pairs ranks position by position, so the views need the same sizes; "
+                f"the tensor is on ({self.describe()}), the target is ({target.describe()}): "
+                "split, flatten or rename one to match")
+        pairs = list(zip(src.ranks, dst.ranks, strict=True))
+        movers = tuple(sorted({r for s, d in pairs if s != d for r in (s, d)}))
+        union = sorted(set(src.ranks) | set(dst.ranks))
+        with torch._C.DisableTorchFunctionSubclass():
+            shape, dtype = tuple(t.shape), t.dtype
+        tid = self._new_id()
+        self.flush()
+        target.flush()
+        label = f"to_mesh ({self.describe()} -> {target.describe()})"
+        view = src._reshaped(src._controller.shape.select(union))
+        fut = view.run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
+                       block=False, label="to_mesh", fail_fast=True)
+        self._pending.append(fut)
+        target._pending.append(fut)
+        return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
+
     def _enqueue(self, op: tuple[Any, ...]) -> None:
         q = self._queue
         q.append(op)
@@ -189,8 +235,11 @@ class Engine:
         if self.mesh._controller.closed:
             return
         # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
-        # ranks' tensor tables stay consistent with each other.
-        fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops", fail_fast=False)
+        # ranks' tensor tables stay consistent with each other. Unless the batch talks to other
+        # ranks: those would wait in a collective for a rank whose batch already failed.
+        talks = any(op[0] in _TALKERS for op in ops)
+        fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops",
+                            fail_fast=talks)
         self._pending.append(fut)
 
     def sync(self) -> None:

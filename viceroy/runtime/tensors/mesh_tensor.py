@@ -99,6 +99,21 @@ class MeshTensor(torch.Tensor):
         Waits for the queued ops; an op that failed on a rank raises here, naming its line."""
         return self._engine.fetch(self, coords)
 
+    def to_mesh(self, mesh: Any) -> MeshTensor:
+        """This tensor on another view of the same mesh, moved rank to rank over the data
+        plane (the controller sends one command; no data passes through it). The views must
+        have the same sizes; position i of this view sends to position i of `mesh`:
+
+        >>> h1 = h0.to_mesh(mesh.slice(stage=1))   # h0 lives on mesh.slice(stage=0)
+
+        The result lives on each target rank's own device (its GPU, or the CPU)."""
+        from viceroy.runtime.mesh import Mesh
+        from viceroy.runtime.tensors.engine import engine_for
+
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
+        return self._engine.move(self, engine_for(mesh))
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
             shape, dtype = tuple(self.shape), self.dtype

@@ -129,6 +129,33 @@ def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> 
     return all_reduce(t.clone(), op=op, dims=Group(groups[context().rank], label))
 
 
+def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, ...], shape: tuple[int, ...],
+          dtype: Any, where: tuple[str, int], label: str) -> None:
+    """Tensor `src` of each source rank becomes tensor `dst` of its partner (`pairs`: (source
+    rank, target rank)), rank to rank over the data plane; `movers` are the ranks that send or
+    receive. The tensor lands on the target rank's own device. A rank paired with itself copies."""
+    import torch
+
+    from viceroy.runtime.collectives.api import exchange
+    from viceroy.runtime.collectives.groups import Group
+
+    me = context().rank
+    to = next((d for s, d in pairs if s == me), None)
+    frm = next((s for s, d in pairs if d == me), None)
+    tab = table()
+    try:
+        out = None if to is None else _lookup(tab, src).detach().to(_device()).contiguous()
+        if out is not None and to == me:
+            tab[dst] = out.clone()
+            return
+        into = None if frm is None else torch.empty(shape, dtype=dtype, device=_device())
+        exchange(out, to, into, frm, Group(movers, label), "to_mesh")
+    except OpFailed as exc:
+        raise OpFailed(f"to_mesh (issued at {where[0]}, line {where[1]}): {exc}") from None
+    if into is not None:
+        tab[dst] = into
+
+
 def get(tid: int) -> Any:
     """This rank's tensor, on the CPU."""
     try:

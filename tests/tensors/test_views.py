@@ -1,0 +1,135 @@
+"""MeshTensors on several views of one mesh: each keeps its own tensors, equal views share an
+engine, collectives in the engine fail fast, and ``to_mesh`` moves tensors between views."""
+
+import gc
+import inspect as pyinspect
+import time
+
+import pytest
+
+import viceroy as vr
+
+torch = pytest.importorskip("torch")
+from viceroy.runtime.tensors import reduce  # noqa: E402
+
+
+@pytest.fixture
+def mesh4(start_mesh):
+    mesh = start_mesh(gpus=4, preload=["torch"])
+    mesh.run("import torch\ntorch.manual_seed(rank)")
+    return mesh
+
+
+def test_tensors_of_overlapping_views_never_share_a_slot_on_a_rank(mesh4):
+    with mesh4.activate():
+        a = torch.ones(3)
+    sub = mesh4.slice(gpus=0)
+    with sub.activate():
+        b = torch.zeros(3)
+    assert [t.tolist() for t in a.fetch().values()] == [[1.0] * 3] * 4
+    del b
+    gc.collect()
+    with sub.activate():
+        c = torch.full((2,), 7.0)
+    assert a.fetch(gpus=0).tolist() == [1.0] * 3  # b's free did not take a with it
+    assert c.fetch().values()[0].tolist() == [7.0, 7.0]
+
+
+def test_equal_views_share_one_engine(mesh4):
+    with mesh4.slice(gpus=slice(0, 2)).activate():
+        a = torch.ones(2)
+    with mesh4.slice(gpus=slice(0, 2)).activate():
+        b = torch.ones(2) * 2
+    assert [t.tolist() for t in (a + b).fetch().values()] == [[3.0, 3.0]] * 2
+    with (pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=2 and gpus=4\)"),
+          mesh4.activate()):
+        a + torch.ones(2)
+
+
+def test_a_rank_failing_before_a_reduce_ends_it_on_every_rank_at_once(mesh4):
+    with mesh4.activate():
+        x = torch.randn(1, 1) - 0.5  # seeded per rank: 1.04, 0.16, -0.11, 0.30 on ranks 0-3
+        c = torch.linalg.cholesky(x)  # not positive definite on rank 2 only
+        line = pyinspect.currentframe().f_lineno - 1
+    total = reduce(c, "sum")
+    start = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        total.fetch()
+    assert time.monotonic() - start < 5, "the other ranks waited in the reduce for rank 2"
+    text = str(info.value)
+    assert "rank 2" in text and f"line {line}" in text and "cholesky" in text
+    # the engine carries on, and the data plane works again
+    with mesh4.activate():
+        y = torch.ones(2)
+    assert [t.tolist() for t in reduce(y, "sum").fetch().values()] == [[4.0, 4.0]] * 4
+
+
+def _values(t):
+    return [x.tolist() for x in t.fetch().values()]
+
+
+def test_to_mesh_moves_each_ranks_tensor_to_its_partner_in_the_other_view(start_mesh):
+    mesh = start_mesh(stage=2, gpus=2, preload=["torch"])
+    mesh.run("import torch\ntorch.manual_seed(rank)")
+    first, second = mesh.slice(stage=0), mesh.slice(stage=1)
+    with first.activate():
+        h = torch.randn(3) * 2
+    sent = h.fetch().values()
+    h1 = h.to_mesh(second)
+    assert repr(h1) == "MeshTensor(shape=(3,), dtype=float32, mesh=gpus=2)"
+    assert _values(h1) == [t.tolist() for t in sent]
+    with second.activate():
+        out = h1 + 1  # the moved tensor is an ordinary tensor of the second view
+    del h
+    gc.collect()
+    assert _values(out) == [(t + 1).tolist() for t in sent]
+
+
+def test_to_mesh_around_a_ring_where_every_rank_sends_and_receives(mesh4):
+    with mesh4.activate():
+        x = torch.randn(1000)
+    sent = _values(x)
+    turned = x.to_mesh(mesh4.select([1, 2, 3, 0]))  # rank i sends to rank i+1
+    got = dict(zip([1, 2, 3, 0], _values(turned), strict=True))
+    assert [got[r] for r in range(4)] == [sent[3], sent[0], sent[1], sent[2]]
+
+
+def test_to_mesh_onto_an_overlapping_view_copies_where_a_rank_keeps_its_own(mesh4):
+    with mesh4.select([0, 1]).activate():
+        a = torch.ones(2)
+    b = a.to_mesh(mesh4.select([0, 2]))  # rank 0 keeps its piece, rank 1 sends to rank 2
+    with mesh4.select([0, 2]).activate():
+        b.add_(5)
+    assert _values(b) == [[6.0, 6.0]] * 2
+    assert _values(a) == [[1.0, 1.0]] * 2  # a copy, not the same tensor
+
+
+def test_to_mesh_refuses_views_that_do_not_pair_up_and_sends_nothing(mesh4, start_mesh):
+    with mesh4.slice(gpus=slice(0, 2)).activate():
+        a = torch.ones(2)
+    with pytest.raises(ValueError, match=r"same sizes.*\(gpus=2\).*\(gpus=3\)"):
+        a.to_mesh(mesh4.slice(gpus=slice(1, 4)))
+    other = start_mesh(gpus=2, preload=["torch"])
+    with pytest.raises(ValueError, match="different meshes: fetch it and push it"):
+        a.to_mesh(other)
+    with pytest.raises(TypeError, match="takes a Mesh"):
+        a.to_mesh("gpus=1")
+    assert _values(a) == [[1.0, 1.0]] * 2
+
+
+def test_to_mesh_of_a_tensor_that_failed_ends_at_once_naming_its_line(mesh4):
+    with mesh4.slice(gpus=slice(0, 2)).activate():
+        a = torch.arange(4.0)
+        bad = a[torch.tensor([10])]  # fine on meta tensors, out of range on the ranks
+    moved = bad.to_mesh(mesh4.slice(gpus=slice(2, 4)))
+    line = pyinspect.currentframe().f_lineno - 1
+    start = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        moved.fetch()
+    assert time.monotonic() - start < 5, "the receivers waited for senders that had nothing"
+    assert f"to_mesh (issued at {__file__}, line {line})" in str(info.value)
+    with pytest.raises(vr.MeshError, match="__getitem__"):  # the source's own failure, at its next sync
+        a.fetch()
+    assert _values(a) == [[0.0, 1.0, 2.0, 3.0]] * 2
+    again = a.to_mesh(mesh4.slice(gpus=slice(2, 4)))  # and the data plane works again
+    assert _values(again) == [[0.0, 1.0, 2.0, 3.0]] * 2
