@@ -116,3 +116,15 @@ def test_pushing_1gib_to_8_ranks_keeps_controller_memory_flat(start_mesh):
 
 def _peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_large_answers_are_copied_whole_by_torch_or_by_slice(tmp_path):
+    import mmap
+
+    pytest.importorskip("torch")  # loaded: answers of PARALLEL_COPY or more go through it
+    n = shm.PARALLEL_COPY + 3  # an odd size
+    data = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    for src in (memoryview(data), memoryview(data.tobytes())):  # writable, then read-only
+        m = mmap.mmap(-1, n)
+        shm._fill(m, src)
+        assert m[:] == data.tobytes()
