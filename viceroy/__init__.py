@@ -3,7 +3,12 @@
     import viceroy as vr
     with vr.Mesh.local(gpus=4) as mesh:
         mesh.run("x = rank * 10\nx")          # ValueMesh of every rank's x
+
+The tensor engine's functions (`reduce`, `inspect`, `assemble`) and `MeshTensor` are here too,
+imported on first use: they need torch, and ``import viceroy`` does not import it.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from viceroy.runtime.actors import Actor, ActorFailure, ActorMesh, endpoint
 from viceroy.runtime.collectives import (
@@ -46,6 +51,21 @@ __all__ = [
     "send",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from viceroy.runtime.tensors import MeshTensor, assemble, inspect, reduce  # noqa: F401
+
+_TENSOR_ENGINE = ("MeshTensor", "assemble", "inspect", "reduce")
+
+
+def __getattr__(name: str) -> Any:
+    """``vr.reduce(t, "sum", dims="gpus")``, ``vr.inspect(t)``, ``vr.assemble(t, dims=...)``:
+    the tensor engine, imported (with torch) when first asked for."""
+    if name in _TENSOR_ENGINE:
+        from viceroy.runtime import tensors
+
+        return getattr(tensors, name)
+    raise AttributeError(f"module 'viceroy' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: object) -> None:

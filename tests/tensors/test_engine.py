@@ -119,6 +119,18 @@ def test_inspect_and_assemble(tmesh):
         assemble(a, dims={"hosts": 0})
 
 
+def test_the_engine_functions_are_on_viceroy_itself_and_imported_on_first_use():
+    import subprocess
+    import sys
+
+    code = ("import sys, viceroy as vr; before = 'torch' in sys.modules; f = vr.reduce\n"
+            "print(before, 'torch' in sys.modules, f.__module__)\n"
+            "try: vr.no_such_name\nexcept AttributeError as e: print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["False True viceroy.runtime.tensors", "module 'viceroy' has no attribute 'no_such_name'"]
+    assert vr.inspect is inspect and vr.assemble is assemble and vr.MeshTensor is MeshTensor
+
+
 def test_torch_outside_activate_stays_local(tmesh):
     with tmesh.activate():
         pass

@@ -8,9 +8,10 @@ import time
 import pytest
 
 import viceroy as vr
+from tests.conftest import wait_until
 
 torch = pytest.importorskip("torch")
-from viceroy.runtime.tensors import reduce  # noqa: E402
+reduce = vr.reduce
 
 
 @pytest.fixture
@@ -133,3 +134,21 @@ def test_to_mesh_of_a_tensor_that_failed_ends_at_once_naming_its_line(mesh4):
     assert _values(a) == [[0.0, 1.0, 2.0, 3.0]] * 2
     again = a.to_mesh(mesh4.slice(gpus=slice(2, 4)))  # and the data plane works again
     assert _values(again) == [[0.0, 1.0, 2.0, 3.0]] * 2
+
+
+def test_a_restarted_rank_explains_that_its_tensors_are_gone(mesh4):
+    import os
+    import signal
+
+    with mesh4.activate():
+        a = torch.ones(2)
+    a.fetch()
+    os.kill(mesh4.pids()[1], signal.SIGKILL)
+    wait_until(lambda: mesh4.states()[1] == "dead", 10, "rank 1 to be seen dead")
+    mesh4.restart(failed_only=True)
+    with pytest.raises(vr.MeshError) as info:
+        a.fetch()
+    assert "rank 1:" in str(info.value) and "this rank was restarted since" in str(info.value)
+    assert a.fetch(gpus=0).tolist() == [1.0, 1.0]  # the others kept theirs
+    with pytest.raises(vr.MeshError, match=r"rank 1:.*restarted since"):
+        vr.inspect(a)

@@ -106,7 +106,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int]) -> None:
             tab.pop(tid, None)
 
 
-_MISSING = "tensor #{} does not exist here (an earlier op that made it failed)"
+_MISSING = "tensor #{} does not exist here (an earlier op that made it failed, or this rank was restarted since)"
 
 
 def _lookup(tab: dict[int, Any], tid: int) -> Any:
@@ -158,15 +158,11 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
 
 def get(tid: int) -> Any:
     """This rank's tensor, on the CPU."""
-    try:
-        t = table()[tid]
-    except KeyError:
-        raise OpFailed(f"tensor #{tid} does not exist here (freed, or an op that made it failed)") from None
-    return t.detach().cpu()
+    return _lookup(table(), tid).detach().cpu()
 
 
 def summary(tid: int) -> dict[str, Any]:
-    t = table()[tid]
+    t = _lookup(table(), tid)
     f = t.detach().float()
     return {
         "shape": tuple(t.shape),
