@@ -156,3 +156,9 @@ def test_a_handle_bound_to_a_controller_name_resolves_on_every_rank(mesh_kernel:
     # a plain controller value is not sent: the ranks have no `plain`
     failed = mesh_kernel.execute("%%mesh\nplain")
     assert failed.status == "error" and "NameError" in error_text(failed.errors[0])
+
+
+def test_a_mesh_tensor_bound_to_a_controller_name_is_each_ranks_tensor(mesh_kernel: Kernel):
+    mesh_kernel.ok("import torch\nwith mesh.activate():\n    z = torch.ones(2) * 3")
+    ex = mesh_kernel.ok("%%mesh\nprint(rank, z.sum().item())")
+    assert ex.stream() == "[0] 0 6.0\n[1] 1 6.0\n"

@@ -152,3 +152,26 @@ def test_a_restarted_rank_explains_that_its_tensors_are_gone(mesh4):
     assert a.fetch(gpus=0).tolist() == [1.0, 1.0]  # the others kept theirs
     with pytest.raises(vr.MeshError, match=r"rank 1:.*restarted since"):
         vr.inspect(a)
+
+
+def test_a_mesh_tensor_sent_to_its_ranks_is_each_ranks_own_tensor(mesh4):
+    with mesh4.activate():
+        a = torch.arange(3.0) * 2  # still queued: sending it sends the queue first
+    assert mesh4.run(lambda t: t.tolist(), a).values() == [[0.0, 2.0, 4.0]] * 4
+    mesh4.run("t.add_(rank)", t=a)  # rank code may change its values in place
+    assert [t.tolist() for t in a.fetch().values()] == [[r, 2.0 + r, 4.0 + r] for r in range(4)]
+    first = mesh4.slice(gpus=slice(0, 2))
+    with first.activate():
+        b = torch.ones(2)
+    assert first.run(lambda t: t.sum().item(), b).values() == [2.0, 2.0]
+
+
+def test_a_mesh_tensor_sent_where_it_has_no_piece_is_refused_before_sending(mesh4, start_mesh):
+    with mesh4.slice(gpus=slice(0, 2)).activate():
+        b = torch.ones(2)
+    with pytest.raises(ValueError, match=r"ranks 2-3 of this call have none: run on its view, or move it"):
+        mesh4.run(lambda t: t, b)
+    other = start_mesh(gpus=1, preload=["torch"])
+    with pytest.raises(ValueError, match=r"MeshTensor of mesh \(gpus=2\) cannot be used on another mesh \(gpus=1\)"):
+        other.run("t", t=b)
+    assert mesh4.states() == dict.fromkeys(range(4), "idle")

@@ -20,7 +20,7 @@ from viceroy.extension.errors import interrupted, render_mesh_error, syntax_erro
 from viceroy.extension.inbox import Inbox
 from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
 from viceroy.extension.output import format_rank_set
-from viceroy.runtime.handles import Ref
+from viceroy.runtime.handles import is_handle
 
 if TYPE_CHECKING:
     from viceroy import Mesh
@@ -124,12 +124,12 @@ class CellRunner:
         return None if all(v is None for v in values) else value
 
     def _handles_used_by(self, code: str) -> dict[str, Any]:
-        """Controller names the cell reads that hold handles (`mesh.ref(...)`): each rank binds
-        its own value under that name. Nothing else from the controller is sent."""
+        """Controller names the cell reads that hold handles (`mesh.ref(...)`, MeshTensors):
+        each rank binds its own value under that name. Nothing else from the controller is sent."""
         if self.shell is None:
             return {}
         ns = self.shell.user_ns
-        return {name: ns[name] for name in names_read_by(code) if isinstance(ns.get(name), Ref)}
+        return {name: ns[name] for name in names_read_by(code) if is_handle(ns.get(name))}
 
     def _pump(self, live: LiveOutput, fut: Any) -> None:
         done_at: float | None = None

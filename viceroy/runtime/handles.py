@@ -14,6 +14,7 @@ from viceroy.runtime.context import context
 
 if TYPE_CHECKING:
     from viceroy.runtime.controller import Controller
+    from viceroy.runtime.shape import Shape
 
 
 class Ref:
@@ -36,8 +37,10 @@ class Ref:
     def __repr__(self) -> str:
         return f"<viceroy.Ref {self.name!r} on mesh {self._describe}>"
 
-    def check_usable_on(self, controller: Controller, describe: str) -> None:
-        """Raise on the controller, before sending, if this handle cannot mean anything there."""
+    def check_usable_on(self, controller: Controller, shape: Shape) -> None:
+        """Raise on the controller, before sending, if this handle cannot mean anything on
+        the ranks of `shape`."""
+        describe = shape.describe()
         mine = self._controller()
         if mine is None or mine.closed:
             raise ValueError(
@@ -50,6 +53,14 @@ class Ref:
                 f"({describe}); values move between meshes only through the controller "
                 f"(pull, then push)"
             )
+
+
+def is_handle(value: Any) -> bool:
+    """A `Ref`, or a MeshTensor (a handle to one tensor per rank): in a `%%mesh` cell, a
+    controller name holding one is bound on each rank to that rank's own value."""
+    return isinstance(value, Ref) or (
+        type(value).__name__ == "MeshTensor" and type(value).__module__ == "viceroy.runtime.tensors.mesh_tensor"
+    )
 
 
 def _resolve(name: str, token: str, describe: str) -> Any:

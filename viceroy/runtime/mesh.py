@@ -145,7 +145,7 @@ class Mesh(MeshStarts, ShapeOps):
             serialize.check_picklable(parts)  # says which one
             raise
         for ref in refs:
-            ref.check_usable_on(self._controller, self._shape.describe())
+            ref.check_usable_on(self._controller, self._shape)
         return [payload], [b.raw() for b in bufs]
 
     def ref(self, name: str) -> Ref:

@@ -27,8 +27,14 @@ class _Pickler(cloudpickle.CloudPickler):
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu":
             return _reduce_tensor(obj)
-        if self.seen_refs is not None and type(obj).__name__ == "Ref" and type(obj).__module__ == "viceroy.runtime.handles":
-            self.seen_refs.append(obj)
+        name = type(obj).__name__
+        if name == "Ref" and type(obj).__module__ == "viceroy.runtime.handles":
+            if self.seen_refs is not None:
+                self.seen_refs.append(obj)
+        elif name == "MeshTensor" and type(obj).__module__ == "viceroy.runtime.tensors.mesh_tensor":
+            if self.seen_refs is not None:
+                self.seen_refs.append(obj)
+            return obj.as_handle()  # each rank's own tensor
         return super().reducer_override(obj)
 
 
@@ -66,8 +72,9 @@ def _rebuild_tensor(arr: Any, dtype: str, requires_grad: bool) -> Any:
 
 
 def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """``obj`` -> (pickle stream, out-of-band buffers). Handles met on the way are appended to
-    `seen_refs`, so the caller can check them before sending."""
+    """``obj`` -> (pickle stream, out-of-band buffers). Handles (and MeshTensors, handles to
+    one tensor per rank) met on the way are appended to `seen_refs`, so the caller can check
+    them before sending."""
     buffers: list[pickle.PickleBuffer] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:

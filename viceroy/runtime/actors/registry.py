@@ -65,7 +65,7 @@ class ActorRecord:
                                       | {f"{qualname} argument {k!r}": v for k, v in kwargs.items()})
             raise
         for ref in refs:
-            ref.check_usable_on(self.controller, self.shape.describe())
+            ref.check_usable_on(self.controller, self.shape)
         return [payload], [b.raw() for b in bufs]
 
     def check_callable(self, shape: Shape) -> None:

@@ -70,7 +70,7 @@ def _repack(record: ActorRecord, cls: type, args: tuple[Any, ...], kwargs: dict[
                                   | {f"argument {k!r}": v for k, v in kwargs.items()})
         raise
     for ref in refs:
-        ref.check_usable_on(record.controller, record.shape.describe())
+        ref.check_usable_on(record.controller, record.shape)
     return [payload], [b.raw() for b in bufs]
 
 

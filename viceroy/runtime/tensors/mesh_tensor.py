@@ -99,6 +99,34 @@ class MeshTensor(torch.Tensor):
         Waits for the queued ops; an op that failed on a rank raises here, naming its line."""
         return self._engine.fetch(self, coords)
 
+    def as_handle(self) -> tuple[Any, tuple[Any, ...]]:
+        """How a MeshTensor travels to the ranks (an argument of `mesh.run`, a keyword of a
+        code string, a controller name read by a `%%mesh` cell): as a handle that each rank
+        resolves to its own tensor. The ops queued so far go out first, so it exists there.
+        Rank code may change its values in place, not its shape or dtype."""
+        from viceroy.runtime.tensors import worker
+
+        engine = self._engine
+        engine.flush()
+        return worker.resolve, (self._id, engine.mesh._controller.token, engine.describe())
+
+    def check_usable_on(self, controller: Any, shape: Any) -> None:
+        """Raise here, before sending, when the ranks of `shape` cannot resolve this tensor."""
+        from viceroy.runtime.shape import format_rank_set
+
+        engine = self._engine
+        mine = engine.mesh._controller
+        if mine is not controller:
+            raise ValueError(f"a MeshTensor of mesh ({engine.describe()}) cannot be used on another mesh "
+                             f"({shape.describe()}): fetch it and push it instead")
+        have = set(engine.mesh.ranks)
+        missing = [r for r in shape.ranks if r not in have]
+        if missing:
+            raise ValueError(
+                f"this MeshTensor has a piece on ranks {format_rank_set(have)} ({engine.describe()}); "
+                f"ranks {format_rank_set(missing)} of this call have none: run on its view, or move "
+                "it there with .to_mesh(view)")
+
     def to_mesh(self, mesh: Any) -> MeshTensor:
         """This tensor on another view of the same mesh, moved rank to rank over the data
         plane (the controller sends one command; no data passes through it). The views must

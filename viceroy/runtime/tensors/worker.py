@@ -156,6 +156,13 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
         tab[dst] = into
 
 
+def resolve(tid: int, token: str, describe: str) -> Any:
+    """A MeshTensor sent to the ranks, as this rank's own tensor (see MeshTensor.as_handle)."""
+    if context().mesh_token != token:
+        raise ValueError(f"a MeshTensor of mesh ({describe}) reached a rank of another mesh")
+    return _lookup(table(), tid)
+
+
 def get(tid: int) -> Any:
     """This rank's tensor, on the CPU."""
     return _lookup(table(), tid).detach().cpu()
