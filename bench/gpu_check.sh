@@ -8,8 +8,10 @@
 # CUDA_VISIBLE_DEVICES); a communicator built through the rendezvous store; all_reduce,
 # all_gather, reduce_scatter, broadcast on CuPy arrays and on torch CUDA tensors; an interrupt
 # that releases a blocked nccl all_reduce and a rebuild after it; device-to-host fetch bandwidth
-# (a CUDA tensor pulled to the controller); and, with 2+ GPUs, nccl all_reduce bus bandwidth at
-# 256 MiB vs raw torch.distributed nccl in the same processes (goal >= 95 %).
+# (a CUDA tensor pulled to the controller); the tensor engine on CUDA tensors (ops on each
+# rank's own GPU, fetch, vr.reduce, and a to_mesh ring over nccl send/recv in one group call);
+# and, with 2+ GPUs, nccl all_reduce bus bandwidth at 256 MiB vs raw torch.distributed nccl in
+# the same processes (goal >= 95 %).
 #
 # No network on the lent machines: CuPy must already be in the venv (pip install
 # 'viceroy-kernel[gpu]', i.e. cupy-cuda12x) — the script says so and stops if it is not.
@@ -124,6 +126,32 @@ def interrupt_and_rebuild():
     return f"released in {took:.2f} s, rebuilt"
 
 
+def tensor_engine_cuda():
+    import torch
+
+    with mesh.activate():
+        a = torch.ones(256, 256)  # made on each rank's own GPU
+        b = (a @ a).sum(dim=0)
+    devices = [d["device"] for d in vr.inspect(b).values()]
+    assert all(d.startswith("cuda") for d in devices), devices
+    assert b.fetch(gpus=0).tolist() == [256.0 * 256] * 256
+    total = vr.reduce(b, "sum").fetch(gpus=0)
+    assert total.tolist() == [256.0 * 256 * n] * 256, total[:4]
+    if n < 2:
+        return f"ops on {devices[0]}, fetch, reduce (one rank: no ring)"
+    turned = mesh.select([*range(1, n), 0])  # rank i sends to rank i+1: every rank sends and receives
+    with mesh.activate():
+        x = torch.arange(4.0)
+    mesh.run("t.add_(10 * rank)", t=x)  # a MeshTensor is a handle: each rank's own tensor
+    where = mesh.run(lambda t: str(t.device), x).values()
+    moved = x.to_mesh(turned)
+    got = dict(zip(turned.ranks, (t.tolist() for t in moved.fetch().values()), strict=True))
+    for r in range(n):
+        src = (r - 1) % n
+        assert got[r] == [10.0 * src + i for i in range(4)], (r, got[r])
+    return f"ops on {devices[0]}, fetch, reduce, to_mesh ring over {n} ranks ({where[0]})"
+
+
 def fetch_bandwidth():
     nbytes = 256 << 20
     mesh.slice(gpus=slice(0, 1)).run(f"big = torch.ones({nbytes // 4}, device='cuda')")
@@ -179,6 +207,7 @@ check("nccl communicator, one rank (CuPy + torch CUDA)", communicator_one_rank)
 check("collectives on CuPy arrays", collectives_cupy)
 check("collectives on torch CUDA tensors", collectives_torch)
 check("interrupt releases nccl all_reduce, then rebuild", interrupt_and_rebuild)
+check("tensor engine on CUDA tensors", tensor_engine_cuda)
 check("device-to-host fetch bandwidth", fetch_bandwidth)
 check("nccl all_reduce 256 MiB bus bandwidth", nccl_bandwidth)
 mesh.shutdown()
