@@ -47,9 +47,9 @@ _NO_KEY = object()
 # Tensor ids, unique across every engine here: views of one mesh share its ranks, and a rank
 # keeps all its engine tensors in one table.
 _IDS = itertools.count(1)
-# Ops that talk to other ranks: a batch holding one interrupts every rank once one fails, or
-# the others would wait in it for the failed rank (see `_send`).
-_TALKERS = frozenset({worker.reduced})
+# The op that talks to other ranks: a batch holding one interrupts every rank once one fails,
+# or the others would wait in it for the failed rank (see `_send`).
+_TALKER = worker.reduced
 
 
 def engine_for(mesh: Mesh) -> Engine:
@@ -237,7 +237,7 @@ class Engine:
         # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
         # ranks' tensor tables stay consistent with each other. Unless the batch talks to other
         # ranks: those would wait in a collective for a rank whose batch already failed.
-        talks = any(op[0] in _TALKERS for op in ops)
+        talks = any(op[0] is _TALKER for op in ops)  # (by identity: ops' functions need not hash)
         fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops",
                             fail_fast=talks)
         self._pending.append(fut)
