@@ -238,3 +238,26 @@ def test_frees_past_a_batch_go_out_on_their_own_even_when_dropped_inside_the_con
     t.join(10)
     assert not t.is_alive(), "dropping tensors inside the controller's send deadlocked"
     wait_until(lambda: max(_engine_tensors(tmesh)) <= base_count + 300 - 256, 10, "the frees to go out on their own")
+
+
+def test_a_loop_that_never_syncs_keeps_few_batches_yet_reports_an_early_failure(tmesh):
+    from viceroy.runtime.tensors.engine import PENDING_MAX
+
+    with tmesh.activate():
+        a = torch.arange(4.0)
+        bad = a[torch.tensor([10])]  # fails on the ranks, in the first batch
+        line = pyinspect.currentframe().f_lineno - 1
+        engine = tmesh._engine
+        engine.flush()
+        y = a
+        for i in range(3 * PENDING_MAX):  # a batch each, none of them synced
+            y = y + 1
+            engine.flush()
+            if i % 16 == 15:  # let the ranks catch up (done batches are forgotten, failed kept)
+                last = engine._pending[-1]
+                wait_until(last.done, 30, "the ranks to run the batches so far")
+        assert len(engine._pending) <= PENDING_MAX
+    with pytest.raises(vr.MeshError, match=f"line {line}"):
+        y.fetch()
+    assert y.fetch(gpus=0).tolist() == [3.0 * PENDING_MAX + i for i in range(4)]
+    del bad

@@ -44,6 +44,7 @@ FACTORIES = {
     torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
 }
 _NO_KEY = object()
+PENDING_MAX = 64  # batches in flight before the ones that already succeeded are forgotten
 # Tensor ids, unique across every engine here: views of one mesh share its ranks, and a rank
 # keeps all its engine tensors in one table.
 _IDS = itertools.count(1)
@@ -75,7 +76,7 @@ class Engine:
         self._send_lock = threading.Lock()
         self._queue: list[tuple[Any, ...]] = []
         self._frees: list[int] = []
-        self._pending: list[Any] = []  # futures of batches sent
+        self._pending: list[Any] = []  # futures of batches sent; changed under _send_lock
         # Meta results by op signature: a loop of the same ops is checked once, not each time
         # (meta kernels cost up to a millisecond each).
         self._plans: dict[Any, _Plan] = {}
@@ -182,8 +183,9 @@ class Engine:
         view = src._reshaped(src._controller.shape.select(union))
         fut = view.run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
                        block=False, label="to_mesh", fail_fast=True)
-        self._pending.append(fut)
-        target._pending.append(fut)
+        for engine in (self, target):
+            with engine._send_lock:
+                engine._pending.append(fut)
         return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
 
     def _enqueue(self, op: tuple[Any, ...]) -> None:
@@ -240,15 +242,17 @@ class Engine:
         talks = any(op[0] is _TALKER for op in ops)  # (by identity: ops' functions need not hash)
         fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops",
                             fail_fast=talks)
-        self._pending.append(fut)
+        pending = self._pending
+        pending.append(fut)
+        if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
+            pending[:] = [f for f in pending if not f.done() or f.exception(0) is not None]
 
     def sync(self) -> None:
         """Send what is queued and wait for it; raise the first failure."""
-        self.flush()
-        p = self._pending  # (sliced, not swapped: a batch of frees may go out from another thread)
-        n = len(p)
-        pending = p[:n]
-        del p[:n]
+        with self._send_lock:  # (a batch of frees may go out from another thread meanwhile)
+            self._send()
+            pending = self._pending
+            self._pending = []
         first: BaseException | None = None
         for fut in pending:
             try:
