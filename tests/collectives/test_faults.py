@@ -92,8 +92,10 @@ def test_interrupt_releases_a_rank_blocked_in_a_send_or_receive(torch_mesh, bloc
     with pytest.raises(vr.MeshError, match="interrupted"):
         fut.get(timeout=10)
     assert time.monotonic() - t0 < 2
-    waiters = "import threading\nsum(t.name == 'viceroy-gloo-p2p' for t in threading.enumerate())"
-    wait_until(lambda: mesh.run(waiters).values() == [0, 0], 5, "the send's waiting thread to end")
+    # Its waiter thread was let go too: every one is idle again, none left blocked in gloo.
+    waiters = ("import threading\nfrom viceroy.runtime.collectives import gloo\n"
+               "(sum(t.name == 'viceroy-gloo-p2p' for t in threading.enumerate()), gloo._waiters._idle)")
+    wait_until(lambda: all(n == idle for n, idle in mesh.run(waiters).values()), 5, "the waiter to be let go")
     pair = mesh.run("t = torch.full((3,), 5.0) if rank == 0 else torch.zeros(3)\n"
                     "vr.send(t, 1) if rank == 0 else vr.recv(t, 0)\nt.tolist()", timeout=30)
     assert pair.values() == [[5.0] * 3] * 2

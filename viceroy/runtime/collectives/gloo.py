@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import queue
 import threading
 from datetime import timedelta
 from typing import Any
@@ -68,21 +69,24 @@ class GlooPending(Pending):
 
 class PointToPointPending(Pending):
     """A gloo send or receive. Unlike a collective's, its wait cannot be sliced: a wait that
-    times out ends the operation with that error (gloo's unbound buffers). So one thread waits
-    without a limit, and `wait` watches it in slices; an abort ends the thread's wait too."""
+    times out ends the operation with that error (gloo's unbound buffers). So a waiter thread
+    waits without a limit, and `wait` watches it in slices; an abort ends the thread's wait."""
+
+    __slots__ = ("_done", "_error", "_work")
 
     def __init__(self, work: Any) -> None:
         self._work = work
         self._done = threading.Event()
         self._error: BaseException | None = None
-        threading.Thread(target=self._wait, name="viceroy-gloo-p2p", daemon=True).start()
+        _waiters.put(self)
 
-    def _wait(self) -> None:
+    def run(self) -> None:  # on a waiter thread
         try:
             self._work.wait()
-        except BaseException as exc:  # handed to the waiting thread
+        except BaseException as exc:  # handed to the thread that waits on this
             self._error = exc
         finally:
+            self._work = None
             self._done.set()
 
     def wait(self, seconds: float) -> bool:
@@ -91,6 +95,35 @@ class PointToPointPending(Pending):
         if self._error is not None:
             raise self._error
         return True
+
+
+class _Waiters:
+    """Threads that wait on point-to-point operations, kept between them: starting a thread
+    per operation cost ~100 us, three times a small send itself. A new thread is started only
+    when none is idle (every one waits on an operation still in flight)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[PointToPointPending] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def put(self, op: PointToPointPending) -> None:
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._serve, name="viceroy-gloo-p2p", daemon=True).start()
+        self._queue.put(op)
+
+    def _serve(self) -> None:
+        while True:
+            self._queue.get().run()
+            with self._lock:
+                self._idle += 1
+
+
+_waiters = _Waiters()
 
 
 class GlooCommunicator(Communicator):
