@@ -44,3 +44,15 @@ def test_unpicklable_values_are_named():
 
     with pytest.raises(TypeError, match=r"argument 1 \(lock\) cannot be sent"):
         serialize.check_picklable({"argument 0": 1, "argument 1": threading.Lock()})
+
+
+def test_values_inlined_in_headers_come_back_with_their_type_and_value():
+    from viceroy.runtime.serialize import json_scalar
+    from viceroy.runtime.wire import Signer, new_key
+
+    signer = Signer(new_key())
+    edges = [2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 1e308, -0.0, float("inf"), float("nan"), "é"]
+    inlined = [v for v in edges if json_scalar(v)]
+    assert inlined == [2**63 - 1, -(2**63), 2**64 - 1, 1e308, -0.0, "é"]  # the rest travel pickled
+    header, _, _ = signer.unpack(signer.pack({"vals": inlined}))
+    assert header["vals"] == inlined and [type(v) for v in header["vals"]] == [type(v) for v in inlined]

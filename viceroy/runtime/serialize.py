@@ -7,6 +7,7 @@ as separate buffers (pickle protocol 5), which ZeroMQ sends as frames without co
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import sys
 from collections.abc import Sequence
@@ -93,10 +94,15 @@ MAX_INLINE_STR = 1024
 
 
 def json_scalar(value: Any) -> bool:
-    """True for values JSON gives back with the same type and value (int, float, bool, None,
-    and strings up to `MAX_INLINE_STR` characters): these can travel inside a message's header
-    instead of as a pickle, which lets an agent send a host's results as one column."""
+    """True for values JSON gives back with the same type and value, whether json or orjson
+    reads it (ints within 64 bits, finite floats, bool, None, and strings up to
+    `MAX_INLINE_STR` characters): these can travel inside a message's header instead of as a
+    pickle, which lets an agent send a host's results as one column."""
     t = type(value)
+    if t is float:
+        return math.isfinite(value)
+    if t is int:
+        return -(1 << 63) <= value < 1 << 64
     return t in _SCALARS and (t is not str or len(value) <= MAX_INLINE_STR)
 
 
