@@ -90,6 +90,8 @@ def test_up_parses_dims_and_options():
         ("pull", "give the names"),
         ("push", "NAME=EXPRESSION"),
         ("push 1x=2", "NAME=EXPRESSION"),
+        ("scatter", "`%mesh scatter part=data`"),
+        ("gather", "give the names to join, e.g. `%mesh gather part`"),
         ("down now", "takes no arguments"),
         ("frob", "unknown %mesh command 'frob'"),
     ],
@@ -106,6 +108,8 @@ def test_commands():
     cmd = parse_command("logs 3 --tail 5")
     assert (cmd.rank, cmd.tail) == (3, 5)
     assert parse_command("pull a b,c").names == ["a", "b", "c"]
+    assert parse_command("scatter part=range(4) rows").assignments == [("part", "range(4)"), ("rows", "rows")]
+    assert parse_command("gather part").names == ["part"]
     assert parse_command("auto on").on is True and parse_command("auto off").on is False
 
 

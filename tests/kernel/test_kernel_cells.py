@@ -126,6 +126,17 @@ def test_push_pull_logs_stacks_status(mesh_kernel: Kernel):
     assert mesh_kernel.ok("%mesh status").stream().startswith("mesh gpus=2: ranks 0-1 idle")
 
 
+def test_scatter_and_gather_magics(mesh_kernel: Kernel):
+    assert mesh_kernel.ok("%mesh scatter part=[[10, 20], [30, 40]]").stream() == "scattered part over ranks 0-1\n"
+    assert mesh_kernel.ok("%px print(part)").stream() == "[0] [10, 20]\n[1] [30, 40]\n"
+    gathered = mesh_kernel.ok("%mesh gather part").of_type("execute_result")[0]["data"]["text/plain"]
+    assert gathered == "[10, 20, 30, 40]"
+    failed = mesh_kernel.execute("%mesh scatter part=[1, 2, 3]")
+    assert failed.status == "error" and failed.errors == []  # a one-line usage error, no traceback
+    err = failed.stream("stderr")
+    assert err.count("\n") == 1 and "%mesh scatter: scatter needs one value per rank: this mesh has 2 ranks" in err
+
+
 def test_auto_mode_runs_plain_cells_on_the_ranks(mesh_kernel: Kernel):
     mesh_kernel.ok("%mesh auto on")
     try:

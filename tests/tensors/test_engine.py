@@ -15,10 +15,8 @@ from viceroy.runtime.tensors import MeshTensor, assemble, inspect, worker  # noq
 
 
 @pytest.fixture
-def tmesh(start_mesh):
-    mesh = start_mesh(gpus=2, preload=["torch"])
-    mesh.run("import torch\ntorch.manual_seed(rank)")
-    return mesh
+def tmesh(seeded_mesh):
+    return seeded_mesh(gpus=2)
 
 
 def _engine_tensors(mesh):
@@ -151,11 +149,10 @@ def test_long_pipelines_with_temporaries_span_batches_correctly(tmesh):
     assert all(n <= 4 for n in _engine_tensors(tmesh))  # a, y and at most a couple in flight
 
 
-def test_reduce_runs_over_the_data_plane_per_dim(start_mesh):
-    mesh = start_mesh(hosts=1, gpus=4, preload=["torch"])
+def test_reduce_runs_over_the_data_plane_per_dim(seeded_mesh):
+    mesh = seeded_mesh(hosts=1, gpus=4)
     from viceroy.runtime.tensors import reduce
 
-    mesh.run("import torch\ntorch.manual_seed(rank)")
     sub = mesh.flatten("r").split(r=("a", "b"), b=2)
     with sub.activate():
         x = torch.ones(3)

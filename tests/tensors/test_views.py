@@ -15,10 +15,8 @@ reduce = vr.reduce
 
 
 @pytest.fixture
-def mesh4(start_mesh):
-    mesh = start_mesh(gpus=4, preload=["torch"])
-    mesh.run("import torch\ntorch.manual_seed(rank)")
-    return mesh
+def mesh4(seeded_mesh):
+    return seeded_mesh(gpus=4)
 
 
 def test_tensors_of_overlapping_views_never_share_a_slot_on_a_rank(mesh4):
@@ -69,9 +67,8 @@ def _values(t):
     return [x.tolist() for x in t.fetch().values()]
 
 
-def test_to_mesh_moves_each_ranks_tensor_to_its_partner_in_the_other_view(start_mesh):
-    mesh = start_mesh(stage=2, gpus=2, preload=["torch"])
-    mesh.run("import torch\ntorch.manual_seed(rank)")
+def test_to_mesh_moves_each_ranks_tensor_to_its_partner_in_the_other_view(seeded_mesh):
+    mesh = seeded_mesh(stage=2, gpus=2)
     first, second = mesh.slice(stage=0), mesh.slice(stage=1)
     with first.activate():
         h = torch.randn(3) * 2

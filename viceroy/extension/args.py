@@ -27,6 +27,8 @@ COMMANDS = (
     "stacks",
     "push",
     "pull",
+    "scatter",
+    "gather",
     "auto",
     "sync",
 )
@@ -278,16 +280,15 @@ def parse_command(line: str) -> Command:
         )
     prog = f"%mesh {word}"
     cmd = Command(word)
-    if word == "push":
+    if word in ("push", "scatter"):
+        example = "`%mesh push lr=0.1`" if word == "push" else "`%mesh scatter part=data`"
         for item in split_assignments(rest):
             name, eq, expr = item.partition("=")
             if not _NAME.match(name) or (eq and not expr):
-                raise UsageError(
-                    f"{prog}: give NAME=EXPRESSION or NAME, e.g. `%mesh push lr=0.1`; got {item!r}"
-                )
+                raise UsageError(f"{prog}: give NAME=EXPRESSION or NAME, e.g. {example}; got {item!r}")
             cmd.assignments.append((name, expr if eq else name))
         if not cmd.assignments:
-            raise UsageError(f"{prog}: give NAME=EXPRESSION or NAME, e.g. `%mesh push lr=0.1`")
+            raise UsageError(f"{prog}: give NAME=EXPRESSION or NAME, e.g. {example}")
         return cmd
     tokens = _split(rest, prog)
     if word == "up":
@@ -337,11 +338,12 @@ def parse_command(line: str) -> Command:
         p.add_argument("--tail", type=int, default=200)
         ns = _parse(p, tokens)
         cmd.rank, cmd.tail = ns.rank, ns.tail
-    elif word == "pull":
+    elif word in ("pull", "gather"):
         cmd.names = [n for n in tokens for n in n.split(",") if n]
         bad = [n for n in cmd.names if not _NAME.match(n)]
         if bad or not cmd.names:
-            raise UsageError(f"{prog}: give the names to fetch, e.g. `%mesh pull t`")
+            what = "fetch, e.g. `%mesh pull t`" if word == "pull" else "join, e.g. `%mesh gather part`"
+            raise UsageError(f"{prog}: give the names to {what}")
     elif word == "auto":
         if tokens not in (["on"], ["off"]):
             raise UsageError("%mesh auto: say `%mesh auto on` or `%mesh auto off`")

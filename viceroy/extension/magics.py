@@ -5,7 +5,7 @@
 %%mesh [--where gpus=0:2] [--ranks 0,3] [--no-fail-fast] [--timeout S]
                            run the cell on the ranks, output streamed live
 %mesh status | down | restart [--failed] | interrupt | logs RANK | stacks
-%mesh push lr=0.1 | pull t | auto on|off
+%mesh push lr=0.1 | pull t | scatter part=data | gather part | auto on|off
 %mesh up hosts=2 gpus=8 --launcher ssh --hostfile F | --launcher slurm | --launcher attach --listen A
 %mesh sync [DIR] [--to PATH] [--dry-run]   copy DIR to every host of an ssh mesh (rsync)
 """
@@ -61,7 +61,8 @@ class MeshMagics(Magics):
 
         Line: ``%mesh up gpus=4`` · ``down`` · ``status`` · ``restart [--failed]`` ·
         ``interrupt`` · ``logs RANK [--tail N]`` · ``stacks`` · ``push NAME=EXPR ...`` ·
-        ``pull NAME ...`` · ``auto on|off`` · ``sync [DIR] [--to PATH]``.
+        ``pull NAME ...`` · ``scatter NAME=EXPR ...`` · ``gather NAME ...`` · ``auto on|off`` ·
+        ``sync [DIR] [--to PATH]``.
 
         Cell: ``%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]`` runs
         the cell on the ranks, streams their output, and returns the ranks' values of the
@@ -188,8 +189,8 @@ class MeshMagics(Magics):
             label = "rank" if len(ranks) == 1 else "ranks"
             print(f"--- {label} {format_rank_set(ranks)} ---\n{text}")
 
-    def _cmd_push(self, cmd: Command) -> None:
-        mesh = self.session.require()
+    def _evaluate(self, cmd: Command) -> dict[str, Any]:
+        """The values of a push or scatter's NAME=EXPRESSION items, evaluated here."""
         shell = self.shell
         assert shell is not None
         values: dict[str, Any] = {}
@@ -198,15 +199,38 @@ class MeshMagics(Magics):
                 values[name] = eval(expr, shell.user_global_ns, shell.user_ns)
             except Exception as e:
                 raise UsageError(
-                    f"%mesh push: cannot evaluate {name}={expr} here: {type(e).__name__}: {e}"
+                    f"%mesh {cmd.name}: cannot evaluate {name}={expr} here: {type(e).__name__}: {e}"
                 ) from None
+        return values
+
+    def _cmd_push(self, cmd: Command) -> None:
+        mesh = self.session.require()
+        values = self._evaluate(cmd)
         mesh.push(**values)
         print(f"pushed {', '.join(values)} to ranks {format_rank_set(mesh.ranks)}")
+
+    def _cmd_scatter(self, cmd: Command) -> None:
+        """Each value split over the ranks: a list or tuple gives one item per rank, an array
+        or tensor is cut along its first axis."""
+        mesh = self.session.require()
+        for name, value in self._evaluate(cmd).items():
+            try:
+                mesh.scatter(name, value)
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"%mesh scatter: {e}") from None
+        print(f"scattered {', '.join(n for n, _ in cmd.assignments)} over ranks {format_rank_set(mesh.ranks)}")
 
     def _cmd_pull(self, cmd: Command) -> Any:
         mesh = self.session.require()
         pulled = {name: mesh.pull(name) for name in cmd.names}
         return pulled[cmd.names[0]] if len(pulled) == 1 else pulled
+
+    def _cmd_gather(self, cmd: Command) -> Any:
+        """Every rank's value joined in rank order (arrays and tensors concatenated, lists
+        chained)."""
+        mesh = self.session.require()
+        gathered = {name: mesh.gather(name) for name in cmd.names}
+        return gathered[cmd.names[0]] if len(gathered) == 1 else gathered
 
     def _cmd_auto(self, cmd: Command) -> None:
         if cmd.on:
