@@ -172,3 +172,15 @@ def test_a_mesh_tensor_sent_where_it_has_no_piece_is_refused_before_sending(mesh
     with pytest.raises(ValueError, match=r"MeshTensor of mesh \(gpus=2\) cannot be used on another mesh \(gpus=1\)"):
         other.run("t", t=b)
     assert mesh4.states() == dict.fromkeys(range(4), "idle")
+
+
+def test_a_mesh_tensor_of_a_mesh_shut_down_says_so_at_the_users_line(start_mesh):
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    with mesh.activate():
+        a = torch.ones(2)
+    mesh.shutdown()
+    with pytest.raises(RuntimeError, match=r"this MeshTensor's mesh \(gpus=2\) was shut down"):
+        a + 1  # at the line that uses it, not at a later fetch
+    for use in (a.fetch, lambda: mesh.run(lambda t: t, a), mesh.activate):
+        with pytest.raises(RuntimeError, match="shut down"):
+            use()

@@ -203,6 +203,7 @@ class Mesh(MeshStarts, ShapeOps):
         mesh's ranks (shapes and dtypes are checked here first, on meta tensors)."""
         from viceroy.runtime.tensors.engine import activate, engine_for
 
+        self._controller._check_open()
         self._engine = engine_for(self)
         return activate(self._engine)
 

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from viceroy.runtime.errors import MeshError
+from viceroy.runtime.errors import MeshClosedError, MeshError
 from viceroy.runtime.tensors import worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
@@ -72,6 +72,7 @@ class Engine:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
+        self._controller = mesh._controller
         self._ids = _IDS  # next() on it is atomic, so threads never share an id
         self._send_lock = threading.Lock()
         self._queue: list[tuple[Any, ...]] = []
@@ -189,6 +190,10 @@ class Engine:
         return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
 
     def _enqueue(self, op: tuple[Any, ...]) -> None:
+        if self._controller._closed:
+            raise MeshClosedError(
+                f"this MeshTensor's mesh ({self.describe()}) was shut down, and its tensors with it; "
+                "start a new mesh and make them again there")
         q = self._queue
         q.append(op)
         if len(q) >= BATCH_MAX:
