@@ -258,3 +258,35 @@ def test_a_loop_that_never_syncs_keeps_few_batches_yet_reports_an_early_failure(
         y.fetch()
     assert y.fetch(gpus=0).tolist() == [3.0 * PENDING_MAX + i for i in range(4)]
     del bad
+
+
+def test_ctrl_c_while_fetching_stops_the_ranks_and_the_next_sync_says_so(tmesh):
+    import signal
+    import sys
+
+    main = threading.main_thread().ident
+    with tmesh.activate():
+        a = torch.randn(400, 400)
+        for _ in range(2000):  # seconds of work on every rank
+            a = (a @ a).tanh()
+
+    def press_stop_once_fetch_waits() -> None:
+        def waiting() -> bool:
+            frame = sys._current_frames().get(main)
+            while frame is not None:
+                if frame.f_code.co_name == "get" and frame.f_code.co_filename.endswith("future.py"):
+                    return True
+                frame = frame.f_back
+            return False
+
+        wait_until(waiting, 10, "the fetch to wait on the ranks")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=press_stop_once_fetch_waits).start()
+    with pytest.raises(KeyboardInterrupt):
+        a.fetch()
+    wait_until(lambda: set(tmesh.states().values()) == {"idle"}, 5, "the ranks to stop")
+    with pytest.raises(vr.MeshError, match=r"interrupted \(KeyboardInterrupt on the controller\)"):
+        tmesh._engine.sync()  # the batch's end is reported, not lost
+    with pytest.raises(vr.MeshError, match="or was interrupted"):
+        a.fetch()

@@ -259,11 +259,17 @@ class Engine:
             pending = self._pending
             self._pending = []
         first: BaseException | None = None
-        for fut in pending:
+        for i, fut in enumerate(pending):
             try:
                 fut.get()
             except MeshError as exc:
                 first = first or exc
+            except KeyboardInterrupt:
+                # The batches not waited for stay due: the next sync reports how they ended
+                # (interrupted), rather than only the tensors they did not make.
+                with self._send_lock:
+                    self._pending[:0] = pending[i:]
+                raise
         if first is not None:
             raise first
 

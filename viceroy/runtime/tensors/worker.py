@@ -106,7 +106,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int]) -> None:
             tab.pop(tid, None)
 
 
-_MISSING = "tensor #{} does not exist here (an earlier op that made it failed, or this rank was restarted since)"
+_MISSING = ("tensor #{} does not exist here (an earlier op that made it failed or was interrupted, or this rank "
+            "was restarted since)")
 
 
 def _lookup(tab: dict[int, Any], tid: int) -> Any:
