@@ -161,6 +161,13 @@ def test_a_mesh_tensor_sent_to_its_ranks_is_each_ranks_own_tensor(mesh4):
     with first.activate():
         b = torch.ones(2)
     assert first.run(lambda t: t.sum().item(), b).values() == [2.0, 2.0]
+    assert first.spawn(Summer).total.call(b).get().values() == [2.0, 2.0]  # to actors on its ranks too
+
+
+class Summer(vr.Actor):
+    @vr.endpoint
+    def total(self, t):
+        return t.sum().item()
 
 
 def test_a_mesh_tensor_sent_where_it_has_no_piece_is_refused_before_sending(mesh4, start_mesh):
