@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class Context:
-    """What a rank knows about itself.
+    """What a rank knows about itself: its coordinates in the mesh, or, during a call made on
+    a view of it (``mesh.split(gpus=("dp", "tp"), tp=2).run(...)``), in that view; collectives
+    by dim name and over the whole (``dims=None``) follow the same view.
 
     >>> mesh.run(lambda: vr.context().coords)      # {"gpus": 0}, {"gpus": 1}, ...
     """
@@ -23,6 +26,11 @@ class Context:
     namespace: dict[str, Any] = field(repr=False)
     _publish: Callable[[str, Any], None] = field(repr=False)
     mesh_token: str = field(default="", repr=False)
+    # While a call runs on a view of the mesh (a slice, split, rename, selection), `coords` and
+    # `dims` are the view's, and `ranks` holds the global rank at each of its positions
+    # (row-major); None: the whole mesh, in order. `view_key` names the view (group caches).
+    ranks: tuple[int, ...] | None = field(default=None, repr=False)
+    view_key: Any = field(default=None, repr=False)
 
     def publish(self, kind: str, data: Any) -> None:
         """Send an event ``{"type": "publish", "kind": kind, "data": data, ...}`` to the
@@ -46,3 +54,26 @@ def context() -> Context:
 def _set_context(ctx: Context) -> None:
     global _current
     _current = ctx
+
+
+@contextmanager
+def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> Iterator[None]:
+    """For one call made on a view of the mesh: this rank's `coords` and `dims` (in its
+    `Context` and its namespace's ``coords`` and ``mesh``) are the view's, then the mesh's again."""
+    ctx = context()
+    ranks = tuple(r for start, stop in runs for r in range(start, stop))
+    pos = ranks.index(ctx.rank)
+    coords: dict[str, int] = {}
+    for name, size in zip(reversed(names), reversed(sizes), strict=True):  # row-major
+        pos, coords[name] = divmod(pos, size)
+    coords = {name: coords[name] for name in names}
+    dims = dict(zip(names, sizes, strict=True))
+    saved = (ctx.coords, ctx.dims, ctx.ranks, ctx.view_key, ctx.namespace.get("coords"), ctx.namespace.get("mesh"))
+    ctx.coords, ctx.dims, ctx.ranks = coords, dims, ranks
+    ctx.view_key = (tuple(names), tuple(sizes), ranks)
+    ctx.namespace["coords"], ctx.namespace["mesh"] = dict(coords), dict(dims)
+    try:
+        yield
+    finally:
+        ctx.coords, ctx.dims, ctx.ranks, ctx.view_key = saved[:4]
+        ctx.namespace["coords"], ctx.namespace["mesh"] = saved[4], saved[5]

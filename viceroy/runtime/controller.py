@@ -187,6 +187,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                     self._calls[call_id] = call
                 if self._listeners:
                     self._emit({"type": "call_started", "call": call_id, "ranks": shape.ranks, "label": label})
+                if shape is not self.shape and shape != self.shape:  # a view: ranks see its dims
+                    extra = {**extra, "view": [list(shape.dims), list(shape.dims.values())]}
                 frames = self.signer.pack(
                     {"op": op, "id": call_id, "ranks": shape.runs(), **self._returning(op, shape.runs()), **extra},
                     signed, data,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-_mesh: Any = None
+_meshes: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
 
 
 def device_mesh(device_type: str | None = None) -> Any:
-    """This rank's torch ``DeviceMesh`` over the whole viceroy mesh, made once and cached.
+    """This rank's torch ``DeviceMesh`` over the whole viceroy mesh, made once per shape and
+    cached. Called in a call made on a view that covers every rank in order (a split, rename
+    or flatten of the mesh), it has the view's dims: ``mesh.split(gpus=("dp", "tp"), tp=2)``.
 
     Initialises torch's default process group first if user code has not (``env://``: the
     mesh sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): gloo on CPU, nccl on GPUs.
@@ -22,7 +24,6 @@ def device_mesh(device_type: str | None = None) -> Any:
     >>> dm["tp"].size()
     2
     """
-    global _mesh
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -32,12 +33,18 @@ def device_mesh(device_type: str | None = None) -> Any:
 
     ctx = context()
     kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    if _mesh is not None and _mesh.device_type == kind:
-        return _mesh
+    key = (kind, tuple(ctx.dims.items()))
+    if key in _meshes:
+        return _meshes[key]
+    if ctx.ranks is not None and ctx.ranks != tuple(range(ctx.world_size)):
+        raise ValueError(
+            f"device_mesh() spans every rank of the mesh, in order; this call runs on a view of "
+            f"{len(ctx.ranks)} of its {ctx.world_size} ranks: call it on the whole mesh, or on a "
+            "split, rename or flatten of it")
     install_torch_hooks()
     if not dist.is_initialized():
         if kind == "cuda":
             torch.cuda.set_device(0 if ctx.local_rank is None else ctx.local_rank % torch.cuda.device_count())
         dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
-    _mesh = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
-    return _mesh
+    dm = _meshes[key] = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
+    return dm

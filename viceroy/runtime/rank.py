@@ -8,6 +8,7 @@ process when its agent is gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -241,6 +242,25 @@ class Rank:
             self.output.end_call()
             self._send_result(*reply)
 
+    def _run_user(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> Any:
+        """A call's code or function, in this rank's namespace. Interruptible only while the
+        user's code runs (not while a view's coordinates are put back after it)."""
+        if "code" in header:
+            if signed:  # names bound for this code (handles resolve to our values)
+                self.executor.namespace.update(serialize.loads(signed[0], data))
+            self.in_user_code = True
+            try:
+                return self.executor.run_code(header["code"], header["filename"])
+            finally:
+                self.in_user_code = False
+        fn, args, kwargs = serialize.loads(signed[0], data)
+        restore_filename(fn, header.get("fn_file"))
+        self.in_user_code = True
+        try:
+            return self.executor.call(fn, args, kwargs)
+        finally:
+            self.in_user_code = False
+
     def _run_job(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
         call_id = header["id"]
         try:
@@ -256,16 +276,10 @@ class Rank:
                     self.in_user_code = True
                     self.executor.namespace.update(values)
                     value = None
-                elif "code" in header:
-                    if signed:  # names bound for this code (handles resolve to our values)
-                        self.executor.namespace.update(serialize.loads(signed[0], data))
-                    self.in_user_code = True
-                    value = self.executor.run_code(header["code"], header["filename"])
                 else:
-                    fn, args, kwargs = serialize.loads(signed[0], data)
-                    restore_filename(fn, header.get("fn_file"))
-                    self.in_user_code = True
-                    value = self.executor.call(fn, args, kwargs)
+                    view = header.get("view")
+                    with context_mod.calling_view(view[0], view[1], header["ranks"]) if view else contextlib.nullcontext():
+                        value = self._run_user(header, signed, data)
             finally:
                 self.in_user_code = False
         except KeyboardInterrupt as exc:

@@ -33,7 +33,7 @@ class Group:
         return self.ranks.index(rank)
 
 
-_cache: dict[tuple[tuple[str, ...] | None, int], Group] = {}
+_cache: dict[tuple[tuple[str, ...] | None, int, object], Group] = {}
 
 
 Dims = str | Sequence[str] | Group | None
@@ -47,10 +47,12 @@ def group_for(dims: Dims) -> Group:
         return dims
     ctx = context()
     names = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
-    key = (names, ctx.rank)
+    key = (names, ctx.rank, ctx.view_key)
     group = _cache.get(key)
     if group is None:
-        group = _cache[key] = _build(names, ctx.rank, ctx.coords, ctx.dims)
+        if len(_cache) >= 1024:
+            _cache.clear()
+        group = _cache[key] = _build(names, ctx.rank, ctx.coords, ctx.dims, ctx.ranks)
     return group
 
 
@@ -60,10 +62,14 @@ def pair_group(a: int, b: int) -> Group:
     return Group((lo, hi), f"ranks {lo} and {hi}")
 
 
-def _build(names: tuple[str, ...] | None, rank: int, coords: dict[str, int], dims: dict[str, int]) -> Group:
+def _build(names: tuple[str, ...] | None, rank: int, coords: dict[str, int], dims: dict[str, int],
+           view: tuple[int, ...] | None = None) -> Group:
+    """The group along `names` (None: all) of the mesh, or of the view whose position i is
+    global rank ``view[i]``."""
     if names is None:
         n = math.prod(dims.values())
-        return Group(tuple(range(n)), f"the whole mesh (ranks {format_rank_set(list(range(n)))})")
+        ranks = tuple(range(n)) if view is None else view
+        return Group(ranks, f"the whole {'mesh' if view is None else 'view'} (ranks {format_rank_set(ranks)})")
     unknown = [d for d in names if d not in dims]
     if unknown or len(set(names)) != len(names):
         raise ValueError(
@@ -78,6 +84,8 @@ def _build(names: tuple[str, ...] | None, rank: int, coords: dict[str, int], dim
         fixed + sum(i * strides[d] for d, i in zip(named, idx, strict=True))
         for idx in itertools.product(*(range(dims[d]) for d in named))
     )
+    if view is not None:
+        ranks = tuple(view[p] for p in ranks)
     where = ", ".join(f"{d}={coords[d]}" for d in order if d not in names)
     label = f"dims {'/'.join(named)}" + (f" at {where}" if where else "")
     return Group(ranks, f"{label} (ranks {format_rank_set(list(ranks))})")

@@ -1,0 +1,44 @@
+"""Rank code run on a view of the mesh (a split, slice, rename or selection) sees the view:
+its `coords` and `mesh`, and collectives by the view's dim names and over the whole view."""
+
+from __future__ import annotations
+
+import pytest
+
+import viceroy as vr
+
+
+def test_a_split_views_dims_name_the_collective_groups(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    sp = mesh.split(gpus=("dp", "tp"), tp=2)
+    out = sp.run(
+        "t = torch.ones(1) * rank; vr.all_reduce(t, dims='tp')\n"
+        "u = torch.ones(1) * rank; vr.all_reduce(u, dims='dp')\n"
+        "coords, mesh, vr.context().coords, t.item(), u.item()")
+    assert out.values() == [
+        ({"dp": 0, "tp": 0}, {"dp": 2, "tp": 2}, {"dp": 0, "tp": 0}, 1.0, 2.0),
+        ({"dp": 0, "tp": 1}, {"dp": 2, "tp": 2}, {"dp": 0, "tp": 1}, 1.0, 4.0),
+        ({"dp": 1, "tp": 0}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 0}, 5.0, 2.0),
+        ({"dp": 1, "tp": 1}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 1}, 5.0, 4.0),
+    ]
+    # the mesh's own coordinates come back for calls on the mesh itself
+    assert mesh.run("coords, mesh").values()[3] == ({"gpus": 3}, {"gpus": 4})
+
+
+def test_the_whole_of_a_slice_is_its_ranks_not_the_mesh(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    half = mesh.slice(gpus=slice(2, 4))  # ranks 0 and 1 take no part: before, this waited for them
+    out = half.run("t = torch.ones(1) * rank; vr.all_reduce(t); coords, t.item()", timeout=30)
+    assert out.values() == [({"gpus": 0}, 5.0), ({"gpus": 1}, 5.0)]
+    picked = mesh.select([3, 0])  # positions follow the selection's order
+    got = picked.run("vr.all_gather(torch.tensor([rank])).flatten().tolist()", timeout=30).values()
+    assert got == [[3, 0], [3, 0]]
+
+
+def test_device_mesh_takes_a_splits_dim_names_and_refuses_a_slice(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    sp = mesh.split(gpus=("dp", "tp"), tp=2)
+    names = sp.run("dm = vr.device_mesh(); dm.mesh_dim_names, dm['tp'].size()", timeout=60).values()
+    assert names == [(("dp", "tp"), 2)] * 4
+    with pytest.raises(vr.MeshError, match="device_mesh\\(\\) spans every rank of the mesh"):
+        mesh.slice(gpus=slice(0, 2)).run("vr.device_mesh()", timeout=30)
