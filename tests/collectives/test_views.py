@@ -42,3 +42,30 @@ def test_device_mesh_takes_a_splits_dim_names_and_refuses_a_slice(torch_mesh):
     assert names == [(("dp", "tp"), 2)] * 4
     with pytest.raises(vr.MeshError, match="device_mesh\\(\\) spans every rank of the mesh"):
         mesh.slice(gpus=slice(0, 2)).run("vr.device_mesh()", timeout=30)
+
+
+class Where(vr.Actor):
+    @vr.endpoint
+    def coords_then_release(self):
+        import threading
+
+        import viceroy as vr
+
+        seen = vr.context().coords
+        threading.__dict__.setdefault("_viceroy_test_release", threading.Event()).set()
+        return seen
+
+
+def test_an_actor_answering_during_a_view_call_keeps_the_meshs_coords(torch_mesh):
+    from tests.conftest import wait_running
+
+    mesh = torch_mesh(gpus=2)
+    where = mesh.spawn(Where)
+    half = mesh.slice(gpus=slice(1, 2))
+    fut = half.run(  # waits on its rank until the actor there has answered
+        "import threading\n"
+        "threading.__dict__.setdefault('_viceroy_test_release', threading.Event()).wait(30)\n"
+        "coords", block=False)
+    wait_running(half, "wait(30)")
+    assert where.coords_then_release.call().get().values() == [{"gpus": 0}, {"gpus": 1}]
+    assert fut.get(timeout=30).values() == [{"gpus": 0}]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,8 +43,14 @@ class Context:
 _current: Context | None = None
 
 
+_in_call = threading.local()  # .view: the Context of the call this thread runs on a view
+
+
 def context() -> Context:
     """This rank's `Context`; only valid on a rank (in code or functions sent by `Mesh.run`)."""
+    view = getattr(_in_call, "view", None)
+    if view is not None:
+        return view
     if _current is None:
         raise RuntimeError(
             "viceroy.context() is only available on a rank: call it inside code or a function "
@@ -58,8 +66,9 @@ def _set_context(ctx: Context) -> None:
 
 @contextmanager
 def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> Iterator[None]:
-    """For one call made on a view of the mesh: this rank's `coords` and `dims` (in its
-    `Context` and its namespace's ``coords`` and ``mesh``) are the view's, then the mesh's again."""
+    """For one call made on a view of the mesh, on this thread: `context()` gives this rank's
+    `coords` and `dims` in the view (and the namespace's ``coords`` and ``mesh`` hold them),
+    then the mesh's again. Other threads (actors answering meanwhile) keep the mesh's."""
     ctx = context()
     ranks = tuple(r for start, stop in runs for r in range(start, stop))
     pos = ranks.index(ctx.rank)
@@ -68,12 +77,13 @@ def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> I
         pos, coords[name] = divmod(pos, size)
     coords = {name: coords[name] for name in names}
     dims = dict(zip(names, sizes, strict=True))
-    saved = (ctx.coords, ctx.dims, ctx.ranks, ctx.view_key, ctx.namespace.get("coords"), ctx.namespace.get("mesh"))
-    ctx.coords, ctx.dims, ctx.ranks = coords, dims, ranks
-    ctx.view_key = (tuple(names), tuple(sizes), ranks)
-    ctx.namespace["coords"], ctx.namespace["mesh"] = dict(coords), dict(dims)
+    ns = ctx.namespace
+    saved = (ns.get("coords"), ns.get("mesh"))
+    _in_call.view = dataclasses.replace(ctx, coords=coords, dims=dims, ranks=ranks,
+                                        view_key=(tuple(names), tuple(sizes), ranks))
+    ns["coords"], ns["mesh"] = dict(coords), dict(dims)
     try:
         yield
     finally:
-        ctx.coords, ctx.dims, ctx.ranks, ctx.view_key = saved[:4]
-        ctx.namespace["coords"], ctx.namespace["mesh"] = saved[4], saved[5]
+        _in_call.view = None
+        ns["coords"], ns["mesh"] = saved
