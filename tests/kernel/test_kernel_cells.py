@@ -172,4 +172,5 @@ def test_a_handle_bound_to_a_controller_name_resolves_on_every_rank(mesh_kernel:
 def test_a_mesh_tensor_bound_to_a_controller_name_is_each_ranks_tensor(mesh_kernel: Kernel):
     mesh_kernel.ok("import torch\nwith mesh.activate():\n    z = torch.ones(2) * 3")
     ex = mesh_kernel.ok("%%mesh\nprint(rank, z.sum().item())")
-    assert ex.stream() == "[0] 0 6.0\n[1] 1 6.0\n"
+    # (in arrival order: a rank still importing torch for the engine's first batch prints later)
+    assert sorted(ex.stream().splitlines()) == ["[0] 0 6.0", "[1] 1 6.0"]
