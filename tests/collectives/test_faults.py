@@ -101,6 +101,34 @@ def test_interrupt_releases_a_rank_blocked_in_a_send_or_receive(torch_mesh, bloc
     assert pair.values() == [[5.0] * 3] * 2
 
 
+def test_an_interrupt_while_a_send_is_handed_to_its_waiter_loses_nothing(monkeypatch):
+    import signal
+    import threading
+
+    from viceroy.runtime.collectives import gloo
+
+    waiters = gloo._Waiters()
+    real_start = threading.Thread.start
+
+    def start_then_interrupt(self: threading.Thread) -> None:
+        real_start(self)
+        signal.raise_signal(signal.SIGINT)  # the stop button, while the waiter thread boots
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    ran = threading.Event()
+
+    class Op:
+        def run(self) -> None:
+            ran.set()
+
+    try:
+        waiters.put(Op())  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        pass
+    assert ran.wait(5), "the operation was never handed to the waiter"
+    wait_until(lambda: waiters._idle == 1, 5, "the waiter to count itself idle")
+
+
 def test_ranks_that_never_join_are_named_when_the_group_times_out(torch_mesh):
     mesh = torch_mesh(gpus=4)
     code = ("from viceroy.runtime import collectives as C\nC.set_timeout(2)\n"

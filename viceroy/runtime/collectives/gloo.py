@@ -16,6 +16,7 @@ from typing import Any
 from viceroy.runtime.collectives import sockets
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 from viceroy.runtime.collectives.store import address
+from viceroy.runtime.collectives.waiting import interrupts_held
 
 _TIMED_OUT = "Operation timed out!"
 
@@ -108,13 +109,17 @@ class _Waiters:
         self._idle = 0
 
     def put(self, op: PointToPointPending) -> None:
-        with self._lock:
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1
-        if start:
-            threading.Thread(target=self._serve, name="viceroy-gloo-p2p", daemon=True).start()
-        self._queue.put(op)
+        # Whole or not at all: an interrupt landing between the count and the queue (in
+        # Thread.start's wait, say) would leave an operation nobody waits on, or a thread
+        # counted busy forever.
+        with interrupts_held():
+            with self._lock:
+                start = self._idle == 0
+                if not start:
+                    self._idle -= 1
+            if start:
+                threading.Thread(target=self._serve, name="viceroy-gloo-p2p", daemon=True).start()
+            self._queue.put(op)
 
     def _serve(self) -> None:
         while True:
