@@ -22,18 +22,15 @@ from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
     BATCH_MAX,
     GENERAL,
-    INPLACE,
-    KEYABLE,
-    NEW,
     VALUE,
     MeshTensor,
     _general,
     check_needs_no_data,
     new,
-    sig_of,
     torch_function,
     where,
 )
+from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -80,7 +77,7 @@ class Engine:
         self._pending: list[Any] = []  # futures of batches sent; changed under _send_lock
         # Meta results by op signature: a loop of the same ops is checked once, not each time
         # (meta kernels cost up to a millisecond each).
-        self._plans: dict[Any, _Plan] = {}
+        self._plans: dict[Any, Plan] = {}
         # Tensor id -> weak reference to its MeshTensor (mesh_tensor._Ref), whose callback
         # (`_gone`, one bound method for all) frees the id on the ranks.
         self._refs: dict[int, Any] = {}
@@ -103,21 +100,21 @@ class Engine:
         return MeshTensor(meta, self, tid)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: bool = False,
-                 key: Any = _NO_KEY, plan: _Plan | None = None) -> Any:
+                 key: Any = _NO_KEY, plan: Plan | None = None) -> Any:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
         queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
         caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
-        flat = flat or (not any(isinstance(x, _CONTAINERS) for x in args) and not any(
-            isinstance(x, _CONTAINERS) for x in kwargs.values()
+        flat = flat or (not any(isinstance(x, CONTAINERS) for x in args) and not any(
+            isinstance(x, CONTAINERS) for x in kwargs.values()
         ))
         in_leaves = [*args, *kwargs.values()] if flat else pytree.tree_leaves((args, kwargs))
         if plan is None:
             if key is _NO_KEY:
-                key = _signature(func, args, kwargs)
+                key = signature(func, args, kwargs)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
                 check_needs_no_data(getattr(func, "__name__", str(func)))
-                plan = _plan(func, args, kwargs, in_leaves)
+                plan = make_plan(func, args, kwargs, in_leaves)
                 if key is not None and plan.cacheable:
                     if len(self._plans) >= 4096:
                         self._plans.clear()
@@ -210,7 +207,7 @@ class Engine:
         if len(frees) >= BATCH_MAX and not self._frees_posted:
             # Not from here: this may run inside the controller's own sending, under its locks.
             self._frees_posted = True
-            self.mesh._controller.call_soon(self._send_frees)
+            self._controller.call_soon(self._send_frees)
 
     def _send_frees(self) -> None:
         """On the controller's IO thread: send the frees (and ops) queued so far."""
@@ -239,7 +236,7 @@ class Engine:
         del q[:n]
         if not ops and not frees:
             return
-        if self.mesh._controller.closed:
+        if self._controller.closed:
             return
         # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
         # ranks' tensor tables stay consistent with each other. Unless the batch talks to other
@@ -312,107 +309,6 @@ def activate(engine: Engine) -> Iterator[Engine]:
     with _ActivateMode(engine):
         yield engine
     engine.flush()
-
-
-class _Plan:
-    """What an op makes, from its meta run. `kind`: NEW, INPLACE, VALUE, ANSWER or GENERAL (see
-    mesh_tensor). `outputs`, per output leaf: ("value", v) | ("input", index of the input leaf
-    it returns) | ("new", (meta, sig)). For the short road (`mesh_tensor.torch_function`): `meta`, `sig`
-    of the one new tensor, `index` of the input returned, `slots` (the positions of MeshTensors
-    among the arguments); `answer`: what ANSWER and VALUE return."""
-
-    __slots__ = ("answer", "cacheable", "index", "kind", "meta", "outputs", "sig", "slots", "spec")
-
-    def __init__(self, kind: int, outputs: tuple[tuple[str, Any], ...] = (), spec: Any = None,
-                 answer: Any = None, slots: tuple[int, ...] = (), cacheable: bool = True) -> None:
-        self.kind = kind
-        self.outputs = outputs
-        self.spec = spec
-        self.answer = answer
-        self.slots = slots
-        self.cacheable = cacheable
-        self.meta: Any = None
-        self.sig = 0
-        self.index = -1
-        if kind is NEW:
-            self.meta, self.sig = outputs[0][1]
-        elif kind is INPLACE:
-            self.index = outputs[0][1]
-
-
-def _plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leaves: list[Any]) -> _Plan:
-    """Run `func` on the MeshTensors' meta tensors themselves (an in-place op changes the
-    MeshTensor's shape here as it will on the ranks)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        out = func(*args, **kwargs)
-        # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
-        # checked each time: only running it changes the MeshTensor's own meta tensor.
-        changed = False
-        for x in in_leaves:
-            if isinstance(x, MeshTensor):
-                sig = sig_of(tuple(x.shape), x.stride(), x.dtype)
-                if sig != x._sig:
-                    x._sig = sig
-                    changed = True
-    leaves, spec = pytree.tree_flatten(out)
-    name = getattr(func, "__name__", "")
-    if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
-        if not (name.endswith("_") or name == "__setitem__"):
-            return _Plan(ANSWER, answer=out)
-        kind = VALUE
-    else:
-        kind = GENERAL
-    outputs: list[tuple[str, Any]] = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            outputs.append(("value", leaf))
-            continue
-        same = next((i for i, x in enumerate(in_leaves) if x is leaf and isinstance(x, MeshTensor)), None)
-        if same is not None:
-            outputs.append(("input", same))
-        else:
-            shape, stride = tuple(leaf.shape), tuple(leaf.stride())
-            meta = torch.empty_strided(shape, stride, dtype=leaf.dtype, device="meta")
-            outputs.append(("new", (meta, sig_of(shape, stride, leaf.dtype))))
-    if kind is GENERAL and not isinstance(out, _CONTAINERS) and len(outputs) == 1:
-        kind = NEW if outputs[0][0] == "new" else INPLACE
-    slots = tuple(i for i, a in enumerate(args) if type(a) is MeshTensor)
-    return _Plan(kind, tuple(outputs), spec, answer=out if kind is VALUE else None, slots=slots,
-                 cacheable=not changed)
-
-
-_CONTAINERS = (list, tuple, dict)
-_TREE = object()  # starts the key of an op with nested arguments (never in a flat key)
-
-
-def _signature(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A hashable key for an op with nested arguments and the shapes of its inputs; None when
-    not cacheable. (Flat arguments get their key in mesh_tensor.torch_function.)"""
-    parts: list[Any] = [func, _TREE]
-    if not _encode(args, parts) or not _encode(kwargs, parts):
-        return None
-    return tuple(parts)
-
-
-def _encode(x: Any, parts: list[Any]) -> bool:
-    t = type(x)
-    if t is MeshTensor:
-        parts.append(x._sig)
-    elif t in KEYABLE:
-        parts.append(t)
-        parts.append(x)
-    elif t is slice:
-        parts.append(slice)
-        return _encode((x.start, x.stop, x.step), parts)
-    elif isinstance(x, list | tuple):
-        parts.append((t, len(x)))
-        return all(_encode(y, parts) for y in x)
-    elif t is dict:
-        parts.append((dict, tuple(x)))
-        return all(_encode(y, parts) for y in x.values())
-    else:
-        return False  # a local tensor's values may matter (indexing): check each time
-    return True
 
 
 def _to_slot(x: Any) -> Any:
