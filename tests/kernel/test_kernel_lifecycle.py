@@ -127,11 +127,12 @@ def test_a_full_restart_gives_fresh_ranks_that_still_stream_and_display(kernel: 
     assert (
         kernel.ok("%mesh restart", timeout=120).stream().startswith("mesh gpus=2: ranks 0-1 idle")
     )
-    # The import first, in a cell of its own: on a busy machine one rank may take half a second
-    # longer than the other to import IPython, longer than identical lines wait to be grouped.
     kernel.ok("%%mesh\nfrom IPython.display import HTML")
     ex = kernel.ok("%%mesh\nprint('kept' in globals())\ndisplay(HTML('<i>after restart</i>'))")
-    assert ex.stream() == "[0-1] False\n"
+    # Every fresh rank streamed False. Whether the two lines are shown as one "[0-1] False"
+    # depends on their arriving within the grouping window, which a busy machine (two cores,
+    # the test suite) does not guarantee after a restart; grouping has tests of its own.
+    assert ex.stream() in ("[0-1] False\n", "[0] False\n[1] False\n")
     assert sorted(d["metadata"]["viceroy"]["rank"] for d in ex.of_type("display_data")) == [0, 1]
     assert (
         kernel.ok("%mesh interrupt").stream() == "interrupted whatever was running on ranks 0-1\n"
