@@ -13,8 +13,18 @@
 # and, with 2+ GPUs, nccl all_reduce bus bandwidth at 256 MiB vs raw torch.distributed nccl in
 # the same processes (goal >= 95 %).
 #
-# No network on the lent machines: CuPy must already be in the venv (pip install
-# 'viceroy-kernel[gpu]', i.e. cupy-cuda12x) — the script says so and stops if it is not.
+# With ONE GPU the mesh has one rank (NCCL refuses two ranks on one GPU in one communicator),
+# so the multi-rank checks are skipped; a one-rank communicator is driven directly instead
+# (every operation, every dtype, a grouped send/receive to itself, abort), and a last probe
+# starts 2 ranks on the one GPU to see that NCCL's refusal comes back as a clear error, in time.
+#
+# No network on the lent machines: CuPy must already be in the Python used. viceroy's own
+# dependencies (pyzmq, cloudpickle) are taken from wheels in $VICEROY_WHEELS (default
+# bench/out/wheels) when that Python lacks them, e.g. made beforehand with
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       -d bench/out/wheels pyzmq cloudpickle
+# Every rank call has a timeout, and a watchdog prints the table and stops after
+# $GPU_CHECK_BUDGET_S seconds (default 420).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -24,18 +34,81 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "gpu_check: skipped: no GPU here (nvidia-smi finds none)"; exit 2
 fi
 nvidia-smi -L
-if ! "$PY" -c "import cupy, cupy.cuda.nccl as n; assert getattr(n, 'available', True)" 2>/dev/null; then
-    echo "gpu_check: skipped: needs CuPy with NCCL in $PY (pip install 'viceroy-kernel[gpu]')"; exit 2
+echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}; /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l) entries (ranks are pinned from these); /dev/shm: $(df -h --output=size /dev/shm 2>/dev/null | tail -1 | tr -d ' ') (NCCL needs more than Docker's 64M)"
+
+WHEELS=${VICEROY_WHEELS:-bench/out/wheels}
+if ! "$PY" -c "import zmq, cloudpickle" 2>/dev/null; then
+    DEPS=$PWD/bench/out/pydeps
+    if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        # Each wheel into a folder of its own; the first that imports is used (no pip needed).
+        found=$("$PY" - "$WHEELS" "$DEPS" <<'PYDEPS'
+import glob, os, subprocess, sys, zipfile
+wheels, deps = sys.argv[1], sys.argv[2]
+used = []
+for pattern, module in (("cloudpickle-*.whl", "cloudpickle"), ("pyzmq-*.whl", "zmq")):
+    for whl in sorted(glob.glob(os.path.join(wheels, pattern)), reverse=True):
+        where = os.path.join(deps, os.path.basename(whl)[:-4])
+        zipfile.ZipFile(whl).extractall(where)
+        if subprocess.run([sys.executable, "-c", f"import {module}"], env={**os.environ, "PYTHONPATH": where},
+                          capture_output=True).returncode == 0:
+            used.append(where)
+            break
+print(os.pathsep.join(used))
+PYDEPS
+)
+        [ -n "$found" ] && export PYTHONPATH="$found${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    if ! why=$("$PY" -c "import zmq, cloudpickle" 2>&1); then
+        echo "gpu_check: skipped: $PY cannot import pyzmq and cloudpickle (${why##*$'\n'}), and $WHEELS has no wheel of them that works"
+        exit 2
+    fi
 fi
+# torch first: its wheel brings libnccl, which CuPy's wheel (that has none of its own) then finds.
+if ! versions=$("$PY" -c "
+import torch, cupy, cupy.cuda.nccl as n
+assert n.available, 'CuPy found no NCCL library'
+print(f'torch {torch.__version__} (its NCCL {torch.cuda.nccl.version()}), CuPy {cupy.__version__}, '
+      f'NCCL {n.get_version()} at run time / {n.get_build_version()} at CuPy build')" 2>&1); then
+    echo "gpu_check: skipped: needs CuPy with NCCL in $PY (pip install 'viceroy-kernel[gpu]'): ${versions##*$'\n'}"
+    exit 2
+fi
+echo "$versions"
 
 exec "$PY" - <<'EOF'
+import os
 import sys
+import threading
 import time
 
-import viceroy as vr
+sys.path.insert(0, "bench")
+from common import table  # noqa: E402
+
+import viceroy as vr  # noqa: E402
 
 ngpu = int(__import__("cupy").cuda.runtime.getDeviceCount())
 rows, failed = [], False
+HEADER = ("check", "result", "detail", "time")
+ENV = {"VICEROY_COLLECTIVE_TIMEOUT": "60"}  # a stuck collective fails in a minute, not ten
+T = 120  # seconds for any one call on the ranks
+
+
+def report_and_exit(code):
+    print(table(rows, HEADER), flush=True)
+    os._exit(code)
+
+
+def watchdog():
+    rows.append(("(watchdog)", "FAILED", f"still running after {budget:.0f} s; stopped here", ""))
+    report_and_exit(1)  # the ranks go with this process (their lifelines)
+
+
+budget = float(os.environ.get("GPU_CHECK_BUDGET_S", "420"))
+timer = threading.Timer(budget, watchdog)
+timer.daemon = True
+timer.start()
+
+
+sub_rows = []  # rows a check adds under its own (its steps)
 
 
 def check(name, fn):
@@ -43,21 +116,128 @@ def check(name, fn):
     t0 = time.perf_counter()
     try:
         detail = fn()
-        rows.append((name, "ok", str(detail or ""), f"{time.perf_counter() - t0:.2f} s"))
+        row = (name, "ok", str(detail or ""), f"{time.perf_counter() - t0:.2f} s")
     except Exception as exc:  # report and go on
         failed = True
         first = str(exc).strip().splitlines()
-        rows.append((name, "FAILED", f"{type(exc).__name__}: {first[0] if first else ''}"[:160], ""))
+        detail = f"{type(exc).__name__}: {' / '.join(first[:2]) if first else ''}"
+        row = (name, "FAILED", detail[:200], f"{time.perf_counter() - t0:.2f} s")
+    for r in [row, *sub_rows]:
+        rows.append(r)
+        print("gpu_check:", " | ".join(r), flush=True)  # as it goes: a kill still leaves these
+    sub_rows.clear()
 
 
 # Several ranks cannot share a GPU in one NCCL communicator: one rank per GPU, at least one.
 n = max(1, ngpu)
-mesh = vr.Mesh.local(gpus=n, echo=False)
 SETUP = "import os, time, torch, cupy, viceroy as vr\nfrom viceroy.runtime import collectives as C\n"
-mesh.run(SETUP)
+mesh = None
 
-check("device pinning (CUDA_VISIBLE_DEVICES per rank)",
-      lambda: dict(mesh.run("(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count())").items()))
+
+def start():
+    global mesh
+    mesh = vr.Mesh.local(gpus=n, echo=False, env=ENV)
+    mesh.run(SETUP, timeout=T)
+    return f"{n} rank(s), torch and cupy imported on each"
+
+
+def pinning():
+    got = mesh.run("(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count(), "
+                   "torch.cuda.current_device())", timeout=T).by_rank()
+    pins = [v[0] for v in got.values()]
+    assert all(v[1] == 1 and v[2] == 0 for v in got.values()), got  # each rank sees its GPU alone
+    assert len(set(pins)) == len(pins), got  # and no two ranks the same
+    return str(got)
+
+
+ONE_RANK = '''
+from viceroy.runtime.collectives.nccl import NcclBackend, NcclFailure
+from viceroy.runtime.collectives.store import rendezvous
+from torch.distributed import PrefixStore
+
+def _done(p):
+    while not p.wait(0.05):
+        pass
+
+def _one_rank_checks():
+    out = {}
+    def step(name, fn):
+        try:
+            out[name] = ("ok", str(fn() or ""))
+        except Exception as exc:
+            out[name] = ("FAILED", f"{type(exc).__name__}: {str(exc).strip()[:160]}")
+    rendezvous.get(30)
+    comm = NcclBackend().connect(PrefixStore(f"check/{time.time()}", rendezvous.client(30)), 0, 1, 0, 30)
+
+    def basic():
+        x = cupy.ones(1024, dtype=cupy.float32) * 3
+        _done(comm.all_reduce(x, "sum"))
+        y = torch.ones(1024, device="cuda") * 2
+        _done(comm.all_reduce(y, "avg"))
+        assert (float(x[0]), y[0].item()) == (3.0, 2.0), (float(x[0]), y[0].item())
+        out_ = torch.empty(1, 3, device="cuda")
+        _done(comm.all_gather([out_[0]], torch.tensor([1.0, 2.0, 3.0], device="cuda")))
+        rs = torch.empty(4, device="cuda")
+        _done(comm.reduce_scatter(rs, [torch.arange(4.0, device="cuda")], "sum"))
+        b = torch.full((3,), 7.0, device="cuda")
+        _done(comm.broadcast(b, 0))
+        assert out_.tolist() == [[1.0, 2.0, 3.0]] and rs.tolist() == [0.0, 1.0, 2.0, 3.0] and b.tolist() == [7.0] * 3
+        return "all_reduce sum (CuPy) and avg (torch), all_gather, reduce_scatter, broadcast"
+
+    def side_stream():
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            z = torch.full((1 << 22,), 5.0, device="cuda") * 1
+            _done(comm.all_reduce(z, "max"))  # on s, after the fill queued on s
+            got = z.sum().item()
+        assert got == 5.0 * (1 << 22), got
+        return "queued on torch's current (side) stream"
+
+    def self_exchange():
+        a = torch.arange(5.0, device="cuda"); b = torch.zeros(5, device="cuda")
+        _done(comm.exchange(a, 0, b, 0))
+        cx = cupy.arange(5, dtype=cupy.float64); cy = cupy.zeros(5, dtype=cupy.float64)
+        _done(comm.exchange(cx, 0, cy, 0))
+        assert b.tolist() == a.tolist() and cy.tolist() == cx.tolist(), (b, cy)
+        return "send and receive to itself in one NCCL group (torch, CuPy)"
+
+    def dtypes():
+        done = []
+        for dt in ("bfloat16", "float16", "float64", "int8", "uint8", "int32", "int64", "bool"):
+            t = torch.ones(7, device="cuda", dtype=getattr(torch, dt))
+            _done(comm.all_reduce(t, "sum"))
+            assert t.tolist() == torch.ones(7, dtype=getattr(torch, dt)).tolist(), (dt, t)
+            done.append(dt)
+        for dt in ("int16", "complex64", "bool"):
+            src = (torch.arange(3, device="cuda") % 2).to(getattr(torch, dt))
+            o = torch.empty(1, 3, device="cuda", dtype=src.dtype)
+            _done(comm.all_gather([o[0]], src))
+            assert o[0].tolist() == src.tolist(), (dt, o)
+            done.append(dt + " (moved)")
+        return ", ".join(done)
+
+    def abort():
+        comm.abort()
+        try:
+            comm.all_reduce(torch.ones(1, device="cuda"), "sum")
+        except NcclFailure:
+            return "an aborted communicator refuses work"
+        raise AssertionError("an aborted communicator took work")
+
+    for name, fn in (("basic", basic), ("side stream", side_stream), ("send/recv to self", self_exchange),
+                     ("dtypes", dtypes), ("abort", abort)):
+        step(name, fn)
+    return out
+'''
+
+
+def one_rank():
+    out = mesh.slice(gpus=slice(0, 1)).run(ONE_RANK + "_one_rank_checks()", timeout=T).item(gpus=0)
+    sub_rows.extend((f"  one rank: {name}", result, detail, "") for name, (result, detail) in out.items())
+    bad = [k for k, (r, _) in out.items() if r != "ok"]
+    if bad:
+        raise AssertionError(f"failed: {', '.join(bad)}")
+    return "communicator built through the rendezvous store; steps below"
 
 
 def collectives_cupy():
@@ -68,14 +248,15 @@ def collectives_cupy():
         "s = vr.reduce_scatter(cupy.arange(2 * mesh['gpus'], dtype=cupy.float32))\n"
         "b = cupy.full((3,), float(rank)); vr.broadcast(b, src=0)\n"
         "cupy.cuda.Device().synchronize()\n"
-        "float(a[0]), g.tolist(), s.tolist(), b.tolist()")
+        "float(a[0]), g.tolist(), s.tolist(), b.tolist()", timeout=T)
     want = float(n * (n + 1) // 2)
     for r, v in enumerate(out.values()):
         assert v[0] == want, v
         assert v[1] == [[i, i] for i in range(n)], v  # all_gather: every rank's row, in order
         assert v[2] == [float(n * 2 * r), float(n * (2 * r + 1))], v  # reduce_scatter: its chunk
         assert v[3] == [0.0] * 3, v
-    return f"all_reduce={want:g}, all_gather, reduce_scatter, broadcast on {n} rank(s)"
+    return f"all_reduce={want:g}, all_gather, reduce_scatter, broadcast on {n} rank(s)" + (
+        "" if n > 1 else " (one rank: no NCCL involved)")
 
 
 def collectives_torch():
@@ -83,28 +264,10 @@ def collectives_torch():
         "t = torch.ones(1 << 20, device='cuda') * (rank + 1)\n"
         "vr.all_reduce(t, op='max')\n"
         "h = torch.arange(4., device='cuda') + rank; vr.broadcast(h, src=0)\n"
-        "t[0].item(), h.tolist()")
+        "t[0].item(), h.tolist()", timeout=T)
     for v in out.values():
         assert v == (float(n), [0.0, 1.0, 2.0, 3.0]), v
-    return "max, broadcast on torch CUDA tensors"
-
-
-def communicator_one_rank():
-    # With one GPU the mesh's groups have one member and skip NCCL: build one directly.
-    return mesh.slice(gpus=slice(0, 1)).run(
-        "from viceroy.runtime.collectives.nccl import NcclBackend\n"
-        "from viceroy.runtime.collectives.store import rendezvous\n"
-        "from torch.distributed import PrefixStore\n"
-        "store, inc = rendezvous.get(30)\n"
-        "comm = NcclBackend().connect(PrefixStore(f'check/{time.time()}', rendezvous.client(30)), 0, 1, 0, 30)\n"
-        "x = cupy.ones(1024, dtype=cupy.float32) * 3\n"
-        "p = comm.all_reduce(x, 'sum')\n"
-        "while not p.wait(0.05): pass\n"
-        "y = torch.ones(1024, device='cuda') * 2\n"
-        "p = comm.all_reduce(y, 'avg')\n"
-        "while not p.wait(0.05): pass\n"
-        "comm.abort()\n"
-        "float(x[0]), y[0].item()").item(gpus=0)
+    return "max, broadcast on torch CUDA tensors" + ("" if n > 1 else " (one rank: no NCCL involved)")
 
 
 def interrupt_and_rebuild():
@@ -121,7 +284,7 @@ def interrupt_and_rebuild():
         pass
     took = time.monotonic() - t0
     assert took < 2, took
-    v = mesh.run("a = cupy.ones(4); vr.all_reduce(a); float(a[0])").values()
+    v = mesh.run("a = cupy.ones(4); vr.all_reduce(a); float(a[0])", timeout=T).values()
     assert set(v) == {float(n)}, v
     return f"released in {took:.2f} s, rebuilt"
 
@@ -142,8 +305,8 @@ def tensor_engine_cuda():
     turned = mesh.select([*range(1, n), 0])  # rank i sends to rank i+1: every rank sends and receives
     with mesh.activate():
         x = torch.arange(4.0)
-    mesh.run("t.add_(10 * rank)", t=x)  # a MeshTensor is a handle: each rank's own tensor
-    where = mesh.run(lambda t: str(t.device), x).values()
+    mesh.run("t.add_(10 * rank)", t=x, timeout=T)  # a MeshTensor is a handle: each rank's own tensor
+    where = mesh.run(lambda t: str(t.device), x, timeout=T).values()
     moved = x.to_mesh(turned)
     got = dict(zip(turned.ranks, (t.tolist() for t in moved.fetch().values()), strict=True))
     for r in range(n):
@@ -154,9 +317,9 @@ def tensor_engine_cuda():
 
 def fetch_bandwidth():
     nbytes = 256 << 20
-    mesh.slice(gpus=slice(0, 1)).run(f"big = torch.ones({nbytes // 4}, device='cuda')")
+    mesh.slice(gpus=slice(0, 1)).run(f"big = torch.ones({nbytes // 4}, device='cuda')", timeout=T)
     t0 = time.perf_counter()
-    mesh.slice(gpus=slice(0, 1)).run("big.cpu()")
+    mesh.slice(gpus=slice(0, 1)).run("big.cpu()", timeout=T)
     dt = time.perf_counter() - t0
     return f"{nbytes / dt / 1e9:.2f} GB/s (256 MiB, rank 0 -> controller)"
 
@@ -203,18 +366,48 @@ def nccl_bandwidth():
     return f"viceroy {bus['viceroy'] / 1e9:.1f} GB/s vs raw {bus['raw'] / 1e9:.1f} GB/s: {ratio:.0%} (goal >= 95 %)"
 
 
-check("nccl communicator, one rank (CuPy + torch CUDA)", communicator_one_rank)
-check("collectives on CuPy arrays", collectives_cupy)
-check("collectives on torch CUDA tensors", collectives_torch)
-check("interrupt releases nccl all_reduce, then rebuild", interrupt_and_rebuild)
-check("tensor engine on CUDA tensors", tensor_engine_cuda)
-check("device-to-host fetch bandwidth", fetch_bandwidth)
-check("nccl all_reduce 256 MiB bus bandwidth", nccl_bandwidth)
-mesh.shutdown()
+def two_ranks_one_gpu():
+    # NCCL: "Using the same CUDA device multiple times as different ranks of the same NCCL
+    # communicator is not supported and may lead to hangs." What matters here: the error comes
+    # back to every rank, in time, with NCCL's reason, and nothing hangs.
+    if ngpu != 1:
+        return "skipped: only on a machine with one GPU"
+    m2 = vr.Mesh.local(gpus=2, echo=False, env={"VICEROY_COLLECTIVE_TIMEOUT": "40"})
+    try:
+        m2.run(SETUP, timeout=T)
+        try:
+            v = m2.run("t = torch.ones(4, device='cuda') * (rank + 1); vr.all_reduce(t); t[0].item()",
+                       timeout=90).values()
+            return f"NCCL ran 2 ranks on 1 GPU: all_reduce gave {v}"
+        except vr.MeshError as exc:
+            text = str(exc)
+            assert "timed out after" not in text, f"hung until the call's timeout: {text[-300:]}"
+            why = next((ln.strip() for ln in text.splitlines() if "CollectiveError" in ln), None)
+            assert why, f"not a CollectiveError: {text[-300:]}"
+            return f"refused: {why[:180]}"
+    finally:
+        m2.shutdown()
 
-sys.path.insert(0, "bench")
-from common import table  # noqa: E402
 
-print(table(rows, ("check", "result", "detail", "time")))
-sys.exit(1 if failed else 0)
+check("mesh up (torch, cupy on every rank)", start)
+try:
+    if mesh is not None:
+        check("device pinning (CUDA_VISIBLE_DEVICES per rank)", pinning)
+        check("nccl communicator, one rank (CuPy + torch CUDA)", one_rank)
+        check("collectives on CuPy arrays", collectives_cupy)
+        check("collectives on torch CUDA tensors", collectives_torch)
+        check("interrupt releases nccl all_reduce, then rebuild", interrupt_and_rebuild)
+        check("tensor engine on CUDA tensors", tensor_engine_cuda)
+        check("device-to-host fetch bandwidth", fetch_bandwidth)
+        check("nccl all_reduce 256 MiB bus bandwidth", nccl_bandwidth)
+finally:
+    if mesh is not None:
+        try:
+            mesh.shutdown()
+        except Exception as exc:
+            rows.append(("mesh.shutdown()", "FAILED", f"{type(exc).__name__}: {exc}"[:160], ""))
+if mesh is not None:
+    check("2 ranks on 1 GPU: a clear error, not a hang", two_ranks_one_gpu)
+timer.cancel()
+report_and_exit(1 if failed else 0)
 EOF

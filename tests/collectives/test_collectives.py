@@ -148,3 +148,10 @@ def test_the_rendezvous_port_can_be_chosen_for_every_mesh(start_mesh, monkeypatc
     monkeypatch.setenv("VICEROY_MASTER_PORT", "http")
     with pytest.raises(ValueError, match="VICEROY_MASTER_PORT='http' is not a port number"):
         vr.Mesh.local(gpus=1, preload=[])
+
+
+def test_the_collective_timeout_in_the_mesh_env_reaches_ranks_forked_from_a_torch_template(start_mesh):
+    # The template imports the collectives before the mesh's environment is the rank's own.
+    mesh = start_mesh(gpus=1, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": "7"})
+    got = mesh.run("from viceroy.runtime.collectives import communicators as c\nc._current_timeout()")
+    assert got.values() == [7.0]

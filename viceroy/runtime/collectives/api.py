@@ -193,7 +193,8 @@ def _empty(x: Any, shape: tuple[int, ...]) -> Any:
     if type(x).__module__.startswith("cupy"):
         import cupy
 
-        return cupy.empty(shape, dtype=x.dtype)
+        with x.device:  # on x's GPU, not the current one
+            return cupy.empty(shape, dtype=x.dtype)
     return x.new_empty(shape)
 
 

@@ -34,7 +34,9 @@ from viceroy.runtime.collectives.waiting import SLICE_S, interrupts_held, uninte
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import format_rank_set
 
-_timeout = float(os.environ.get("VICEROY_COLLECTIVE_TIMEOUT", "600"))
+# Read when a group is built, not at import: ranks import this module in the template process
+# they are forked from, before the mesh's environment (Mesh.local(env=...)) is theirs.
+_timeout: float | None = None
 NOTE_AFTER_S = 10.0  # say who is missing when a group takes this long to form
 
 
@@ -43,6 +45,12 @@ def set_timeout(seconds: float) -> None:
     fails; default 600 s, or ``VICEROY_COLLECTIVE_TIMEOUT``. Applies to groups built later."""
     global _timeout
     _timeout = float(seconds)
+
+
+def _current_timeout() -> float:
+    if _timeout is not None:
+        return _timeout
+    return float(os.environ.get("VICEROY_COLLECTIVE_TIMEOUT", "600"))
 
 
 Key = tuple[str, tuple[int, ...], int | None]
@@ -109,7 +117,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
     except Exception as exc:
-        if not started or not backend.is_failure(exc):
+        if not backend.is_failure(exc) or not (started or getattr(exc, "broken", False)):
             raise  # a usage error, raised before anything was sent
         index = comm.lost_peer(exc)
         lost = None if index is None else group.ranks[index]
@@ -223,7 +231,7 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     install()  # from now on torch's own gloo groups are abortable too
 
     me = context().rank
-    index, timeout = group.index(me), _timeout
+    index, timeout = group.index(me), _current_timeout()
     with _store_ops():
         store, incarnation = rendezvous.get(timeout)
         base = f"viceroy/{incarnation}/{backend.name}/{group.name}"

@@ -17,15 +17,26 @@ Not yet run on a GPU: written against CuPy's ``cupy_backends/cuda/libs/nccl.pyx`
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 
 SKIPPED = "skipped: needs CuPy and a GPU"
+_usable = False  # unavailable() found CuPy, NCCL and a GPU once: a process keeps them
+
+
+def _uint8() -> int:
+    from cupy.cuda import nccl
+
+    return int(nccl.NCCL_UINT8)
 
 
 def _is_torch(t: Any) -> bool:
@@ -37,6 +48,14 @@ def _buffer(t: Any) -> tuple[int, int, Any]:
     if _is_torch(t):
         return t.data_ptr(), t.numel(), str(t.dtype).removeprefix("torch.")
     return t.data.ptr, t.size, t.dtype.name
+
+
+def _bytes(t: Any) -> tuple[int, int]:
+    """(device pointer, size in bytes): for operations that only move data, whatever the dtype
+    (bool, int16, complex, float8 have no NCCL type of their own), sent as NCCL_UINT8."""
+    if _is_torch(t):
+        return t.data_ptr(), t.numel() * t.element_size()
+    return t.data.ptr, t.nbytes
 
 
 def _device(t: Any) -> int:
@@ -94,6 +113,25 @@ class NcclPending(Pending):
 class NcclFailure(RuntimeError):
     """The communicator is broken (aborted, timed out, or NCCL reported a failure)."""
 
+    broken = True  # raised while starting an operation, it still means the group is broken
+
+
+@contextlib.contextmanager
+def _failures() -> Iterator[None]:
+    """NCCL's errors from a call into the communicator, as NcclFailure: after one, the group is
+    not usable (CuPy raises KeyError for codes it cannot name: 6 ncclRemoteError before
+    cupy#8662, 7 ncclInProgress)."""
+    from cupy.cuda import nccl
+
+    try:
+        yield
+    except nccl.NcclError as exc:
+        raise NcclFailure(str(exc)) from None
+    except KeyError as exc:
+        code = exc.args[0] if exc.args else "?"
+        why = " (ncclRemoteError: a peer exited or the network failed)" if code == 6 else ""
+        raise NcclFailure(f"NCCL error {code}{why}") from None
+
 
 class NcclCommunicator(Communicator):
     def __init__(self, comm: Any, size: int, timeout: float) -> None:
@@ -107,37 +145,38 @@ class NcclCommunicator(Communicator):
         with self._lock:
             if self._aborted:
                 raise NcclFailure("the nccl communicator was aborted")
-            getattr(self._comm, method)(*args)
+            with _failures():
+                getattr(self._comm, method)(*args)
 
     def check(self) -> None:
         """Raise NcclFailure if NCCL saw the group fail (ncclCommGetAsyncError)."""
-        from cupy.cuda import nccl
-
-        try:
-            self._call("check_async_error")
-        except nccl.NcclError as exc:
-            raise NcclFailure(str(exc)) from None
-        except KeyError as exc:  # CuPy before cupy#8662 (2024-10) has no name for code 6: KeyError
-            raise NcclFailure(f"NCCL error {exc.args[0]} (6: a peer exited or the network failed)") from None
+        self._call("check_async_error")
 
     @staticmethod
     def _dtype(key: str) -> int:
+        """The NCCL type that reduces `key` elements (bool as uint8, as torch does)."""
         from cupy.cuda import nccl
 
         names = {
             "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16",
             "bfloat16": "NCCL_BFLOAT16", "int32": "NCCL_INT32", "int64": "NCCL_INT64",
             "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "uint32": "NCCL_UINT32", "uint64": "NCCL_UINT64",
+            "bool": "NCCL_UINT8",
         }
         if key not in names or not hasattr(nccl, names[key]):
-            raise TypeError(f"nccl does not move {key} tensors (it takes {', '.join(names)})")
+            raise TypeError(f"nccl cannot reduce {key} tensors (it reduces {', '.join(names)}); "
+                            "broadcast, all_gather, send/recv and to_mesh move any dtype")
         return int(getattr(nccl, names[key]))
 
     @staticmethod
-    def _op(op: str) -> tuple[int, bool]:
-        """(NCCL op, divide afterwards?)"""
+    def _op(op: str, key: str = "") -> tuple[int, bool]:
+        """(NCCL op, divide afterwards?) for elements of dtype `key`."""
         from cupy.cuda import nccl
 
+        if key == "bool":  # 0/1 bytes: sum is "any", product is "all" (as torch maps them)
+            if op not in ("sum", "max", "product", "min"):
+                raise ValueError(f"nccl reduces bool tensors with sum, product, min or max, not {op!r}")
+            return int(nccl.NCCL_MAX if op in ("sum", "max") else nccl.NCCL_MIN), False
         if op == "avg":  # the constant is always there; the library has it from 2.10
             return (nccl.NCCL_AVG, False) if nccl.get_version() >= 21000 else (nccl.NCCL_SUM, True)
         table = {"sum": "NCCL_SUM", "product": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX"}
@@ -159,31 +198,31 @@ class NcclCommunicator(Communicator):
 
     def all_reduce(self, t: Any, op: str) -> Pending:
         ptr, n, dt = _buffer(t)
-        nop, divide = self._op(op)
+        nop, divide = self._op(op, dt)
         return self._start(t, "allReduce", ptr, ptr, n, self._dtype(dt), nop, after=self._divide(t, divide))
 
     def all_gather(self, outs: list[Any], t: Any) -> Pending:
-        ptr, n, dt = _buffer(t)
-        out_ptr = _buffer(outs[0])[0]  # the parts are consecutive rows of one buffer
-        return self._start(t, "allGather", ptr, out_ptr, n, self._dtype(dt))
+        ptr, nbytes = _bytes(t)
+        out_ptr = _bytes(outs[0])[0]  # the parts are consecutive rows of one buffer
+        return self._start(t, "allGather", ptr, out_ptr, nbytes, _uint8())
 
     def reduce_scatter(self, out: Any, ins: list[Any], op: str) -> Pending:
         in_ptr = _buffer(ins[0])[0]  # the chunks are consecutive slices of one buffer
         out_ptr, n, dt = _buffer(out)
-        nop, divide = self._op(op)
+        nop, divide = self._op(op, dt)
         return self._start(out, "reduceScatter", in_ptr, out_ptr, n, self._dtype(dt), nop, after=self._divide(out, divide))
 
     def broadcast(self, t: Any, root: int) -> Pending:
-        ptr, n, dt = _buffer(t)
-        return self._start(t, "broadcast", ptr, ptr, n, self._dtype(dt), root)
+        ptr, nbytes = _bytes(t)
+        return self._start(t, "broadcast", ptr, ptr, nbytes, _uint8(), root)
 
     def send(self, t: Any, peer: int) -> Pending:
-        ptr, n, dt = _buffer(t)
-        return self._start(t, "send", ptr, n, self._dtype(dt), peer)
+        ptr, nbytes = _bytes(t)
+        return self._start(t, "send", ptr, nbytes, _uint8(), peer)
 
     def recv(self, t: Any, peer: int) -> Pending:
-        ptr, n, dt = _buffer(t)
-        return self._start(t, "recv", ptr, n, self._dtype(dt), peer)
+        ptr, nbytes = _bytes(t)
+        return self._start(t, "recv", ptr, nbytes, _uint8(), peer)
 
     def exchange(self, out: Any, to: int | None, into: Any, frm: int | None) -> Pending:
         """A send and a receive in one NCCL group call: issued one after the other on one
@@ -192,21 +231,23 @@ class NcclCommunicator(Communicator):
         from cupy.cuda import nccl
 
         t = out if out is not None else into
+        u8 = _uint8()  # everything needed is computed before the group: nothing raises inside
+        sent = None if out is None else _bytes(out)
+        taken = None if into is None else _bytes(into)
         with cupy.cuda.Device(_device(t)):
             s = _stream(t)
             with self._lock:
                 if self._aborted:
                     raise NcclFailure("the nccl communicator was aborted")
-                nccl.groupStart()
-                try:
-                    if out is not None:
-                        ptr, n, dt = _buffer(out)
-                        self._comm.send(ptr, n, self._dtype(dt), to, s.ptr)
-                    if into is not None:
-                        ptr, n, dt = _buffer(into)
-                        self._comm.recv(ptr, n, self._dtype(dt), frm, s.ptr)
-                finally:
-                    nccl.groupEnd()
+                with _failures():
+                    nccl.groupStart()
+                    try:
+                        if sent is not None:
+                            self._comm.send(sent[0], sent[1], u8, to, s.ptr)
+                        if taken is not None:
+                            self._comm.recv(taken[0], taken[1], u8, frm, s.ptr)
+                    finally:
+                        nccl.groupEnd()
             return NcclPending(self, s)
 
     def barrier(self) -> Pending:
@@ -217,7 +258,8 @@ class NcclCommunicator(Communicator):
             if self._aborted:
                 return
             self._aborted = True
-            self._comm.abort()
+            with contextlib.suppress(Exception):  # an abort never fails: the comm is gone either way
+                self._comm.abort()
 
     def healthy(self) -> bool | None:
         # Aborted here (an interrupt aborts every communicator, idle ones too): rebuild. Else
@@ -229,10 +271,19 @@ class NcclBackend(Backend):
     name = "nccl"
 
     def unavailable(self) -> str | None:
+        global _usable
+        if _usable:
+            return None
+        if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+            # torch's wheel ships libnccl (nvidia-nccl-cu12) and loads it; CuPy's wheel has none
+            # of its own and finds the one already loaded. Once cupy.cuda.nccl was imported
+            # without it, it stays unavailable in this process.
+            with contextlib.suppress(Exception):
+                import torch  # noqa: F401
         try:
             import cupy
             from cupy.cuda import nccl
-        except ImportError as exc:
+        except Exception as exc:  # ImportError, or CuPy failing to load a CUDA library
             return (f"nccl {SKIPPED} ({exc}); install the gpu extra (pip install "
                     "'viceroy-kernel[gpu]') on a machine with a GPU, or use CPU tensors (gloo)")
         if not getattr(nccl, "available", True):  # CuPy imports, but found no libnccl
@@ -244,6 +295,7 @@ class NcclBackend(Backend):
             return f"nccl {SKIPPED}: no usable GPU ({type(exc).__name__}: {exc})"
         if count == 0:
             return f"nccl {SKIPPED}: no GPU visible (CUDA_VISIBLE_DEVICES?)"
+        _usable = True
         return None
 
     def accepts(self, t: Any) -> bool:
@@ -271,4 +323,40 @@ class NcclBackend(Backend):
                 store.wait(["uid"], timedelta(seconds=timeout))
                 uid = tuple(json.loads(store.get("uid")))
             comm = nccl.NcclCommunicator(size, uid, index)
+            try:
+                _warm_up(comm, index, size, timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    comm.abort()
+                raise
         return NcclCommunicator(comm, size, timeout)
+
+
+def _warm_up(comm: Any, index: int, size: int, timeout: float) -> None:
+    """One tiny all_reduce and one grouped send/receive with the ring neighbours, here on the
+    helper thread (which an interrupt may abandon), before the communicator is handed out.
+    NCCL (2.22+ by default) connects peers lazily, inside the first operation that needs them,
+    and that host-side wait for the peers cannot be interrupted nor aborted safely; this moves
+    the first connections here, and proves the communicator works before any user data moves.
+    Raises (and the caller aborts the communicator, releasing its kernels) if a peer does not
+    take part within `timeout`."""
+    import cupy
+    from cupy.cuda import nccl
+
+    buf = cupy.zeros(2, dtype=cupy.uint8)  # (one member: it sends to itself, as NCCL allows)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    comm.allReduce(buf.data.ptr, buf.data.ptr, 1, nccl.NCCL_UINT8, nccl.NCCL_SUM, stream.ptr)
+    nccl.groupStart()
+    try:
+        comm.send(buf.data.ptr, 1, nccl.NCCL_UINT8, (index + 1) % size, stream.ptr)
+        comm.recv(buf.data.ptr + 1, 1, nccl.NCCL_UINT8, (index - 1) % size, stream.ptr)
+    finally:
+        nccl.groupEnd()
+    done = cupy.cuda.Event(block=False, disable_timing=True)
+    done.record(stream)
+    deadline = time.monotonic() + timeout
+    while not done.done:
+        comm.check_async_error()
+        if time.monotonic() > deadline:
+            raise NcclFailure(f"the group's first operation did not complete within {timeout:g} s")
+        time.sleep(0.001)
