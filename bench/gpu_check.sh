@@ -315,6 +315,15 @@ def tensor_engine_cuda():
     return f"ops on {devices[0]}, fetch, reduce, to_mesh ring over {n} ranks ({where[0]})"
 
 
+def results_on_host():
+    # A rank's CUDA tensor comes back to the controller as a CPU tensor (no CUDA started here).
+    v = mesh.slice(gpus=slice(0, 1)).run("torch.arange(3.0, device='cuda')", timeout=T).item(gpus=0)
+    assert v.device.type == "cpu" and v.tolist() == [0.0, 1.0, 2.0], v
+    import torch
+    assert not torch.cuda.is_initialized(), "the controller started CUDA to read a result"
+    return "cuda tensor result -> CPU tensor on the controller"
+
+
 def fetch_bandwidth():
     nbytes = 256 << 20
     mesh.slice(gpus=slice(0, 1)).run(f"big = torch.ones({nbytes // 4}, device='cuda')", timeout=T)
@@ -398,6 +407,7 @@ try:
         check("collectives on torch CUDA tensors", collectives_torch)
         check("interrupt releases nccl all_reduce, then rebuild", interrupt_and_rebuild)
         check("tensor engine on CUDA tensors", tensor_engine_cuda)
+        check("a rank's CUDA tensor returns as a CPU tensor", results_on_host)
         check("device-to-host fetch bandwidth", fetch_bandwidth)
         check("nccl all_reduce 256 MiB bus bandwidth", nccl_bandwidth)
 finally:

@@ -294,7 +294,7 @@ class Rank:
         if serialize.json_scalar(value):  # in the header: the agent sends a host's as one column
             return {"op": "result", "id": call_id, "ok": True, "v": value}, [], []
         try:
-            payload, bufs = serialize.dumps(value)
+            payload, bufs = serialize.dumps(value, to_host=True)  # GPU tensors arrive on the CPU
         except Exception as exc:
             return ({"op": "result", "id": call_id, "ok": False, "kind": "error", "etype": "TypeError",
                      "summary": f"TypeError: the result ({type(value).__name__}) cannot be sent back "

@@ -20,14 +20,18 @@ OUT_OF_BAND_MIN = 16 * 1024
 
 
 class _Pickler(cloudpickle.CloudPickler):
-    def __init__(self, *args: Any, seen_refs: list[Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, seen_refs: list[Any] | None = None, to_host: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seen_refs = seen_refs
+        self.to_host = to_host
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu":
-            return _reduce_tensor(obj)
+        if torch is not None and type(obj) is torch.Tensor:
+            if obj.device.type == "cpu":
+                return _reduce_tensor(obj)
+            if self.to_host and obj.device.type != "meta":
+                return _reduce_tensor(obj.detach().cpu())
         name = type(obj).__name__
         if name == "Ref" and type(obj).__module__ == "viceroy.runtime.handles":
             if self.seen_refs is not None:
@@ -72,10 +76,13 @@ def _rebuild_tensor(arr: Any, dtype: str, requires_grad: bool) -> Any:
     return t
 
 
-def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pickle.PickleBuffer]]:
+def dumps(
+    obj: Any, seen_refs: list[Any] | None = None, to_host: bool = False
+) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """``obj`` -> (pickle stream, out-of-band buffers). Handles (and MeshTensors, handles to
     one tensor per rank) met on the way are appended to `seen_refs`, so the caller can check
-    them before sending."""
+    them before sending. `to_host`: torch tensors on a GPU travel as CPU tensors (a rank's
+    results: the controller may have no GPU, and should not start CUDA to read a value)."""
     buffers: list[pickle.PickleBuffer] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:
@@ -85,7 +92,7 @@ def dumps(obj: Any, seen_refs: list[Any] | None = None) -> tuple[bytes, list[pic
         return False
 
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=keep, seen_refs=seen_refs).dump(obj)
+    _Pickler(f, protocol=5, buffer_callback=keep, seen_refs=seen_refs, to_host=to_host).dump(obj)
     return f.getvalue(), buffers
 
 
