@@ -47,3 +47,28 @@ def test_interrupt_releases_ranks_blocked_in_a_stock_barrier(start_mesh):
         fut.get(timeout=5)
     assert time.monotonic() - t0 < 2.0
     assert mesh.run("rank").values() == [0, 1]
+
+
+def test_a_stock_group_cut_to_release_a_collective_says_so_and_how_to_recover(start_mesh):
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    _init(mesh)
+    rank0 = mesh.slice(gpus=0)
+    fut = rank0.run("import torch, torch.distributed as dist\ndist.barrier()", block=False)
+    wait_running(rank0, "dist.barrier()")
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError) as first:
+        fut.get(timeout=5)
+    # where the user's code was, and where in torch it was blocked
+    assert "<mesh-cell" in str(first.value) and "dist.barrier()" in str(first.value)
+    assert "(in torch/distributed/" in str(first.value)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("import torch, torch.distributed as dist\nt = torch.ones(2); dist.all_reduce(t)", timeout=20)
+    text = str(info.value)
+    # on both ranks, what happened and the way out (gloo's own message stays in the traceback)
+    for r in (0, 1):
+        assert f"rank {r}: RuntimeError: this torch.distributed group lost its connections" in text, text
+    assert "dist.destroy_process_group(); dist.init_process_group()" in text
+    # ... which works
+    got = mesh.run("dist.destroy_process_group(); dist.init_process_group()\n"
+                   "t = torch.ones(2); dist.all_reduce(t); t.tolist()", timeout=20)
+    assert got.values() == [[2.0, 2.0], [2.0, 2.0]]

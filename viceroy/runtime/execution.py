@@ -97,9 +97,38 @@ def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
 
 
 def user_location(exc: BaseException) -> str:
-    """Where user code was when `exc` hit: ``<mesh-cell-3>, line 2: time.sleep(60)``."""
+    """Where user code was when `exc` hit: ``<mesh-cell-3>, line 2: time.sleep(60)``, the
+    user's innermost line; when a library was running below it, where in the library too:
+    ``<mesh-cell-2>, line 1: dist.barrier() (in torch/distributed/distributed_c10d.py, line 4871)``."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_RUNTIME_DIR)]
     if not frames:
         return ""
-    f = frames[-1]
-    return f"{f.filename}, line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")
+    mine = [f for f in frames if not _is_library(f.filename)]
+    f = mine[-1] if mine else frames[-1]
+    where = f"{f.filename}, line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")
+    inner = frames[-1]
+    if inner is not f:
+        where += f" (in {_short_library_path(inner.filename)}, line {inner.lineno})"
+    return where
+
+
+@lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    import site
+    import sysconfig
+
+    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    return tuple(sorted((os.path.join(p, "") for p in paths if p), key=len, reverse=True))
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith(_library_dirs())
+
+
+def _short_library_path(filename: str) -> str:
+    """``torch/distributed/c10d_logger.py`` for a file under site-packages (or the stdlib)."""
+    for d in _library_dirs():
+        if filename.startswith(d):
+            return filename[len(d):]
+    return filename

@@ -287,6 +287,7 @@ class Rank:
                      "summary": "interrupted", "where": user_location(exc)}, [], [])
         except BaseException as exc:  # SystemExit too: the rank lives on
             etype, summary, tb = format_user_traceback(exc)
+            summary = _explained(exc) or summary
             return ({"op": "result", "id": call_id, "ok": False, "kind": "error",
                      "etype": etype, "summary": summary, "tb": tb}, [], [])
         if value is None:
@@ -302,6 +303,16 @@ class Rank:
                                 "the rank (assign it to a variable).",
                      "tb": ""}, [], [])
         return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
+
+
+def _explained(exc: BaseException) -> str | None:
+    """A better summary for errors we know the cause of (a stock torch.distributed group whose
+    connections were cut to release a blocked collective)."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    from viceroy.runtime.collectives.stock import explain
+
+    return explain(exc)
 
 
 def _all_stacks(main_ident: int, main_busy: bool) -> str:

@@ -47,6 +47,29 @@ def install() -> None:
     c10d.ProcessGroupGloo = ProcessGroupGloo  # type: ignore[misc]
 
 
+# What gloo says when a connection of its group is gone (cut by `abort_torch_groups` here or on a
+# peer, or a peer exited).
+_GLOO_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+RECOVER = (
+    "on every rank run `dist.destroy_process_group(); dist.init_process_group()` (and wrap models "
+    "in DistributedDataParallel again: they hold the old group)"
+)
+
+
+def explain(exc: BaseException) -> str | None:
+    """For an error a stock gloo group raised because its connections are gone: a summary that
+    says what happened and how to go on (a gloo group never works again after that). Else None."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or "gloo/transport" not in text or not any(s in text for s in _GLOO_LOST):
+        return None
+    return (
+        f"{type(exc).__name__}: this torch.distributed group lost its connections (gloo: "
+        f"{next(s for s in _GLOO_LOST if s in text)}): to release a collective that an interrupt or a "
+        "failing rank left blocked, they were cut, or a peer exited. A gloo group cannot be used "
+        f"again: {RECOVER}"
+    )
+
+
 def abort_torch_groups() -> int:
     """Cut every live gloo group built through torch.distributed since `install`, and abort
     every NCCL group; returns how many groups were hit. Any thread."""
