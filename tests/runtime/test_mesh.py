@@ -70,6 +70,18 @@ def test_ranks_start_in_the_controllers_directory_with_its_path(start_mesh, tmp_
     ] * 2
 
 
+def test_ranks_read_no_stdin_and_input_says_what_to_do_instead(start_mesh):
+    # Ranks are forked by a server that reads spawn requests (with the mesh's key) on its stdin:
+    # none of that may be readable on a rank.
+    mesh = start_mesh(gpus=3)
+    assert mesh.run("import sys\nsys.stdin.read(), sys.__stdin__.read()").values() == [("", "")] * 3
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("input('your name? ')")
+    text = str(info.value)
+    assert "ranks 0-2: EOFError: input() on a rank: ranks have no terminal" in text, text
+    assert "%mesh push" in text
+
+
 def test_rank_environment_names_rank_local_rank_world_and_rendezvous(start_mesh):
     mesh = start_mesh(hosts=2, gpus=2)
     env = mesh.run("import os\n(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])")

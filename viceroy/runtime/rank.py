@@ -345,13 +345,33 @@ def _reseed_after_fork() -> None:
         np.random.seed()
 
 
+def _no_input(prompt: object = "") -> str:
+    raise EOFError(
+        "input() on a rank: ranks have no terminal to read from. Pass values in instead "
+        "(%mesh push NAME=VALUE, mesh.run(code, NAME=VALUE), or a function's arguments)"
+    )
+
+
+def _no_stdin() -> None:
+    """Ranks read nothing: fd 0 is /dev/null, and `sys.stdin` a new reader of it. The one
+    inherited from the fork server has read ahead of its own input (spawn requests, with the
+    mesh's key): user code must not find that in its buffer. `input()` says what to do instead."""
+    import builtins
+    import io
+
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.__stdin__ = sys.stdin  # type: ignore[misc]
+    builtins.input = _no_input
+
+
 def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
     """Entry point in a freshly forked process. Never returns."""
     try:
         hold_lifeline(lifeline_fd, lambda: die_now(0))
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
+        _no_stdin()
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
         _reseed_after_fork()
