@@ -274,3 +274,23 @@ def test_ranks_do_not_share_random_streams(start_mesh):
     mesh = start_mesh(gpus=3)
     draws = mesh.run("import numpy as np, random\n(float(np.random.rand()), random.random())").values()
     assert len({d[0] for d in draws}) == 3 and len({d[1] for d in draws}) == 3
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1])
+def test_a_timeout_that_is_not_positive_and_finite_is_refused_before_anything_is_sent(start_mesh, timeout):
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(ValueError, match=rf"timeout={timeout!r}: give a positive, finite number of seconds"):
+        mesh.run("x = 1", timeout=timeout)
+    assert mesh.run("rank", timeout=5).values() == [0, 1]
+
+
+def test_an_error_on_the_controllers_io_thread_is_reported_and_calls_still_complete(start_mesh, capfd):
+    mesh = start_mesh(gpus=2)
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a task")
+
+    mesh._controller.call_soon(broken)
+    assert mesh.run("rank", timeout=10).values() == [0, 1]
+    err = capfd.readouterr().err
+    assert "the controller's IO thread hit an error and goes on" in err and "a bug in a task" in err

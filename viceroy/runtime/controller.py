@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import secrets
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -160,6 +162,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         with a MeshError. Op "actor" goes to the ranks' control thread (actors answer while
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
         rank answers (for streaming adverbs)."""
+        if timeout is not None and not 0 < timeout < math.inf:  # nan too
+            raise ValueError(f"timeout={timeout!r}: give a positive, finite number of seconds, or None for no limit")
         with self._lock:
             self._check_open()
             call_id = next(self._ids)
@@ -329,16 +333,26 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         self._wake()
 
     def _io_loop(self) -> None:
+        errors = 0
         while not self._closed:
-            if self._sockets.wait(self._next_deadline()):
-                while self._tasks:
-                    self._tasks.popleft()()
-            for frames in self._sockets.received():
-                try:
-                    self._handle(frames)
-                except BadMessage:
-                    pass  # dropped unread; the signer counted it
-            self._check_deadlines()
+            try:
+                self._io_round()
+            except Exception:  # a bug of ours: say so (a few times), but never stop answering calls
+                errors += 1
+                if errors <= 3:
+                    sys.stderr.write("viceroy: the controller's IO thread hit an error and goes on:\n")
+                    traceback.print_exc()
+
+    def _io_round(self) -> None:
+        if self._sockets.wait(self._next_deadline()):
+            while self._tasks:
+                self._tasks.popleft()()
+        for frames in self._sockets.received():
+            try:
+                self._handle(frames)
+            except BadMessage:
+                pass  # dropped unread; the signer counted it
+        self._check_deadlines()
 
     def _handle(self, frames: list[Any]) -> None:
         header, signed, data = self.signer.unpack(frames)
