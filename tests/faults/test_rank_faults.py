@@ -5,6 +5,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import zmq
 
@@ -294,3 +295,26 @@ def test_a_rank_deaf_to_the_interrupt_counts_as_running_until_it_answers(start_m
     assert mesh.states() == {0: "idle", 1: "running"}  # the call is over, rank 1 is not
     wait_until(lambda: mesh.states()[1] == "idle", 10, "rank 1 to answer late")
     assert mesh.run("rank").values() == [0, 1]
+
+
+def test_an_interrupt_while_the_mesh_starts_leaves_no_process_behind(tmp_path, monkeypatch):
+    # The stop button pressed during `%mesh up`: ranks still importing what they preload.
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    me, main, started = psutil.Process(), threading.get_ident(), []
+
+    def press_once_processes_are_up() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            kids = me.children(recursive=True)
+            if len(kids) >= 2:  # the agent and its fork server
+                started.extend(p.pid for p in kids)
+                signal.pthread_kill(main, signal.SIGINT)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=press_once_processes_are_up, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        vr.Mesh.local(gpus=2, preload=["slow_to_import"], echo=False)
+    assert started
+    wait_until(lambda: not live_pids(started), 5, f"the mesh's processes {started} to exit")

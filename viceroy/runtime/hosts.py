@@ -78,18 +78,18 @@ class HostLifecycle:
                     self._host_of[rc["rank"]] = plan.index
                 self._launch(plan.index)
             self._beat_thread.start()
-        except BaseException:
+            deadline = time.monotonic() + timeout
+            with self._changed:
+                while not all(s == "idle" for s in self._state.values()):
+                    left = deadline - time.monotonic()
+                    if self._startup_error or left <= 0:
+                        break
+                    self._changed.wait(left)
+                error = self._startup_error
+                waiting = [r for r, s in self._state.items() if s != "idle"]
+        except BaseException:  # an interrupt while waiting for the ranks, too
             self.shutdown()  # nothing half-started stays behind
             raise
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not all(s == "idle" for s in self._state.values()):
-                left = deadline - time.monotonic()
-                if self._startup_error or left <= 0:
-                    break
-                self._changed.wait(left)
-            error = self._startup_error
-            waiting = [r for r, s in self._state.items() if s != "idle"]
         if error or waiting:
             logs = "\n".join(a.log_tail() for a in self._agents.values()).strip()
             self.shutdown()
