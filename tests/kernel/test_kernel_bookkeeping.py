@@ -70,3 +70,30 @@ def test_each_cell_is_transformed_once(kernel: Kernel):
     kernel.ok("y_8812 += 1")
     ex = kernel.ok("get_ipython().input_transformers_post.remove(count_8812)\nprint(seen_8812[:2], y_8812)")
     assert ex.stream().strip() == "['y_8812 = 41\\n', 'y_8812 += 1\\n'] 42"
+
+
+def test_history_is_still_written_after_a_shell_escape_forks_the_kernel(kernel: Kernel):
+    """IPython stops its history-saving thread before every fork (``!cmd`` forks); the next
+    write must start it again, not crash the writer thread into whatever cell is running."""
+    ex = kernel.ok("hm = get_ipython().history_manager\nprint(hm.hist_file, hm.session_number, sep='\\n')")
+    path, session = ex.stream().split("\n")[:2]
+    if path == ":memory:":
+        pytest.skip("IPython history is kept in memory here")
+    assert kernel.ok("!echo forked_7731").stream().strip() == "forked_7731"
+    kernel.ok("marker_6620 = 3")
+
+    def stored(marker: str) -> bool:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            rows = db.execute("SELECT source_raw FROM history WHERE session = ?", (int(session),)).fetchall()
+        return any(marker in r[0] for r in rows)
+
+    wait_until(lambda: stored("marker_6620"), 10, "the cell after !cmd to be written to the history database")
+    # and again after a second fork: the writer thread lived through the first
+    kernel.ok("!true")
+    kernel.ok("marker_6621 = 4")
+    wait_until(lambda: stored("marker_6621"), 10, "the cell after a second !cmd to be written")
+    names = kernel.ok("import threading\nprint(sorted(t.name for t in threading.enumerate()))").stream()
+    assert "viceroy-history" in names
+    # nothing was printed by a dying thread, into a cell or outside one
+    printed = [m["content"].get("text", "") for m in kernel.stray if m["msg_type"] == "stream"]
+    assert not any("Exception in thread" in t for t in printed), printed

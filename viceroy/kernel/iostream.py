@@ -7,11 +7,13 @@ cell is meant to cost little more than ``a=1``.
   because anything written has scheduled its own flush.
 - `batch_history_writes`: IPython writes each cell's input to its SQLite history as the cell
   runs (a transaction per cell on a background thread). Here inputs are written at most once a
-  second, and at exit; history requests write out first, so they always see every cell.
+  second, and at exit; history requests write out first, so they always see every cell. IPython
+  stops its saving thread around a fork (``!cmd``); the next write starts it again.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -52,7 +54,26 @@ def batch_history_writes(shell: Any, interval: float = HISTORY_WRITE_INTERVAL_S)
             ran.wait()
             time.sleep(interval)
             ran.clear()  # cells from here on are in the next round (this one writes them too)
-            hm.save_flag.set()  # IPython's own saving thread writes the cache out
+            try:
+                _write_out(hm)
+            except Exception as e:  # never let this thread die: history would stop being saved
+                print(f"viceroy: writing the input history failed: {e!r}", file=sys.__stderr__)
 
     threading.Thread(target=write_out_now_and_then, name="viceroy-history", daemon=True).start()
     shell.events.register("post_run_cell", lambda *_: ran.set())
+
+
+def _write_out(hm: Any) -> None:
+    """Have IPython's saving thread write the cached inputs out. IPython stops that thread
+    before every fork (``!cmd``, subprocesses started with fork) and starts it again only when
+    its own cache fills, which ours never does: start it again here, as IPython would. Without
+    a thread to ask, write the cache out on this one (IPython's connection allows any thread)."""
+    if hm.save_flag is None and getattr(hm, "using_thread", False):
+        restart = getattr(hm, "_restart_thread_if_stopped", None)
+        if restart is not None:
+            restart()
+    flag = hm.save_flag
+    if flag is not None:
+        flag.set()
+    else:
+        hm.writeout_cache()
