@@ -24,3 +24,17 @@ def test_a_failure_in_the_users_own_code_names_only_that_line():
     exc = _raised_inside_a_library("def f():\n    return 1 / 0\nf()\n")
     assert user_location(exc) == "<mesh-cell-7>, line 2: return 1 / 0"
 
+
+
+def test_a_failures_summary_is_the_first_line_of_its_message_with_its_type():
+    from viceroy.runtime.execution import format_user_traceback
+
+    multi = _raised_inside_a_library("raise ValueError('shape mismatch:\\n expected (3, 4)\\n got (4, 3)')")
+    etype, summary, tb = format_user_traceback(multi)
+    assert (etype, summary) == ("ValueError", "ValueError: shape mismatch: ...")
+    assert "got (4, 3)" in tb  # the whole message stays in the traceback
+    noted = _raised_inside_a_library(
+        "e = KeyError('step')\ne.add_note('while loading checkpoint step 10')\nraise e")
+    assert format_user_traceback(noted)[1] == "KeyError: 'step' ..."
+    plain = _raised_inside_a_library("1 / 0")
+    assert format_user_traceback(plain)[1] == "ZeroDivisionError: division by zero"

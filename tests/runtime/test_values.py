@@ -38,3 +38,26 @@ def test_repr_collapses_equal_values():
 def test_repr_lists_distinct_values_by_coordinate():
     text = repr(vm({"gpus": 2}, [0, 10]))
     assert "gpus=0: 0" in text and "gpus=1: 10" in text
+
+
+def test_values_that_differ_beyond_what_is_shown_are_not_all_the_same():
+    import time
+
+    import numpy as np
+    import torch
+
+    lists = vm({"gpus": 2}, [[*range(100), 0], [*range(100), 1]])
+    assert "all" not in repr(lists)
+    arrays = [np.zeros(10000), np.zeros(10000)]
+    arrays[1][5000] = 1  # inside numpy's "..." summary
+    text = repr(vm({"gpus": 2}, arrays))
+    assert "all" not in text and "differs from the others beyond what is shown" in text, text
+    tensors = vm({"gpus": 3}, [torch.zeros(5000), torch.zeros(5000), torch.ones(5000)])
+    assert "gpus=0-1: tensor(" in repr(tensors) and "gpus=2: tensor(" in repr(tensors)
+    same = vm({"gpus": 2}, [np.arange(5000.0), np.arange(5000.0)])
+    assert repr(same).startswith("ValueMesh(gpus=2): all array(")
+    big = vm({"gpus": 4}, [bytes(50 << 20)] * 4)  # repr of the whole value would take seconds
+    t0 = time.perf_counter()
+    text = repr(big)
+    assert text.startswith("ValueMesh(gpus=4): all b'\\x00") and "52,428,800 bytes" in text
+    assert time.perf_counter() - t0 < 1.0, "showing large values should not repr them whole"

@@ -92,8 +92,18 @@ def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
         )
         stack = stack.__cause__ or stack.__context__
     text = "".join(te.format())
-    summary = "".join(te.format_exception_only()).strip().splitlines()[-1]
-    return type(exc).__name__, summary, text
+    return type(exc).__name__, _summary(te, exc), text
+
+
+def _summary(te: traceback.TracebackException, exc: BaseException) -> str:
+    """One line: ``ValueError: shape mismatch: ...``, the first line of the message (a
+    SyntaxError's last, after the line and caret it shows), never a note added to it."""
+    lines = "".join(te.format_exception_only()).strip().splitlines()
+    if isinstance(exc, SyntaxError):
+        return lines[-1]
+    message = str(exc).strip()
+    more = "\n" in message or bool(getattr(exc, "__notes__", None))
+    return lines[0] + (" ..." if more and not lines[0].endswith("...") else "")
 
 
 def user_location(exc: BaseException) -> str:

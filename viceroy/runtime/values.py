@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+import sys
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -69,20 +73,29 @@ class ValueMesh(ShapeOps, Generic[T]):
 
     def __repr__(self) -> str:
         head = f"ValueMesh({self._shape.describe()})"
-        groups: dict[str, list[int]] = {}
-        for pos, v in enumerate(self.values()):
-            groups.setdefault(_short_repr(v), []).append(pos)
-        if len(groups) == 1 and len(self) > 1:
-            (text,) = groups
-            return f"{head}: all {text}"
+        # Grouped by content, shown cut short: values that differ only past what is shown
+        # (or inside numpy's "..." summary) are not "all" the same.
+        keys = [_content_key(v) for v in self.values()]
+        keyed: dict[Any, list[int]] = {}
+        for pos, key in enumerate(keys):
+            keyed.setdefault(key, []).append(pos)
+        vals = self.values()
+        texts = {k: _short_repr(vals[ps[0]]) for k, ps in keyed.items()}
+        alike = Counter(texts.values())
+        for n, k in enumerate(keyed, 1):
+            if alike[texts[k]] > 1:
+                texts[k] += f"  [value {n}: differs from the others beyond what is shown]"
+        if len(keyed) == 1 and len(self) > 1:
+            return f"{head}: all {texts[keys[0]]}"
         lines = [head + ":"]
         dims = list(self._shape.dims)
         coords = list(self._shape.coords())
-        if len(groups) == len(self):
-            for c, v in zip(coords, self.values(), strict=True):
-                lines.append(f"  {_fmt_coords(c, dims)}: {_short_repr(v)}")
+        if len(keyed) == len(self):
+            for c, key in zip(coords, keys, strict=True):
+                lines.append(f"  {_fmt_coords(c, dims)}: {texts[key]}")
         else:
-            for text, positions in groups.items():
+            for key, positions in keyed.items():
+                text = texts[key]
                 label = "positions " + format_rank_set(positions) if len(dims) != 1 else (
                     f"{dims[0]}={format_rank_set(positions)}"
                 )
@@ -98,7 +111,43 @@ def _fmt_coords(coords: dict[str, int], dims: list[str]) -> str:
 
 
 def _short_repr(v: object, limit: int = 200) -> str:
+    if isinstance(v, (bytes, bytearray, str)) and len(v) > limit:  # repr of 300 MB takes seconds
+        note = f"... ({len(v):,} {'characters' if isinstance(v, str) else 'bytes'})"
+        return repr(v[:limit])[: limit - len(note)] + note
     text = repr(v)
     if "\n" in text:
         text = text.replace("\n", "\n    ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SMALL = 4096
+
+
+def _content_key(v: object) -> Any:
+    """Equal for values that look the same and are the same: their repr when it is short and
+    says all (small plain values), else a digest of their contents."""
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return ("bytes", _digest(v))
+    if isinstance(v, str):
+        return v if len(v) <= _SMALL else ("str", _digest(v.encode("utf-8", "surrogatepass")))
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.ndarray) and v.dtype != object:
+        return ("ndarray", v.dtype.str, v.shape, _digest(np.ascontiguousarray(v).view(np.uint8)))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.layout == torch.strided:
+        try:
+            raw = v.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            return ("tensor", str(v.dtype), tuple(v.shape), v.requires_grad, _digest(raw))
+        except (RuntimeError, TypeError):
+            pass
+    text = repr(v)
+    if type(v) in (int, float, bool, complex, type(None)) or (len(text) <= 80 and " object" not in text):
+        return text
+    try:  # an object whose repr may not tell it apart (<...HTML object>, cut lists)
+        return ("pickled", text, _digest(pickle.dumps(v, protocol=5)))
+    except Exception:
+        return ("unique", id(v))
+
+
+def _digest(data: Any) -> bytes:
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()
