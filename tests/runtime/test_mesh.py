@@ -294,3 +294,14 @@ def test_an_error_on_the_controllers_io_thread_is_reported_and_calls_still_compl
     assert mesh.run("rank", timeout=10).values() == [0, 1]
     err = capfd.readouterr().err
     assert "the controller's IO thread hit an error and goes on" in err and "a bug in a task" in err
+
+
+def test_a_function_from_an_earlier_labelled_cell_shows_its_own_lines_in_tracebacks(start_mesh):
+    # The kernel labels every cell "%%mesh": the lines of a function defined in one cell must
+    # not be read from the text of a later one.
+    mesh = start_mesh(gpus=1)
+    mesh.run("def normalize(v):\n    total = sum(v)\n    return [x / total for x in v]", label="%%mesh")
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("x = 1\ny = 2\nnormalize([0, 0])", label="%%mesh")
+    text = str(info.value)
+    assert "return [x / total for x in v]" in text and "normalize([0, 0])" in text, text

@@ -113,7 +113,9 @@ class Mesh(MeshStarts, ShapeOps):
                     "mesh.run('y = x * 2', x=x), or pass a function"
                 )
             n = _cell_number(code)
-            filename = f"<mesh-cell-{n}>" if label is None else f"<{label}>"
+            # One name per distinct code: tracebacks and stacks read lines by it (linecache), so
+            # two cells under one name would show one cell's lines for the other's frames.
+            filename = f"<mesh-cell-{n}>" if label is None else f"<{label} cell {n}>"
             check_syntax(code, filename)
             extra: dict[str, Any] = {"code": code, "filename": filename}
             signed: list[Any] = []
