@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ COMMANDS = (
 RUN_OPTIONS_HELP = (
     "options: --where DIM=A:B (repeatable), --ranks 0,3, --no-fail-fast, --timeout SECONDS"
 )
+# Longer waits overflow the millisecond timeouts the transport polls with (~24 days).
+MAX_TIMEOUT_S = 1_000_000
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -130,8 +133,11 @@ def _to_run_options(ns: argparse.Namespace, prog: str) -> RunOptions:
             opts.where[dim] = sel
     if ns.ranks is not None:
         opts.ranks = parse_ranks(ns.ranks)
-    if opts.timeout is not None and opts.timeout <= 0:
-        raise UsageError(f"{prog}: --timeout must be a positive number of seconds")
+    if opts.timeout is not None and not (math.isfinite(opts.timeout) and 0 < opts.timeout <= MAX_TIMEOUT_S):
+        raise UsageError(
+            f"{prog}: --timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,}; "
+            f"got {opts.timeout:g} (leave it out to wait as long as the cell runs)"
+        )
     return opts
 
 
@@ -337,6 +343,8 @@ def parse_command(line: str) -> Command:
         p.add_argument("rank", type=int)
         p.add_argument("--tail", type=int, default=200)
         ns = _parse(p, tokens)
+        if ns.tail < 1:
+            p.error(f"--tail takes a positive number of lines, got {ns.tail}")
         cmd.rank, cmd.tail = ns.rank, ns.tail
     elif word in ("pull", "gather"):
         cmd.names = [n for n in tokens for n in n.split(",") if n]
