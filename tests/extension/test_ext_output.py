@@ -125,3 +125,26 @@ def test_a_finished_rank_is_not_waited_for():
     g.rank_done(1)
     g.add(0, "stdout", "solo", now=0)
     assert lines_of(g.ready(now=0.2)) == ["[0] solo"]
+
+
+def test_a_line_longer_than_the_cut_comes_out_in_pieces_with_no_empty_line_after():
+    from viceroy.extension.output import MAX_PARTIAL
+
+    s = RankStreams()
+    text = "x" * (MAX_PARTIAL + 36_000) + "\n"
+    lines = []
+    for i in range(0, len(text), 50_000):  # as a rank's output arrives: in chunks
+        lines += s.feed(2, "stdout", text[i : i + 50_000]).lines
+    lines += [(stream, t, False) for _, stream, t in s.flush()]
+    assert "".join(t for _, t, _ in lines) == text[:-1]
+    assert all(t for _, t, _ in lines), "no empty line where the long line ends"
+    # the next line is unaffected, and an empty line of its own still shows
+    assert s.feed(2, "stdout", "next\n\n").lines == [("stdout", "next", False), ("stdout", "", False)]
+
+
+def test_a_cut_line_ended_by_a_newline_in_its_own_chunk_adds_no_empty_line():
+    from viceroy.extension.output import MAX_PARTIAL
+
+    s = RankStreams()
+    assert [t for _, t, _ in s.feed(0, "stdout", "y" * (MAX_PARTIAL + 1)).lines] == ["y" * (MAX_PARTIAL + 1)]
+    assert s.feed(0, "stdout", "\nafter\n").lines == [("stdout", "after", False)]

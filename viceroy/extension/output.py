@@ -21,7 +21,9 @@ from viceroy.runtime.shape import format_rank_set
 
 __all__ = ["format_rank_set"]  # re-exported: the magics name rank sets the way errors do
 
-MAX_PARTIAL = 64_000  # a line longer than this without a newline is cut, not buffered forever
+# A line longer than this without a newline is shown in pieces of about this size (each a
+# line), not buffered forever; the newline that ends it adds no empty line.
+MAX_PARTIAL = 64_000
 
 
 def terminal_line(text: str) -> str:
@@ -55,16 +57,22 @@ class RankStreams:
 
     def __init__(self) -> None:
         self._partial: dict[tuple[int, str], str] = {}
+        self._cut: set[tuple[int, str]] = set()  # a line was cut at MAX_PARTIAL, not yet ended
 
     def feed(self, rank: int, stream: str, text: str) -> Fed:
         out = Fed()
         key = (rank, stream)
         buf = self._partial.pop(key, "") + text
         *complete, rest = buf.split("\n")
+        if complete and key in self._cut:
+            self._cut.discard(key)
+            if not complete[0]:  # the newline ending a line already shown in pieces
+                complete.pop(0)
         for raw in complete:
             out.lines.append((stream, terminal_line(raw), "\r" in raw.rstrip("\r")))
         if len(rest) > MAX_PARTIAL:
             out.lines.append((stream, terminal_line(rest), False))
+            self._cut.add(key)
             rest = ""
         if rest:
             self._partial[key] = rest
@@ -79,6 +87,7 @@ class RankStreams:
             for (rank, stream), text in sorted(self._partial.items())
         ]
         self._partial.clear()
+        self._cut.clear()
         return out
 
 
