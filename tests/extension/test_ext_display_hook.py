@@ -53,3 +53,44 @@ def test_matplotlib_figures_on_a_rank_are_published_as_png():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "display ['image/png', 'text/plain'] 0"
+
+
+def test_figures_a_call_leaves_open_are_shown_and_closed_at_its_end():
+    """As the inline backend does after a cell: no plt.show() needed, and nothing piles up for
+    a later show(). A rank that picked another backend (Agg, to save files) keeps its figures."""
+    pytest.importorskip("matplotlib")
+    script = textwrap.dedent(
+        """
+        import viceroy.runtime.context as ctx
+        from viceroy.runtime.execution import Executor
+        sent, ns = [], {}
+        ctx._set_context(ctx.Context(0, {"gpus": 0}, {"gpus": 1}, 0, 1, 0, ns,
+                                     lambda kind, data: sent.append((kind, data))))
+        from viceroy.extension import display_hook
+        display_hook.install()
+        display_hook.install()  # again, as after a restart: still one flush per call
+        ex = Executor(ns)
+        ex.run_code("import matplotlib.pyplot as plt\\nplt.figure()\\n_ = plt.plot([1, 2])", "<mesh-cell-1>")
+        print("cell 1:", len(sent), sorted(sent[0][1]["data"]), len(ns["plt"].get_fignums()))
+        ex.run_code("x = 1", "<mesh-cell-2>")
+        ex.run_code("plt.show()", "<mesh-cell-3>")
+        print("cells 2-3:", len(sent))
+        value = ex.call(lambda: ns["plt"].subplots()[0], (), {})
+        print("function:", len(sent), type(value).__name__, len(ns["plt"].get_fignums()))
+        try:
+            ex.run_code("plt.figure()\\n1 / 0", "<mesh-cell-4>")
+        except ZeroDivisionError:
+            print("failed cell:", len(sent), len(ns["plt"].get_fignums()))
+        ex.run_code("plt.switch_backend('agg')\\nplt.figure()", "<mesh-cell-5>")
+        print("agg:", len(sent), len(ns["plt"].get_fignums()))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "cell 1: 1 ['image/png', 'text/plain'] 0",
+        "cells 2-3: 1",
+        "function: 2 Figure 0",
+        "failed cell: 3 0",
+        "agg: 3 1",
+    ]

@@ -1,12 +1,15 @@
 """A matplotlib backend for ranks: ``plt.show()`` sends each figure to the notebook as a PNG.
 
-Selected on ranks by `viceroy.extension.display_hook.install` (``MPLBACKEND``).
+Selected on ranks by `viceroy.extension.display_hook.install` (``MPLBACKEND``), which also has
+`flush_figures` run after each call, as IPython's inline backend does after each cell: figures
+a cell made and did not show are shown (and closed) at its end, not kept for a later show().
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import sys
 from typing import Any
 
 from matplotlib.backend_bases import FigureManagerBase
@@ -32,3 +35,18 @@ def show(close: bool = True, block: Any = None) -> None:
         )
     if close:
         plt.close("all")
+
+
+def flush_figures() -> None:
+    """After a call: show and close the figures still open, if pyplot is in use with this
+    backend (a rank that chose another backend, e.g. Agg to save files, keeps its figures)."""
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    import matplotlib
+    from matplotlib._pylab_helpers import Gcf
+
+    if not Gcf.get_all_fig_managers():
+        return
+    if matplotlib.get_backend() != f"module://{__name__}":
+        return
+    show(close=True)
