@@ -48,3 +48,34 @@ def test_syntax_errors_show_the_line_and_caret_without_frames():
     assert type(exc).__name__ == "SyntaxError"
     text = "\n".join(exc._render_traceback_())
     assert 'File "<%%mesh>", line 1' in text and "def f(:" in text and "^" in text
+
+
+def test_an_interrupt_that_left_ranks_running_says_which_and_what_to_expect():
+    text = interrupted("0-3", still_running="1-2")._render_traceback_()[0]
+    assert "interrupted the mesh call on ranks 0-3; some ranks have not stopped yet (ranks 1-2" in text
+    assert "%mesh stacks" in text and "the next cell waits for them" in text
+    assert "(rank 3:" in interrupted("0-3", still_running="3")._render_traceback_()[0]
+
+
+def test_shell_escapes_and_magics_in_rank_code_get_a_hint():
+    from viceroy.extension.cells import ipython_syntax_hint
+
+    def hint(code: str) -> str:
+        try:
+            compile(code, "<%%mesh>", "exec")
+        except SyntaxError as e:
+            return ipython_syntax_hint(code, e)
+        raise AssertionError(f"{code!r} compiled")
+
+    assert hint("x = 1\n!nvidia-smi").startswith("shell escapes (!cmd) are IPython syntax")
+    assert "subprocess.run(" in hint("!nvidia-smi")
+    assert hint("files = !ls").startswith("shell escapes (!cmd)")
+    assert hint("%timeit 1 + 1").startswith("%magics are IPython syntax")
+    assert hint("x = 1 +") == "" and hint("a = 5 % 3\nb = (") == ""  # plain mistakes: no hint
+    try:
+        compile("!nvidia-smi", "<%%mesh>", "exec")
+    except SyntaxError as e:
+        exc = syntax_error(e, hint=hint("!nvidia-smi"))
+    lines = [ln.replace("\x1b[1m", "").replace("\x1b[0m", "") for ln in exc._render_traceback_()]
+    assert lines[-1].startswith("hint: shell escapes (!cmd)")
+    assert "!nvidia-smi" in "\n".join(lines)

@@ -112,3 +112,63 @@ def test_call_finished_is_noticed():
     assert not live.finished
     live.handle({"type": "call_finished", "call": 1, "ok": True}, now=0)
     assert live.finished
+
+
+def test_a_batch_writes_once_per_run_of_one_stream_in_order():
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    with live.batch():
+        live.handle(out(0, "".join(f"a{i}\n" for i in range(500))), now=0)
+        live.handle(out(0, "warned\n", stream="stderr"), now=0)
+        live.handle(out(0, "b\nc\n"), now=0)
+        assert sink.writes == [], "nothing is written before the batch ends"
+    assert sink.writes == [
+        ("stdout", "".join(f"[0] a{i}\n" for i in range(500))),
+        ("stderr", "[0] warned\n"),
+        ("stdout", "[0] b\n[0] c\n"),
+    ]
+
+
+def test_a_display_in_a_batch_comes_after_the_lines_before_it():
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    order: list[str] = []
+    sink.write = lambda stream, text: order.append(text)  # type: ignore[method-assign]
+    sink.display = lambda data, md: order.append("display")  # type: ignore[method-assign]
+    sink.progress = lambda text: order.append(f"progress {text}")  # type: ignore[method-assign]
+    bundle = {"data": {"text/plain": "<Figure>"}, "metadata": {}}
+    with live.batch():
+        live.handle(out(0, "one\ntwo\n"), now=0)
+        live.handle({"type": "publish", "rank": 0, "call": 1, "kind": "display", "data": bundle}, now=0)
+        live.handle(out(0, "three\n\r50%", stream="stderr"), now=0)
+    assert order == ["[0] one\n[0] two\n", "display", "[0] three\n", "progress [0] 50%"]
+
+
+def test_an_interrupt_while_a_batch_is_written_loses_and_repeats_nothing():
+    """Ctrl-C lands where the cell's sink waits for the kernel's IO thread: the lines held
+    after the interrupted write go out with the next ones, and batching still ends."""
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    write = sink.write
+    calls = []
+
+    def interrupted_once(stream: str, text: str) -> None:
+        write(stream, text)
+        calls.append(text)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    sink.write = interrupted_once  # type: ignore[method-assign]
+    try:
+        with live.batch():
+            live.handle(out(0, "a\n"), now=0)
+            live.handle(out(0, "warned\n", stream="stderr"), now=0)
+            live.handle(out(0, "b\n"), now=0)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt was swallowed")
+    live.handle(out(0, "stopped\n"), now=0)  # not in a batch: written at once, after the rest
+    assert sink.writes == [
+        ("stdout", "[0] a\n"), ("stderr", "[0] warned\n"), ("stdout", "[0] b\n[0] stopped\n")
+    ]

@@ -64,3 +64,49 @@ def test_up_sets_environment_variables_on_every_rank():
         assert seen == [("a=b", "gloo")] * 2
     finally:
         session.close()
+
+
+def test_down_turns_auto_mode_off_and_says_so(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):
+    session = current_session(shell)
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    shell.run_line_magic("mesh", "auto on")
+    capsys.readouterr()
+    shell.run_line_magic("mesh", "down")
+    assert capsys.readouterr().out == "mesh stopped; auto mode is off: cells run here again\n"
+    assert session.auto is False
+    assert shell.transform_cell("x = 1\n") == "x = 1\n", "plain cells run on the controller again"
+
+
+def test_with_no_mesh_auto_mode_is_named_in_the_error_and_the_status(shell: InteractiveShell):
+    from viceroy.extension.magics import MeshMagics
+
+    session = current_session(shell)
+    session.state.auto = True  # e.g. left on by a mesh that failed to come back up
+    try:
+        with pytest.raises(UsageError, match=r"no mesh is up.*auto mode is on.*`%mesh auto off`"):
+            shell.run_cell_magic("mesh", "", "x = 1")
+        magics = shell.magics_manager.registry[MeshMagics.__name__]
+        assert "`%mesh auto off`" in magics.status_text().splitlines()[1]
+    finally:
+        session.state.auto = False
+    assert magics.status_text() == "no mesh is up; start one with `%mesh up gpus=4`"
+
+
+def test_values_that_cannot_travel_are_one_line_usage_errors_and_gather_is_named(shell: InteractiveShell):
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    shell.run_cell("import threading\nlock = threading.Lock()")
+    with pytest.raises(UsageError, match=r"^%mesh push: lock \(lock\) cannot be sent to the ranks") as e:
+        shell.run_line_magic("mesh", "push lock")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match=r"^%mesh push: gen \(generator\) cannot be sent"):
+        shell.run_line_magic("mesh", "push gen=(i for i in range(3))")
+    with pytest.raises(UsageError, match=r"^%mesh scatter: parts \(list\) cannot be sent"):
+        shell.run_line_magic("mesh", "scatter parts=[threading.Lock(), threading.Lock()]")
+    for magic in ("pull", "gather"):
+        with pytest.raises(Exception, match="nosuch failed on 2 of 2 ranks") as failed:
+            shell.run_line_magic("mesh", f"{magic} nosuch")
+        shown = failed.value._render_traceback_()  # type: ignore[attr-defined]  # what the notebook shows
+        assert f"{magic} nosuch failed on 2 of 2 ranks" in shown[0]
+        text = "\n".join(shown)
+        assert "NameError: name 'nosuch' is not defined" in text
+        assert "viceroy/" not in text, "the ranks' traceback shows the user's lines only"

@@ -174,3 +174,71 @@ def test_a_mesh_tensor_bound_to_a_controller_name_is_each_ranks_tensor(mesh_kern
     ex = mesh_kernel.ok("%%mesh\nprint(rank, z.sum().item())")
     # (in arrival order: a rank still importing torch for the engine's first batch prints later)
     assert sorted(ex.stream().splitlines()) == ["[0] 0 6.0", "[1] 1 6.0"]
+
+
+def test_an_unpicklable_push_is_a_one_line_usage_error(mesh_kernel: Kernel):
+    mesh_kernel.ok("import threading\nlock = threading.Lock()")
+    failed = mesh_kernel.execute("%mesh push lock")
+    assert failed.status == "error" and failed.errors == []  # a one-line usage error, no traceback
+    err = failed.stream("stderr")
+    assert err.count("\n") == 1 and "%mesh push: lock (lock) cannot be sent to the ranks" in err
+
+
+def test_shell_escapes_in_rank_code_get_a_hint_and_nothing_runs(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute("%%px\nprint('ran', rank)\n!nvidia-smi")
+    assert ex.status == "error" and len(ex.errors) == 1
+    assert ex.errors[0]["ename"] == "SyntaxError"
+    text = error_text(ex.errors[0])
+    assert "!nvidia-smi" in text
+    assert "hint: shell escapes (!cmd) are IPython syntax" in text and "subprocess.run(" in text
+    assert ex.stream() == "", "nothing was sent to the ranks"
+
+
+def test_a_flood_of_lines_arrives_in_few_messages_complete_and_in_order(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nimport sys\nfor i in range(3000):\n    print('line', i)\n"
+        "    if i % 1000 == 0: print('warn', i, file=sys.stderr)"
+    )
+    streams = [m["content"] for m in ex.outputs if m["msg_type"] == "stream"]
+    assert len(streams) < 100, f"{len(streams)} stream messages for 3000 lines"
+    shown = [(s["name"], line) for s in streams for line in s["text"].splitlines()]
+    # every rank printed the same lines: each shown once for both, in the order written
+    # (identical lines may also come apart when a rank lags: then each rank's keep their order)
+    for r in (0, 1):
+        mine = [(name, line.split("] ", 1)[1]) for name, line in shown if _has_rank(line, r)]
+        expected = []
+        for i in range(3000):
+            expected.append(("stdout", f"line {i}"))
+            if i % 1000 == 0:
+                expected.append(("stderr", f"warn {i}"))
+        assert mine == expected
+
+
+def _has_rank(line: str, rank: int) -> bool:
+    label = line[1 : line.index("]")]
+    return label == "0-1" or label == str(rank)
+
+
+def test_a_very_long_line_is_not_followed_by_an_empty_one(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok("%%mesh\nprint('x' * 100000)\nprint('after')")
+    lines = ex.stream().splitlines()
+    assert lines[-1] == "[0-1] after" or sorted(lines[-2:]) == ["[0] after", "[1] after"]
+    pieces = [line.split("] ", 1)[1] if "] " in line else "" for line in lines if "after" not in line]
+    assert all(pieces), f"an empty line came out: {[p[:10] for p in pieces]}"
+    assert sum(len(p) for p in pieces) in (100000, 200000)  # grouped, or each rank's own
+
+
+def test_figures_a_cell_made_are_shown_at_its_end_tagged_and_not_again(mesh_kernel: Kernel):
+    pytest.importorskip("matplotlib")
+    mesh_kernel.ok("%%mesh\nimport matplotlib.pyplot as plt", timeout=120)
+    ex = mesh_kernel.ok("%%mesh\nplt.figure()\n_ = plt.plot([1, 2, rank])")
+    shown = ex.of_type("display_data")
+    assert sorted(d["metadata"]["viceroy"]["rank"] for d in shown) == [0, 1]
+    assert all("image/png" in d["data"] for d in shown)
+    later = mesh_kernel.ok("%%mesh\nplt.show()\nlen(plt.get_fignums())")
+    assert later.of_type("display_data") == [], "nothing piled up for a later show()"
+    assert "all 0" in later.of_type("execute_result")[0]["data"]["text/plain"]
+    # a plot call's value comes back without the controller drawing its own, untagged copy
+    ex = mesh_kernel.ok("%%mesh\nplt.figure()\nplt.plot([1, rank])")
+    assert [d["metadata"].get("viceroy") for d in ex.of_type("display_data")] in (
+        [{"rank": 0}, {"rank": 1}], [{"rank": 1}, {"rank": 0}])

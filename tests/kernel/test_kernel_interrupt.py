@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kernel_harness import Execution, Kernel, wait_until
+from kernel_harness import Execution, Kernel, error_text, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,3 +108,27 @@ def _interrupt_once_both_ranks_started(kernel: Kernel, code: str, marks: Path) -
 
     ex = kernel.execute(code, timeout=60, hook=hook)
     return ex, time.monotonic() - interrupted_at[0]
+
+
+def test_ranks_that_do_not_stop_are_named_and_the_next_cell_says_it_waits(mesh_kernel: Kernel, tmp_path: Path):
+    """os.system ignores SIGINT while its child runs: the ranks go on after the interrupt.
+    The cell must not claim they stopped, and the next cell must not wait silently."""
+    code = (
+        "%%mesh\nimport os, pathlib\n"
+        f"pathlib.Path(r'{tmp_path}', f'started-{{rank}}').touch()\n"
+        "os.system('sleep 6')\n"
+        "print('os.system returned')"
+    )
+    ex, latency = _interrupt_once_both_ranks_started(mesh_kernel, code, tmp_path)
+    assert ex.status == "error" and ex.reply["ename"] == "KeyboardInterrupt"
+    text = error_text(ex.errors[0])
+    assert "some ranks have not stopped yet (ranks 0-1" in text, text
+    assert latency < 3.0
+    assert "ranks 0-1 running" in mesh_kernel.ok("%mesh status").stream()
+    after = mesh_kernel.ok("%%mesh\nprint('next', rank)", timeout=60)
+    notice = "[viceroy] ranks 0-1 still running an earlier call"
+    assert after.stream("stderr").count(notice) == 1, after.stream("stderr")
+    assert after.stream("stderr").count("\n") == 1
+    assert after.stream() == "[0] next 0\n[1] next 1\n"
+    # once they are free, nothing more is said
+    assert mesh_kernel.ok("%%mesh\nx = 1").stream("stderr") == ""

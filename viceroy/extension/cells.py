@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -84,33 +85,27 @@ class CellRunner:
         view = self.view(mesh, opts)
         sink = sink or CellSink()
         self._report_exits_since_last_cell(sink)
+        self._report_busy_ranks(view, sink)
         self._printed = False
         self.active = True
         self._title = (threading.get_ident(), cell_title(label, code))
+        fut: Any = None
+        live: LiveOutput | None = None
         try:
             try:
-                fut = view.run(
-                    code,
-                    block=False,
-                    timeout=opts.timeout,
-                    fail_fast=opts.fail_fast,
-                    label=label,
-                    **self._handles_used_by(code),
-                )
-            except SyntaxError as e:
-                raise syntax_error(e) from None
-            except ValueError as e:  # a handle from another mesh, or from one shut down
-                raise UsageError(str(e)) from None
-            live = LiveOutput(view.ranks, fut.call_id, sink)
-            # Wake the pump the moment the value is in (the runtime announces call_finished
-            # just before it resolves the future).
-            fut.add_done_callback(lambda _f: self._inbox.post({"type": "future_done", "call": fut.call_id}))
-            try:
+                fut = self._submit(view, code, opts, label)
+                live = LiveOutput(view.ranks, fut.call_id, sink)
+                # Wake the pump the moment the value is in (the runtime announces
+                # call_finished just before it resolves the future).
+                fut.add_done_callback(lambda _f: self._inbox.post({"type": "future_done", "call": fut.call_id}))
                 self._pump(live, fut)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # also one landing before the pump started
+                if live is None and fut is not None:
+                    live = LiveOutput(view.ranks, fut.call_id, sink)
                 self._stop(view, live, fut)
             finally:
-                live.close()
+                if live is not None:
+                    live.close()
         finally:
             self.active = False
             self._title = (None, "")
@@ -122,6 +117,22 @@ class CellRunner:
             raise
         values = value.values() if hasattr(value, "values") else [value]
         return None if all(v is None for v in values) else value
+
+    def _submit(self, view: Mesh, code: str, opts: RunOptions, label: str) -> Any:
+        """Send the cell's call; its future. Mistakes found before sending are one error."""
+        try:
+            return view.run(
+                code,
+                block=False,
+                timeout=opts.timeout,
+                fail_fast=opts.fail_fast,
+                label=label,
+                **self._handles_used_by(code),
+            )
+        except SyntaxError as e:
+            raise syntax_error(e, hint=ipython_syntax_hint(code, e)) from None
+        except ValueError as e:  # a handle from another mesh, or from one shut down
+            raise UsageError(str(e)) from None
 
     def _handles_used_by(self, code: str) -> dict[str, Any]:
         """Controller names the cell reads that hold handles (`mesh.ref(...)`, MeshTensors):
@@ -145,28 +156,77 @@ class CellRunner:
     def _drain(self, live: LiveOutput, timeout: float) -> None:
         """Handle queued events (waiting up to ``timeout`` for one), then emit what is due.
         Bounded per round, so a flood cannot starve the ticks."""
-        for ev in self._inbox.take(timeout):
-            live.handle(ev, time.monotonic())
-        live.tick(time.monotonic())
+        events = self._inbox.take(timeout)
+        with live.batch():  # one write (one message) per stream run, not per line
+            for i, ev in enumerate(events):
+                try:
+                    live.handle(ev, time.monotonic())
+                except KeyboardInterrupt:  # the rest are handled after it (by _stop)
+                    self._inbox.put_back(events[i + 1 :])
+                    raise
+            live.tick(time.monotonic())
 
-    def _stop(self, view: Mesh, live: LiveOutput, fut: Any) -> None:
+    def _stop(self, view: Mesh, live: LiveOutput | None, fut: Any) -> None:
+        """Interrupt the cell's ranks, show what they print while stopping, and end the cell.
+        ``fut`` is None (and `live` too) when the interrupt came while the call was being sent:
+        then whatever runs on the cell's ranks is interrupted."""
         ranks = format_rank_set(view.ranks)
         try:
             view.interrupt()
             deadline = time.monotonic() + INTERRUPT_GRACE_S
-            while not fut.done() and time.monotonic() < deadline:
+            while fut is not None and live is not None and not fut.done() and time.monotonic() < deadline:
                 self._drain(live, timeout=0.05)
-            self._drain(live, timeout=0)
+            if live is not None:
+                self._drain(live, timeout=0)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C: stop waiting, report what we know
-        raise interrupted(ranks, still_running=not fut.done()) from None
+        # The call's future resolves once the runtime gives up waiting for ranks that did not
+        # answer the interrupt; those ranks still run it (the runtime's states say so).
+        busy = self._busy_ranks(view)
+        done = fut is None or fut.done()
+        still = format_rank_set(busy or view.ranks) if busy or not done else ""
+        raise interrupted(ranks, still_running=still) from None
 
-    def _report_exits_since_last_cell(self, sink: Sink) -> None:
+    @staticmethod
+    def _busy_ranks(view: Mesh) -> list[int]:
+        """Ranks of `view` still running some call (one given up on included), by the runtime."""
+        try:
+            states = view.states()
+        except Exception:  # a mesh shut down meanwhile: nothing runs
+            return []
+        return sorted(r for r, s in states.items() if s == "running")
+
+    def _report_busy_ranks(self, view: Mesh, sink: Sink) -> None:
+        """A cell sent to ranks still busy with an earlier call waits for them: say so, once,
+        rather than seem to hang."""
+        busy = self._busy_ranks(view)
+        if busy:
+            sink.write(
+                "stderr",
+                f"[viceroy] {describe_ranks(busy)} still running an earlier call (one interrupted "
+                "but not stopped, or started from Python); this cell runs there once it ends. "
+                "`%mesh stacks` shows where they are\n",
+            )
+
+    def _pending_exits(self) -> dict[int, str]:
+        """rank -> why it exited, for exits since the last cell (taken from the inbox)."""
         exits: dict[int, str] = {}
         while events := self._inbox.take(0):
             for ev in events:
                 if ev.get("type") == "rank_exit":
                     exits[ev["rank"]] = ev.get("reason", "unknown")
+        return exits
+
+    def forget_exits(self, ranks: Any = None) -> None:
+        """Exits of these ranks (None: all) are old news: restarted, or the mesh was replaced."""
+        if self.active:
+            return
+        for rank, reason in self._pending_exits().items():
+            if ranks is not None and rank not in ranks:
+                self._inbox.post({"type": "rank_exit", "rank": rank, "reason": reason}, wake=False)
+
+    def _report_exits_since_last_cell(self, sink: Sink) -> None:
+        exits = self._pending_exits()
         for reason in sorted(set(exits.values())):
             ranks = sorted(r for r, why in exits.items() if why == reason)
             sink.write(
@@ -174,6 +234,25 @@ class CellRunner:
                 f"[viceroy] {describe_ranks(ranks)} exited ({reason}) since the last cell; "
                 "`%mesh restart --failed` brings back only the dead ranks\n",
             )
+
+
+_IPYTHON_SYNTAX = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*=\s*)?(!|%)")
+
+
+def ipython_syntax_hint(code: str, err: SyntaxError) -> str:
+    """Why a cell the ranks cannot parse may have looked fine: IPython syntax (``!cmd``,
+    ``x = !cmd``, ``%magic``) is the controller's; ranks run plain Python. "" if none is used."""
+    lines = code.splitlines()
+    suspects = [i for i, line in enumerate(lines, 1) if _IPYTHON_SYNTAX.match(line)]
+    if not suspects or (err.lineno is not None and err.lineno not in suspects):
+        return ""
+    line = lines[(err.lineno or suspects[0]) - 1].strip()
+    kind = "shell escapes (!cmd)" if "!" in line.split("%", 1)[0] else "%magics"
+    return (
+        f"{kind} are IPython syntax, run by the controller's kernel; ranks run plain Python. "
+        "On the ranks use subprocess.run(...) (e.g. subprocess.run(['nvidia-smi'])) or "
+        "os.system(...) for shell commands, and plain Python for what a magic does"
+    )
 
 
 @functools.lru_cache(maxsize=256)

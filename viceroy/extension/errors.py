@@ -40,19 +40,28 @@ def with_rendering(exc: E, lines: list[str]) -> E:
 _MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`"}
 
 
-def render_mesh_error(err: E) -> E:
-    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``)."""
+def render_mesh_error(err: E, wording: dict[str, str] | None = None) -> E:
+    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``);
+    `wording` replaces more of the runtime's words with the magic's (first occurrence each)."""
     message = str(err)
     for api, magic in _MAGIC_WORDING.items():
         message = message.replace(api, magic)
+    for api, magic in (wording or {}).items():
+        message = message.replace(api, magic, 1)
     return with_rendering(err, render_message(message, type(err).__name__))
 
 
-def interrupted(ranks: str, still_running: bool = False) -> KeyboardInterrupt:
-    """The exception a ``%%mesh`` cell ends with when the user interrupts it."""
+def interrupted(ranks: str, still_running: str = "") -> KeyboardInterrupt:
+    """The exception a ``%%mesh`` cell ends with when the user interrupts it; `still_running`
+    names the ranks (``"1"``, ``"0-3"``) that have not stopped yet, if any."""
     msg = f"interrupted the mesh call on ranks {ranks}"
     if still_running:
-        msg += "; some ranks have not stopped yet: %mesh stacks shows where they are"
+        label = "rank" if still_running.isdigit() else "ranks"
+        msg += (
+            f"; some ranks have not stopped yet ({label} {still_running}: code that does not "
+            "see the interrupt, such as os.system or a C call, is still running): `%mesh stacks` "
+            "shows where they are, and the next cell waits for them"
+        )
     exc = KeyboardInterrupt(msg)
     return with_rendering(exc, [f"{RED}KeyboardInterrupt{RESET}: {msg}"])
 
@@ -68,13 +77,18 @@ class CellSyntaxError(Exception):
 CellSyntaxError.__name__ = CellSyntaxError.__qualname__ = "SyntaxError"
 
 
-def syntax_error(err: SyntaxError) -> CellSyntaxError:
-    """The one-output form of a SyntaxError found in a ``%%mesh`` cell."""
+def syntax_error(err: SyntaxError, hint: str = "") -> CellSyntaxError:
+    """The one-output form of a SyntaxError found in a ``%%mesh`` cell (`hint`: a line below
+    it saying what to do instead)."""
     import traceback
 
     lines = traceback.format_exception_only(type(err), err)
     text = "".join(lines).rstrip("\n")
     body, _, last = text.rpartition("\n")
-    rendered = [*body.splitlines(), f"{RED}SyntaxError{RESET}: {last.partition(': ')[2] or last}"]
-    exc = CellSyntaxError(last.partition(": ")[2] or last)
+    message = last.partition(": ")[2] or last
+    rendered = [*body.splitlines(), f"{RED}SyntaxError{RESET}: {message}"]
+    if hint:
+        rendered.append(f"{BOLD}hint{RESET}: {hint}")
+        message = f"{message} ({hint})"
+    exc = CellSyntaxError(message)
     return with_rendering(exc, rendered)

@@ -30,6 +30,10 @@ class Inbox:
         if wake:
             self._bell.put(None)
 
+    def put_back(self, events: list[Event]) -> None:
+        """Events taken but not handled (the taker was interrupted): first out next time."""
+        self._events.extendleft(reversed(events))
+
     def take(self, timeout: float, limit: int = 2000) -> list[Event]:
         """Up to `limit` events, waiting up to `timeout` seconds for one that wakes the taker
         when none is queued (events queued without waking are taken at once)."""

@@ -10,8 +10,10 @@ one that writes into the current notebook cell.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from viceroy.extension.output import (
@@ -102,6 +104,22 @@ class LiveOutput:
         self._progress_at = float("-inf")
         self._shown = 0
         self._hidden = 0
+        self._held: collections.deque[tuple[str, str]] = collections.deque()  # not yet written
+        self._batching = 0  # depth of `batch` blocks: while > 0, lines are held
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Lines emitted inside are written at the end, one write per run of lines of one
+        stream, in order (stdout and stderr lines keep their order); a display or a progress
+        update writes the lines before it first. A cell's sink sends each write as one
+        message, so a flood costs a message per round of events, not per line."""
+        self._batching += 1
+        try:
+            yield
+        finally:
+            self._batching -= 1  # first: an interrupt while writing must not leave us batching
+            if not self._batching:
+                self._write_held()
 
     # --- events ------------------------------------------------------------------------------
 
@@ -162,6 +180,10 @@ class LiveOutput:
 
     def close(self) -> None:
         """The call is over: show everything still pending."""
+        with self.batch():
+            self._close()
+
+    def _close(self) -> None:
         self._flush_lines()
         for rank, stream, text in self._streams.flush():
             if rank in self._progress and text == self._progress[rank]:
@@ -171,7 +193,7 @@ class LiveOutput:
         if self._progress_dirty:
             self._show_progress(float("inf"))
         if self._hidden:
-            self.sink.write(
+            self._write(
                 "stderr",
                 f"[viceroy] {self._hidden} more lines not shown; "
                 "`%mesh logs RANK` shows a rank's recent output\n",
@@ -190,6 +212,7 @@ class LiveOutput:
                 data, md = tag_display(
                     rank, g.payload.get("data", {}), g.payload.get("metadata", {})
                 )
+                self._write_held()
                 self.sink.display(data, md)
             else:
                 self._emit(g.stream, format_line(g))
@@ -199,9 +222,27 @@ class LiveOutput:
             self._hidden += 1
             return
         self._shown += 1
-        self.sink.write(stream, line + "\n")
+        self._write(stream, line + "\n")
+
+    def _write(self, stream: str, text: str) -> None:
+        self._held.append((stream, text))
+        if not self._batching:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """Write the held lines, a run of one stream at a time. A run leaves the queue before
+        it is written, so an interrupt (Ctrl-C lands where the sink waits) neither repeats it
+        nor loses what follows: that is written next time."""
+        held = self._held
+        while held:
+            stream = held[0][0]
+            run: list[str] = []
+            while held and held[0][0] == stream:
+                run.append(held.popleft()[1])
+            self.sink.write(stream, "".join(run))
 
     def _show_progress(self, now: float) -> None:
+        self._write_held()
         self.sink.progress(format_progress(self._progress))
         self._progress_dirty = False
         self._progress_at = now

@@ -33,6 +33,8 @@ def _closed_mesh_guard(fn: Any) -> Any:
         except UsageError:
             raise
         except Exception as e:
+            if hasattr(e, "_render_traceback_"):  # rendered already (by the subcommand)
+                raise
             if hasattr(e, "failures"):
                 raise render_mesh_error(e) from None
             if type(e).__name__ == "MeshClosedError":
@@ -117,7 +119,12 @@ class MeshMagics(Magics):
             print(f"synced {cmd.sync_src} -> {line}")
 
     def _cmd_down(self, cmd: Command) -> None:
-        print("mesh stopped" if self.session.down() else "no mesh was up")
+        stopped = self.session.down()
+        note = ""
+        if self.session.auto:  # with no mesh, auto mode would only fail every plain cell
+            self.session.auto = False
+            note = "; auto mode is off: cells run here again"
+        print(("mesh stopped" if stopped else "no mesh was up") + note)
 
     def _cmd_status(self, cmd: Command) -> None:
         print(self.status_text())
@@ -136,8 +143,11 @@ class MeshMagics(Magics):
         """``mesh gpus=4: ranks 0-1 idle, rank 2 error (ZeroDivisionError: ...), rank 3 dead
         (SIGKILL)``; ranks whose last call returned count as idle."""
         snap = self.session.state.snapshot()
+        auto = "\nauto on: cells run on the ranks (`%mesh auto off` to stop)" if snap["auto"] else ""
         if snap["dims"] is None:
-            return "no mesh is up; start one with `%mesh up gpus=4`"
+            if snap["auto"]:
+                auto = "\nauto on: plain cells are sent to the ranks, and fail while no mesh is up (`%mesh auto off` runs them here)"
+            return "no mesh is up; start one with `%mesh up gpus=4`" + auto
         groups: dict[str, list[int]] = {}
         for r in snap["ranks"]:
             key = "idle" if r["state"] == "done" else r["state"]
@@ -153,9 +163,7 @@ class MeshMagics(Magics):
         text = f"mesh {describe_dims(snap['dims'])}: " + ", ".join(parts)
         if any(r["state"] == "dead" for r in snap["ranks"]):
             text += "\n`%mesh restart --failed` brings back only the dead ranks"
-        if snap["auto"]:
-            text += "\nauto on: cells run on the ranks (`%mesh auto off` to stop)"
-        return text
+        return text + auto
 
     def _cmd_restart(self, cmd: Command) -> None:
         self.session.restart(failed_only=cmd.failed_only)
@@ -206,7 +214,10 @@ class MeshMagics(Magics):
     def _cmd_push(self, cmd: Command) -> None:
         mesh = self.session.require()
         values = self._evaluate(cmd)
-        mesh.push(**values)
+        try:
+            mesh.push(**values)
+        except (TypeError, ValueError) as e:  # cannot be pickled; a handle of another mesh
+            raise UsageError(f"%mesh push: {e}") from None
         print(f"pushed {', '.join(values)} to ranks {format_rank_set(mesh.ranks)}")
 
     def _cmd_scatter(self, cmd: Command) -> None:
@@ -229,7 +240,14 @@ class MeshMagics(Magics):
         """Every rank's value joined in rank order (arrays and tensors concatenated, lists
         chained)."""
         mesh = self.session.require()
-        gathered = {name: mesh.gather(name) for name in cmd.names}
+        gathered: dict[str, Any] = {}
+        for name in cmd.names:
+            try:
+                gathered[name] = mesh.gather(name)
+            except Exception as e:
+                if hasattr(e, "failures"):  # gather pulls: name the magic the user typed
+                    raise render_mesh_error(e, {f"pull {name} failed": f"gather {name} failed"}) from None
+                raise
         return gathered[cmd.names[0]] if len(gathered) == 1 else gathered
 
     def _cmd_auto(self, cmd: Command) -> None:

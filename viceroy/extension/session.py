@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
 NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
+AUTO_HINT = "; auto mode is on, so this cell was sent to the ranks (`%mesh auto off` runs cells here again)"
 
 
 def describe_dims(dims: dict[str, int]) -> str:
@@ -64,6 +65,7 @@ class MeshSession:
         self._listeners: list[Callable[[], None]] = []
         self._setup = threading.local()
         self._hidden_calls: set[Any] = set()
+        self._restarting: frozenset[int] = frozenset()  # ranks our own restart is replacing
         self._echo = ApiEcho(all_ranks=lambda: self.mesh.ranks if self.mesh is not None else [])
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -135,6 +137,7 @@ class MeshSession:
         return launching.sync_hosts(self.mesh, src, dest, dry_run)
 
     def _attach(self, mesh: Mesh) -> None:
+        self._cells.forget_exits()  # of a previous mesh's ranks
         self.mesh = mesh
         self._unsubscribe = mesh.subscribe(self._on_event)
         self.state.reset(mesh.dims, mesh.states(), mesh.pids(), rank_hosts(mesh))
@@ -163,12 +166,15 @@ class MeshSession:
         if not ranks:
             return
         self.state.starting(ranks)
+        self._restarting = frozenset(ranks)
         self._notify()
         try:
             mesh.restart(failed_only=failed_only)
             with self._setup_calls():  # only on the new processes: the others may be busy
                 mesh.select(ranks).run(display_hook.install)
         finally:
+            self._restarting = frozenset()
+            self._cells.forget_exits(ranks)  # the dead ones among them are back
             self.state.set_states(mesh.states())
             self._notify()
 
@@ -177,7 +183,7 @@ class MeshSession:
         if self.mesh is None:
             spec = os.environ.get(AUTO_MESH_ENV, "").strip()
             if not spec:
-                raise UsageError(NO_MESH)
+                raise UsageError(NO_MESH + (AUTO_HINT if self.auto else ""))
             self.up(parse_dims(spec.split(), prog=f"${AUTO_MESH_ENV}"))
         assert self.mesh is not None
         return self.mesh
@@ -210,6 +216,12 @@ class MeshSession:
         # Runs on the runtime's IO thread (call_started: on the submitting thread): record and
         # enqueue, nothing else.
         kind, call = ev.get("type"), ev.get("call")
+        if kind == "rank_exit" and ev.get("rank") in self._restarting:
+            # Our own restart replacing the process: not news for the next cell (the state
+            # still records the exit, and keeps the rank "starting").
+            self.state.apply(ev)
+            self._notify()
+            return
         if kind == "call_started" and getattr(self._setup, "active", False):
             self._hidden_calls.add(call)
         if kind == "call_started":

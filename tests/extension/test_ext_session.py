@@ -1,0 +1,115 @@
+"""A MeshSession on a real mesh: what the next cell is told about the ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+from viceroy.extension.args import RunOptions
+from viceroy.extension.session import MeshSession
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str]] = []
+
+    def write(self, stream: str, text: str) -> None:
+        self.writes.append((stream, text))
+
+    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        pass
+
+    def progress(self, text: str) -> None:
+        pass
+
+    def text(self, stream: str) -> str:
+        return "".join(t for s, t in self.writes if s == stream)
+
+
+@pytest.fixture
+def session() -> Iterator[MeshSession]:
+    s = MeshSession(None)
+    try:
+        s.up({"gpus": 2}, preload=[])
+        yield s
+    finally:
+        s.close()
+
+
+def run(session: MeshSession, code: str, **opts: Any) -> Sink:
+    sink = Sink()
+    session.run_cell(code, RunOptions(**opts), sink=sink)
+    return sink
+
+
+def kill_rank(session: MeshSession, rank: int) -> None:
+    """SIGKILL a rank this test's mesh started; return once the session has heard of it."""
+    assert session.mesh is not None
+    heard = threading.Event()
+    unsubscribe = session.mesh.subscribe(
+        lambda ev: heard.set() if ev.get("type") == "rank_exit" and ev.get("rank") == rank else None
+    )
+    try:
+        os.kill(session.mesh.pids()[rank], signal.SIGKILL)
+        wait_until(heard.is_set, 10, f"rank {rank}'s exit to be reported")
+    finally:
+        unsubscribe()
+
+
+def test_a_deliberate_restart_is_not_reported_as_ranks_exiting(session: MeshSession):
+    session.restart()
+    sink = run(session, "print('fresh')")
+    assert sink.text("stderr") == ""
+    # fresh ranks: the same line, shown grouped (or apart, grouping is time-windowed)
+    assert sink.text("stdout") in ("[0-1] fresh\n", "[0] fresh\n[1] fresh\n")
+
+
+def test_a_rank_that_died_is_reported_once_and_not_after_it_was_restarted(session: MeshSession):
+    kill_rank(session, 1)
+    sink = run(session, "print('still here')", ranks=[0])
+    assert sink.text("stderr") == (
+        "[viceroy] rank 1 exited (SIGKILL) since the last cell; "
+        "`%mesh restart --failed` brings back only the dead ranks\n"
+    )
+    assert run(session, "x = 1", ranks=[0]).text("stderr") == "", "said once"
+    session.restart(failed_only=True)
+    kill_rank(session, 0)
+    session.restart(failed_only=True)  # before any cell ran: that exit is old news now
+    sink = run(session, "print('back', rank)")
+    assert sink.text("stderr") == ""
+    assert "back" in sink.text("stdout")
+
+
+def test_an_interrupt_while_the_cell_is_being_sent_still_interrupts_the_ranks():
+    from viceroy.extension.cells import CellRunner
+
+    class Sending:
+        """A mesh whose run() is interrupted by Ctrl-C while sending."""
+
+        ranks = [0, 1]
+        interrupts = 0
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        def interrupt(self) -> None:
+            self.interrupts += 1
+
+        def states(self) -> dict[int, str]:
+            return {0: "idle", 1: "idle"}
+
+    mesh = Sending()
+    with pytest.raises(KeyboardInterrupt) as e:
+        CellRunner().run(mesh, "x = 1", RunOptions(), sink=Sink())  # type: ignore[arg-type]
+    assert mesh.interrupts == 1
+    assert e.value._render_traceback_() == [  # type: ignore[attr-defined]
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: interrupted the mesh call on ranks 0-1"
+    ]
