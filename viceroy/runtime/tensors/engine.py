@@ -1,11 +1,20 @@
 """The tensor engine on the controller: checks each torch op on meta tensors, queues it, and
 sends queued ops to the ranks in order, in batches (one mesh call per batch, not per op).
 
-An op that fails on a rank surfaces at the next fetch, with the controller line that issued it.
+An op that fails on a rank surfaces at the next fetch, with the controller line that issued it;
+the ops after it still run unless they use what it should have made (`worker.apply_batch`).
+
+The ranks run the ops as the controller checked them: a factory carries the dtype the
+controller computed, and the controller's default dtype and grad mode (``torch.
+set_default_dtype``, ``torch.no_grad()``) go with the ops. ``torch.manual_seed(s)`` under
+``activate()`` seeds the controller and every rank of the view with the same `s`, as a
+``torch.distributed`` script does on each of its processes (the same initial weights
+everywhere); for a stream per rank, seed on the ranks: ``mesh.run("torch.manual_seed(s + rank)")``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Iterator
@@ -45,8 +54,8 @@ PENDING_MAX = 64  # batches in flight before the ones that already succeeded are
 # Tensor ids, unique across every engine here: views of one mesh share its ranks, and a rank
 # keeps all its engine tensors in one table.
 _IDS = itertools.count(1)
-# The op that talks to other ranks: a batch holding one interrupts every rank once one fails,
-# or the others would wait in it for the failed rank (see `_send`).
+# The op that talks to other ranks: sent in calls of their own that interrupt every rank once one
+# fails, or the others would wait in it for the failed rank (see `_send`).
 _TALKER = worker.reduced
 
 
@@ -83,6 +92,13 @@ class Engine:
         self._refs: dict[int, Any] = {}
         self._gone = self._on_gone
         self._frees_posted = False  # a batch of frees is due to go out from the IO thread
+        # The controller's default dtype and grad mode as of the last op queued; a batch starts
+        # on the ranks in `_sent_modes` (None: torch's defaults), and `worker._modes` ops in the
+        # queue change them (`check_modes`).
+        self._dtype: torch.dtype = torch.float32
+        self._grad = True
+        self._switched = False
+        self._sent_modes: tuple[torch.dtype, bool] | None = None
 
     def describe(self) -> str:
         return self.mesh._shape.describe()
@@ -92,18 +108,38 @@ class Engine:
     def _new_id(self) -> int:
         return next(self._ids)
 
+    def check_modes(self) -> None:
+        """Before checking an op: if the controller's default dtype or grad mode changed since
+        the last op, queue the change for the ranks (and forget the plans made under the old
+        ones: their result dtypes and requires_grad may differ now)."""
+        dtype, grad = _default_dtype(), _grad_enabled()
+        if dtype is not self._dtype or grad is not self._grad:
+            self._dtype, self._grad = dtype, grad
+            self._switched = True
+            self._plans.clear()
+            self._enqueue((worker._modes, (dtype, grad), None, (), None, where(), False))
+
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
+        self.check_modes()
         with torch._C.DisableTorchFunctionSubclass():
             meta = func(*args, **{**kwargs, "device": "meta"})
+        if "dtype" not in kwargs:  # the dtype checked here, whatever the rank's default
+            kwargs = {**kwargs, "dtype": meta.dtype}
         tid = self._new_id()
         self._enqueue((func, args, kwargs, (), tid, where(), True))
         return MeshTensor(meta, self, tid)
+
+    def seed(self, seed: int) -> None:
+        """``torch.manual_seed(seed)`` on every rank, in order with the ops."""
+        self._enqueue((worker.seeded, (seed,), None, (), None, where(), False))
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: bool = False,
                  key: Any = _NO_KEY, plan: Plan | None = None) -> Any:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
         queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
         caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
+        if plan is None:
+            self.check_modes()
         flat = flat or (not any(isinstance(x, CONTAINERS) for x in args) and not any(
             isinstance(x, CONTAINERS) for x in kwargs.values()
         ))
@@ -113,7 +149,7 @@ class Engine:
                 key = signature(func, args, kwargs)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
-                check_needs_no_data(getattr(func, "__name__", str(func)))
+                check_needs_no_data(getattr(func, "__name__", str(func)), func)
                 plan = make_plan(func, args, kwargs, in_leaves)
                 if key is not None and plan.cacheable:
                     if len(self._plans) >= 4096:
@@ -147,10 +183,11 @@ class Engine:
         return results[0] if plan.kind is not GENERAL else pytree.tree_unflatten(results, plan.spec)
 
     def rank_op(self, t: MeshTensor, fn: Any, *args: Any) -> MeshTensor:
-        """Queue ``fn(tensor, *args)`` on every rank; its result (same shape and dtype) becomes
-        a new MeshTensor. For functions meta tensors cannot check, like collectives."""
+        """Queue ``fn(tensor, *args)`` on every rank; its result (same shape and dtype,
+        contiguous, no autograd) becomes a new MeshTensor. For functions meta tensors cannot
+        check, like collectives."""
         with torch._C.DisableTorchFunctionSubclass():
-            meta = torch.empty_like(t.as_subclass(torch.Tensor))
+            meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
         tid = self._new_id()
         self._enqueue((fn, [t._id, *args], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
@@ -238,14 +275,24 @@ class Engine:
             return
         if self._controller.closed:
             return
-        # No fail-fast: every rank runs its own ops to the end (or to its own error), so the
-        # ranks' tensor tables stay consistent with each other. Unless the batch talks to other
-        # ranks: those would wait in a collective for a rank whose batch already failed.
-        talks = any(op[0] is _TALKER for op in ops)  # (by identity: ops' functions need not hash)
-        fut = self.mesh.run(worker.apply_batch, worker.pack_ops(ops), frees, block=False, label="tensor ops",
-                            fail_fast=talks)
+        # No fail-fast: every rank runs its own ops to the end (a failed op fails only what uses
+        # its results), so the ranks' tensor tables stay consistent with each other. Collectives
+        # go in calls of their own, with fail-fast and stopping at the first failure: a rank that
+        # cannot join one stops, and its peers waiting in it are released.
         pending = self._pending
-        pending.append(fut)
+        chunks = _chunks(ops)
+        for n, (chunk, talks) in enumerate(chunks):
+            start = self._sent_modes
+            if self._switched:
+                for op in reversed(chunk):
+                    if op[0] is _MODES:
+                        dtype, grad = op[1]
+                        self._sent_modes = None if dtype is torch.float32 and grad else op[1]
+                        break
+            last = n == len(chunks) - 1  # frees go last: after every op that uses them
+            fut = self.mesh.run(worker.apply_batch, worker.pack_ops(chunk), frees if last else [], start, talks,
+                                block=False, label="tensor ops", fail_fast=talks)
+            pending.append(fut)
         if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
             pending[:] = [f for f in pending if not f.done() or f.exception(0) is not None]
 
@@ -309,6 +356,48 @@ def activate(engine: Engine) -> Iterator[Engine]:
     with _ActivateMode(engine):
         yield engine
     engine.flush()
+
+
+def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bool]]:
+    """`ops` cut into runs of collectives and runs of everything else (most batches: one run)."""
+    talks = [op[0] is _TALKER for op in ops]  # (by identity: ops' functions need not hash)
+    if not any(talks):
+        return [(ops, False)]
+    out: list[tuple[list[tuple[Any, ...]], bool]] = []
+    for op, t in zip(ops, talks, strict=True):
+        if out and out[-1][1] == t:
+            out[-1][0].append(op)
+        else:
+            out.append(([op], t))
+    return out
+
+
+def _active_engine() -> Engine | None:
+    """The engine of the innermost ``activate()`` of this thread, if any."""
+    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
+        if isinstance(mode, _ActivateMode):
+            return mode.engine
+    return None
+
+
+def _manual_seed_everywhere(seed: Any) -> Any:
+    engine = _active_engine()
+    if engine is not None:
+        engine.seed(int(seed))  # (int() as torch's own does: a bad seed fails here)
+    return _manual_seed(seed)
+
+
+# ``torch.manual_seed`` is plain Python, which the activate() mode does not see: wrapped, once, so
+# that under activate() it also seeds the ranks. Outside activate() it is torch's own.
+_manual_seed = getattr(torch.random.manual_seed, "__viceroy_wrapped__", torch.random.manual_seed)
+if not hasattr(torch.manual_seed, "__viceroy_wrapped__"):
+    _wrapper = functools.wraps(_manual_seed)(_manual_seed_everywhere)
+    _wrapper.__viceroy_wrapped__ = _manual_seed  # type: ignore[attr-defined]
+    torch.manual_seed = _wrapper
+    torch.random.manual_seed = _wrapper
+_MODES = worker._modes
+_default_dtype = torch.get_default_dtype
+_grad_enabled = torch.is_grad_enabled
 
 
 def _to_slot(x: Any) -> Any:

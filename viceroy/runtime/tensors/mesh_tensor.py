@@ -19,14 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
+
 if TYPE_CHECKING:
     from viceroy.runtime.tensors.engine import Engine
 
 # Asking for data that lives on the ranks: explain instead of failing inside torch.
 _NEEDS_DATA = {
-    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__",
-    "__len__", "__iter__", "__format__", "__reduce_ex__",
+    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
+    "__iter__", "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
 }
+# Ops whose result's shape depends on the values: meta tensors cannot tell it.
+_DATA_SHAPED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"}
+_HOW = ("use .fetch() for a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks "
+        "with mesh.run(fn, t) (each rank calls fn on its own tensor)")
 BATCH_MAX = 256  # ops queued before a batch goes out on its own
 
 # What a plan does with an op (the engine's meta-result cache, keyed by op and input signatures).
@@ -43,10 +49,10 @@ KEYABLE = frozenset({int, float, bool, str, type(None), type(Ellipsis), torch.dt
 _SIGS: dict[tuple[Any, ...], int] = {}
 
 
-def sig_of(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
-    """A small int standing for (shape, stride, dtype): cheap to hash in a plan's key. Ids are
-    never reused, so dropping the table (when huge) only costs cache misses."""
-    key = (shape, stride, dtype)
+def sig_of(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, grad: bool = False) -> int:
+    """A small int standing for (shape, stride, dtype, requires_grad): cheap to hash in a plan's
+    key. Ids are never reused, so dropping the table (when huge) only costs cache misses."""
+    key = (shape, stride, dtype, grad)
     sig = _SIGS.get(key)
     if sig is None:
         if len(_SIGS) >= 1 << 16:
@@ -78,7 +84,7 @@ class MeshTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, meta: torch.Tensor, engine: Engine, tid: int, sig: int | None = None) -> MeshTensor:
         if sig is None:
-            sig = sig_of(tuple(meta.shape), meta.stride(), meta.dtype)
+            sig = sig_of(tuple(meta.shape), meta.stride(), meta.dtype, meta.requires_grad)
         return new(engine, meta, tid, sig)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # (all done in __new__)
@@ -142,6 +148,24 @@ class MeshTensor(torch.Tensor):
             raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
         return self._engine.move(self, engine_for(mesh))
 
+    def __len__(self) -> int:
+        """The size of dim 0, as for a tensor: metadata, answered here."""
+        with torch._C.DisableTorchFunctionSubclass():
+            shape = tuple(self.shape)
+        if not shape:
+            raise TypeError("len() of a 0-d tensor")
+        return shape[0]
+
+    def __format__(self, spec: str) -> str:
+        """``f"{t}"`` is the repr (shape, dtype, mesh); a format spec (``:.2f``) needs values."""
+        if not spec:
+            return repr(self)
+        raise RuntimeError(f"formatting a MeshTensor with {spec!r} needs the data, which lives on the ranks "
+                           f"(one tensor per rank): {_HOW}")
+
+    def __contains__(self, item: Any) -> bool:
+        raise RuntimeError(f"`x in t` needs the data, which lives on the ranks (one tensor per rank): {_HOW}")
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
             shape, dtype = tuple(self.shape), self.dtype
@@ -160,12 +184,14 @@ class _Ref(weakref.ref):
 
 
 _make_subclass = torch.Tensor._make_subclass
+_default_dtype = torch.get_default_dtype
+_grad_enabled = torch.is_grad_enabled
 
 
 def new(engine: Engine, meta: torch.Tensor, tid: int, sig: int) -> MeshTensor:
     """A MeshTensor over (an alias of) `meta`, tracked so that the ranks free `tid` once it is
     garbage. `meta` may be shared: each MeshTensor gets its own alias of it."""
-    t: MeshTensor = _make_subclass(MeshTensor, meta)
+    t: MeshTensor = _make_subclass(MeshTensor, meta, meta.requires_grad)
     t._engine = engine
     t._id = tid
     t._sig = sig
@@ -212,6 +238,8 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                     key.append(v)
             else:
                 kwargs = None
+            if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad:
+                engine.check_modes()  # (before the plan: plans hold for one dtype and grad mode)
             k = tuple(key)
             plan = engine._plans.get(k)
             if plan is None:
@@ -235,13 +263,53 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
     return owner._fallback(func, args, kwargs)
 
 
-def check_needs_no_data(name: str) -> None:
-    """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks."""
+def check_needs_no_data(name: str, func: Any = None) -> None:
+    """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks.
+    Nor can autograd's ``backward`` and ``.grad``: the graph is on the ranks."""
     if name in _NEEDS_DATA:
+        what = "`x in t`" if name == "__contains__" else f"{name}()"
+        raise RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): {_HOW}")
+    if name in _DATA_SHAPED:
+        raise RuntimeError(data_shaped(f"{name}()"))
+    if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
+        what = "backward()" if name == "backward" else "a MeshTensor's .grad"
         raise RuntimeError(
-            f"{name}() needs the data, which lives on the ranks (one tensor per rank): "
-            "use .fetch() for a ValueMesh of tensors, or .fetch(gpus=0) for one rank's"
-        )
+            f"{what}: autograd runs on the ranks, where each rank's graph is, not on the controller. Run the step "
+            "there: mesh.run(lambda loss: loss.backward(), loss), then mesh.run(lambda w: w.grad, w) "
+            "(MeshTensors are handles there: each rank gets its own tensor)")
+
+
+_GRAD = torch.Tensor.grad
+
+
+def data_shaped(what: str) -> str:
+    return (f"{what}: the result's shape depends on the values, which live on the ranks (one tensor per rank, "
+            "each may differ), so the controller cannot check it: run it on the ranks with mesh.run(fn, t) "
+            "(each rank calls fn on its own tensor), or fetch first: .fetch(gpus=0)")
+
+
+def mutates(name: str, kwargs: dict[str, Any] | None) -> bool:
+    """Whether an op changes its first argument in place (``x.add_``, ``x[i] = v``, ``x += y``)
+    or writes into ``out=``."""
+    return (name.endswith("_") and not name.startswith("__")) or name in IN_PLACE_DUNDERS or \
+        bool(kwargs and kwargs.get("out") is not None)
+
+
+def _check_local_target(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """An op with a MeshTensor argument that would change a *local* tensor in place."""
+    if not mutates(name, kwargs):
+        return
+    out = kwargs.get("out")
+    targets = list(out) if isinstance(out, list | tuple) else [out] if out is not None else []
+    if not targets and args:
+        targets = [args[0]]
+    if any(isinstance(x, torch.Tensor) and type(x) is not MeshTensor for x in targets):
+        what = "loc[...] = mesh_t" if name == "__setitem__" else f"{name}(..., out=loc)" if out is not None \
+            else f"loc.{name}(mesh_t)"
+        raise TypeError(
+            f"{what}: a local tensor cannot be updated in place from rank data (a MeshTensor is one tensor per "
+            "rank, on the ranks): compute a new MeshTensor instead (mesh_t + loc), or fetch first: "
+            f"loc.{name if name != '__setitem__' else 'copy_'}(mesh_t.fetch(gpus=0))")
 
 
 def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
@@ -251,7 +319,8 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
 
     kwargs = kwargs or {}
     name = getattr(func, "__name__", str(func))
-    check_needs_no_data(name)
+    check_needs_no_data(name, func)
+    _check_local_target(name, args, kwargs)
     engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}
     if len(engines) > 1:
         descs = sorted(e.describe() for e in engines)

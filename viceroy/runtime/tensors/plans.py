@@ -8,6 +8,7 @@ the short road itself (`mesh_tensor.torch_function`) reads the plan's `kind`, `m
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ from viceroy.runtime.tensors.mesh_tensor import (
     NEW,
     VALUE,
     MeshTensor,
+    data_shaped,
+    mutates,
     sig_of,
 )
 
@@ -53,20 +56,34 @@ class Plan:
 
 def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leaves: list[Any]) -> Plan:
     """Run `func` on the MeshTensors' meta tensors themselves (an in-place op changes the
-    MeshTensor's shape here as it will on the ranks)."""
+    MeshTensor's shape here as it will on the ranks). Local tensors among the arguments travel
+    with the op; here they stand in as meta tensors where torch wants every tensor on one
+    device. An op that meta tensors cannot run (it needs the values) raises one clear error."""
+    name = getattr(func, "__name__", "")
+    in_place = mutates(name, kwargs)
     with torch._C.DisableTorchFunctionSubclass():
-        out = func(*args, **kwargs)
+        grad = torch.is_grad_enabled()
+        try:
+            # In place: no autograd here, whose leaf checks do not know which MeshTensors are
+            # leaves on the ranks (they check for themselves).
+            with torch.no_grad() if in_place else contextlib.nullcontext():
+                out = _run_meta(func, args, kwargs, in_leaves)
+        except (RuntimeError, NotImplementedError) as exc:
+            raise _explained(name, args, exc) from None
         # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
         # checked each time: only running it changes the MeshTensor's own meta tensor.
         changed = False
+        if in_place and grad and any(isinstance(x, torch.Tensor) and x.requires_grad for x in in_leaves):
+            target = kwargs.get("out", args[0] if args else None)
+            if type(target) is MeshTensor and (target.is_floating_point() or target.is_complex()):
+                target.requires_grad_(True)  # x.add_(w): x now requires grad, as on the ranks
         for x in in_leaves:
             if isinstance(x, MeshTensor):
-                sig = sig_of(tuple(x.shape), x.stride(), x.dtype)
+                sig = sig_of(tuple(x.shape), x.stride(), x.dtype, x.requires_grad)
                 if sig != x._sig:
                     x._sig = sig
                     changed = True
     leaves, spec = pytree.tree_flatten(out)
-    name = getattr(func, "__name__", "")
     if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
         if not (name.endswith("_") or name == "__setitem__"):
             return Plan(ANSWER, answer=out)
@@ -82,14 +99,58 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
         if same is not None:
             outputs.append(("input", same))
         else:
-            shape, stride = tuple(leaf.shape), tuple(leaf.stride())
-            meta = torch.empty_strided(shape, stride, dtype=leaf.dtype, device="meta")
-            outputs.append(("new", (meta, sig_of(shape, stride, leaf.dtype))))
+            shape, stride, grad = tuple(leaf.shape), tuple(leaf.stride()), leaf.requires_grad
+            meta = torch.empty_strided(shape, stride, dtype=leaf.dtype, device="meta", requires_grad=grad)
+            outputs.append(("new", (meta, sig_of(shape, stride, leaf.dtype, grad))))
     if kind is GENERAL and not isinstance(out, CONTAINERS) and len(outputs) == 1:
         kind = NEW if outputs[0][0] == "new" else INPLACE
     slots = tuple(i for i, a in enumerate(args) if type(a) is MeshTensor)
     return Plan(kind, tuple(outputs), spec, answer=out if kind is VALUE else None, slots=slots,
                  cacheable=not changed)
+
+
+def _is_local(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and type(x) is not MeshTensor and x.device.type != "meta"
+
+
+def _as_meta(x: Any) -> Any:
+    if not _is_local(x):
+        return x
+    return torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device="meta", requires_grad=x.requires_grad)
+
+
+def _run_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leaves: list[Any]) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as exc:
+        # A local tensor next to meta ones: ``t + torch.ones(3)``. (Indexing takes local index
+        # tensors as they are, and a local mask's values give the result's shape: tried first.)
+        if "device" not in str(exc) or not any(_is_local(x) for x in in_leaves):
+            raise
+    args, kwargs = pytree.tree_map(_as_meta, (args, kwargs))
+    return func(*args, **kwargs)
+
+
+_NO_VALUES = ("no data", "item() cannot be called on meta", "cannot be called on meta tensors")
+
+
+def _explained(name: str, args: tuple[Any, ...], exc: BaseException) -> BaseException:
+    """A meta-tensor failure that is not the user's shape or dtype error, as one clear error
+    naming the op; the user's own errors (shapes, dtypes) as they are."""
+    text = str(exc)
+    if name == "__getitem__" and len(args) > 1:
+        what = "indexing with a boolean mask (t[mask])"
+    else:
+        what = f"{name}()"
+    if any(s in text for s in _NO_VALUES):
+        return RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): use .fetch() for "
+                            "a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks with "
+                            "mesh.run(fn, t) (each rank calls fn on its own tensor)")
+    lower = text.lower()
+    if isinstance(exc, NotImplementedError) or "data-dependent" in lower or "meta tensor" in lower or \
+            "meta kernel" in lower:
+        return RuntimeError(data_shaped(what))
+    return exc
 
 
 CONTAINERS = (list, tuple, dict)

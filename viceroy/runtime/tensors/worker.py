@@ -12,6 +12,7 @@ from typing import Any
 from viceroy.runtime.context import context
 
 _TABLE = "__viceroy_tensors__"
+_FAILED = "__viceroy_failed_tensors__"
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ def table() -> dict[int, Any]:
     return tab
 
 
+def failures() -> dict[int, str]:
+    """Tensor id -> why it has no value on this rank (see `apply_batch`)."""
+    failed: dict[int, str] = context().namespace.setdefault(_FAILED, {})
+    return failed
+
+
 def _device() -> Any:
     import torch
 
@@ -59,62 +66,224 @@ def pack_ops(ops: list[Op]) -> bytes | list[Op]:
         return ops
 
 
-def apply_batch(packed: bytes | list[Op], frees: list[int]) -> None:
+def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bool] | None = None,
+                stop_on_failure: bool = False) -> None:
+    """Run one batch of ops on this rank, in order. What happens when an op fails:
+
+    - An op that raises has *failed*. What it should have produced has no value on this rank
+      from then on: the tensors it makes, and the ones it changes in place (``x.add_(...)``,
+      ``x[i] = v``, ``out=x``), since their values are no longer what the controller's program
+      says. Each is marked with the failure ("add_ (issued at cell.py, line 4) failed: ...").
+    - An op that uses a tensor with no value does not run and fails the same way: what it
+      should have produced is marked with the *first* failure, so every message names the op
+      that failed first and the controller line that issued it.
+    - Every other op runs as if nothing had failed: one failed op never loses unrelated work,
+      and ranks where nothing failed do exactly what ranks where something failed do with the
+      rest of the batch.
+    - The batch raises at its end with its first failure (which surfaces at the controller's
+      next fetch or sync); later fetches, `inspect`, `to_mesh` or rank code given such a tensor
+      raise with the failure too, never an old value. Freeing the tensor (dropping the
+      MeshTensor) forgets the failure.
+    - Interrupted part-way (Ctrl-C, or fail-fast after another rank failed), the op running and
+      the ops not yet run are marked as interrupted.
+    - `stop_on_failure` (batches of collectives): the batch stops at its first failure and
+      marks the ops after it as not run, so that this rank never joins a later collective that
+      its peers, still waiting in the failed one, would pair with the wrong one.
+
+    `start`: (default dtype, grad mode) the controller had when the batch's first op was
+    issued (None: torch's defaults, float32 with grad enabled); `_modes` ops in the batch change
+    them as the controller's did. The rank's own modes are put back after the batch.
+    """
     import pickle
 
+    import torch
     from torch.utils import _pytree as pytree
 
     ops: list[Op] = pickle.loads(packed) if isinstance(packed, bytes) else packed
 
     tab = table()
+    failed = failures()
+    device = _device()
+    local = device.type != "cpu"  # a controller's local tensor in an op goes to this device
 
     def resolve(x: Any) -> Any:
         if isinstance(x, Slot):
-            return _lookup(tab, x.id)
+            return _value(tab, failed, x.id)
+        if local and isinstance(x, torch.Tensor):
+            return x.to(device)
         return x
 
+    first: tuple[str, BaseException | None] | None = None
+    n_failed = 0
+    i = 0
+    saved = (torch.get_default_dtype(), torch.is_grad_enabled())
+    dtype, grad = start if start is not None else (torch.float32, True)
+    if (dtype, grad) != saved:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
     try:
-        for func, args, kwargs, slots, out, where, factory in ops:
+        for i, op in enumerate(ops):
+            func, args, kwargs, slots, out, where, factory = op
             try:
                 if slots is None:
-                    args, kwargs = pytree.tree_map(resolve, (args, kwargs))
+                    a, kw = pytree.tree_map(resolve, (args, kwargs))
                 elif slots:
-                    args = list(args)
-                    for i in slots:
+                    a, kw = list(args), kwargs
+                    for j in slots:
+                        tid = a[j]
                         try:
-                            args[i] = tab[args[i]]
+                            a[j] = tab[tid]
                         except KeyError:
-                            raise OpFailed(_MISSING.format(args[i])) from None
-                if factory and kwargs.get("device") in (None, "cuda"):
-                    kwargs = {**kwargs, "device": _device()}
-                result = func(*args, **kwargs) if kwargs else func(*args)
-            except OpFailed as exc:
-                raise OpFailed(f"{_name(func)} (issued at {where[0]}, line {where[1]}): {exc}") from None
+                            raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+                else:
+                    a, kw = args, kwargs
+                if factory and kw.get("device") in (None, "cuda"):
+                    kw = {**kw, "device": device}
+                result = func(*a, **kw) if kw else func(*a)
+            except _Unmade as exc:
+                root = exc.root
+                msg = f"{_name(func)} (issued at {where[0]}, line {where[1]}) did not run: it uses a result of " \
+                      f"an op that failed: {root}"
+                _mark(tab, failed, op, root)
+                n_failed += 1
+                if first is None:
+                    first = (msg, None)
+                if stop_on_failure:
+                    _mark_rest(tab, failed, ops, i + 1, f"did not run: an earlier collective of its batch failed: {root}")
+                    break
+                continue
             except Exception as exc:
-                raise OpFailed(f"{_name(func)} (issued at {where[0]}, line {where[1]}) failed: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                root = f"{_name(func)} (issued at {where[0]}, line {where[1]}) failed: {type(exc).__name__}: {exc}"
+                _mark(tab, failed, op, root)
+                n_failed += 1
+                if first is None:
+                    first = (root, exc)
+                if stop_on_failure:
+                    _mark_rest(tab, failed, ops, i + 1, f"did not run: an earlier collective of its batch failed: {root}")
+                    break
+                continue
             if type(out) is int:
                 tab[out] = result
             elif out is not None:
                 for tid, leaf in zip(out, pytree.tree_leaves(result), strict=False):
                     if tid is not None:
                         tab[tid] = leaf
+    except BaseException:
+        # Interrupted: the op running may have half run, and the rest never will. A second
+        # interrupt (they are repeated until the call ends) must not leave this half done.
+        while True:
+            try:
+                func, where = ops[i][0], ops[i][5]
+                at = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
+                _mark(tab, failed, ops[i], f"{at} was interrupted")
+                _mark_rest(tab, failed, ops, i + 1, f"did not run: the ranks were interrupted before it, at {at}")
+                break
+            except KeyboardInterrupt:
+                continue
+        raise
     finally:
         # Frees were recorded after every op of this batch that uses them was queued: apply
         # them last.
         for tid in frees:
             tab.pop(tid, None)
+            failed.pop(tid, None)
+        if (torch.get_default_dtype(), torch.is_grad_enabled()) != saved:
+            torch.set_default_dtype(saved[0])
+            torch.set_grad_enabled(saved[1])
+    if first is not None:
+        msg, cause = first
+        if n_failed > 1:
+            msg += f"\n({n_failed - 1} more op{'s' if n_failed > 2 else ''} of this batch failed or did not run; " \
+                   "every op that did not depend on a failed one ran)"
+        raise OpFailed(msg) from cause
 
 
-_MISSING = ("tensor #{} does not exist here (an earlier op that made it failed or was interrupted, or this rank "
-            "was restarted since)")
+def _modes(dtype: Any, grad: bool) -> None:
+    """An op of its own: the controller's default dtype or grad mode changed (``torch.
+    set_default_dtype``, ``torch.no_grad()``); the ops after it run as the controller checked
+    them."""
+    import torch
+
+    torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(grad)
 
 
-def _lookup(tab: dict[int, Any], tid: int) -> Any:
+def seeded(seed: int) -> None:
+    """``torch.manual_seed`` issued under ``activate()``: the same seed on every rank."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
+class _Unmade(Exception):
+    """An op's input has no value on this rank (`root`: why)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.root = root
+
+
+# Dunders that change their first argument in place (besides ``x.add_``-style names).
+IN_PLACE_DUNDERS = frozenset({
+    "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+})
+
+
+def _mark(tab: dict[int, Any], failed: dict[int, str], op: Op, why: str) -> None:
+    """What `op` should have produced has no value here, because of `why`: the ids it makes,
+    and the tensors it changes in place (its first argument for ``x.add_``/``x[i] = v``, and
+    ``out=``)."""
+    func, args, kwargs, slots, out, _where, _factory = op
+    ids: list[int] = []
+    if type(out) is int:
+        ids.append(out)
+    elif out is not None:
+        ids.extend(t for t in out if t is not None)
+    name = _name(func)
+    if name in IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")):
+        first: Any = args[0] if args else None
+        if slots and 0 in slots:
+            ids.append(first)
+        elif isinstance(first, Slot):
+            ids.append(first.id)
+    if kwargs:
+        outs = kwargs.get("out")
+        for x in outs if isinstance(outs, list | tuple) else (outs,):
+            if isinstance(x, Slot):
+                ids.append(x.id)
+    for tid in ids:
+        tab.pop(tid, None)
+        failed[tid] = why
+
+
+def _mark_rest(tab: dict[int, Any], failed: dict[int, str], ops: list[Op], start: int, why: str) -> None:
+    for op in ops[start:]:
+        func, where = op[0], op[5]
+        _mark(tab, failed, op, f"{_name(func)} (issued at {where[0]}, line {where[1]}) {why}")
+
+
+_MISSING = ("tensor #{} does not exist here (the ops that made it were interrupted before they started, or "
+            "this rank was restarted since)")
+
+
+def _value(tab: dict[int, Any], failed: dict[int, str], tid: int) -> Any:
     try:
         return tab[tid]
     except KeyError:
-        raise OpFailed(_MISSING.format(tid)) from None
+        raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+
+
+def _lookup(tab: dict[int, Any], tid: int) -> Any:
+    """Tensor `tid` for a fetch, a handle, `inspect` or `to_mesh`: OpFailed naming why it has no
+    value (the op that failed first, and its line)."""
+    try:
+        return tab[tid]
+    except KeyError:
+        why = failures().get(tid)
+        if why is None:
+            raise OpFailed(_MISSING.format(tid)) from None
+        raise OpFailed(f"this tensor has no value here: {why}") from None
 
 
 def _name(func: Any) -> str:
@@ -124,10 +293,13 @@ def _name(func: Any) -> str:
 def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> Any:
     """A reduced copy of `t` across this rank's group (computed on the controller from the
     view's dims), over the data plane."""
+    import torch
+
     from viceroy.runtime.collectives import all_reduce
     from viceroy.runtime.collectives.groups import Group
 
-    return all_reduce(t.clone(), op=op, dims=Group(groups[context().rank], label))
+    # A contiguous copy: all_reduce needs one, and a view (``t.T``) clones to its own strides.
+    return all_reduce(t.clone(memory_format=torch.contiguous_format), op=op, dims=Group(groups[context().rank], label))
 
 
 def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, ...], shape: tuple[int, ...],
@@ -144,6 +316,7 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
     to = next((d for s, d in pairs if s == me), None)
     frm = next((s for s, d in pairs if d == me), None)
     tab = table()
+    at = f"to_mesh (issued at {where[0]}, line {where[1]})"
     try:
         out = None if to is None else _lookup(tab, src).detach().to(_device()).contiguous()
         if out is not None and to == me:
@@ -152,7 +325,14 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
         into = None if frm is None else torch.empty(shape, dtype=dtype, device=_device())
         exchange(out, to, into, frm, Group(movers, label), "to_mesh")
     except OpFailed as exc:
-        raise OpFailed(f"to_mesh (issued at {where[0]}, line {where[1]}): {exc}") from None
+        if frm is not None:
+            failures()[dst] = f"{at} failed: {exc}"
+        raise OpFailed(f"{at}: {exc}") from None
+    except BaseException as exc:
+        if frm is not None:  # the tensor it should have received has no value here
+            why = "was interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
+            failures()[dst] = f"{at} {why}"
+        raise
     if into is not None:
         tab[dst] = into
 
@@ -170,16 +350,26 @@ def get(tid: int) -> Any:
 
 
 def summary(tid: int) -> dict[str, Any]:
+    """Shape, dtype, device, min, max, mean, norm. A complex tensor has no min or max (None);
+    its mean is a complex number and its norm the norm of the complex values."""
+    import torch
+
     t = _lookup(table(), tid)
+    some = t.numel() > 0
+    if t.is_complex():
+        c = t.detach().to(torch.complex128)
+        mean: Any = complex(c.mean()) if some else None
+        return {"shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
+                "min": None, "max": None, "mean": mean, "norm": float(c.norm()) if some else None}
     f = t.detach().float()
     return {
         "shape": tuple(t.shape),
         "dtype": str(t.dtype).removeprefix("torch."),
         "device": str(t.device),
-        "min": float(f.min()) if t.numel() else None,
-        "max": float(f.max()) if t.numel() else None,
-        "mean": float(f.mean()) if t.numel() else None,
-        "norm": float(f.norm()) if t.numel() else None,
+        "min": float(f.min()) if some else None,
+        "max": float(f.max()) if some else None,
+        "mean": float(f.mean()) if some else None,
+        "norm": float(f.norm()) if some else None,
     }
 
 

@@ -1,0 +1,107 @@
+"""An op that fails on the ranks: the ops after it still run unless they use what it should
+have made; those fail naming the op that failed first and its line (worker.apply_batch)."""
+
+import inspect as pyinspect
+import time
+
+import pytest
+
+import viceroy as vr
+
+torch = pytest.importorskip("torch")
+from viceroy.runtime.tensors import reduce  # noqa: E402
+
+
+def _line() -> int:
+    return pyinspect.currentframe().f_back.f_lineno - 1
+
+
+@pytest.fixture
+def tmesh(seeded_mesh):
+    return seeded_mesh(gpus=2)
+
+
+def test_ops_after_a_failed_op_of_the_same_batch_still_run(tmesh):
+    with tmesh.activate():
+        x = torch.zeros(4)
+        bad = x[torch.tensor([10])]  # fine on meta tensors, out of range on the ranks
+        line = _line()
+        x.add_(1)  # independent of `bad`: runs
+        y = x * 2  # independent of `bad`: runs
+    with pytest.raises(vr.MeshError, match=f"line {line}"):
+        x.fetch()  # the failure surfaces once, at the next fetch
+    assert [t.tolist() for t in x.fetch().values()] == [[1.0] * 4] * 2
+    assert [t.tolist() for t in y.fetch().values()] == [[2.0] * 4] * 2
+    del bad
+
+
+def test_ops_using_a_failed_result_fail_naming_the_first_failed_op_and_its_line(tmesh):
+    with tmesh.activate():
+        x = torch.zeros(4)
+        bad = x[torch.tensor([10])]
+        line = _line()
+        z = (bad + 1) * 2  # uses it, through another op
+        x.add_(bad.sum())  # in place, from it: x's value is not what the program says
+    with pytest.raises(vr.MeshError) as info:
+        z.fetch()
+    text = str(info.value)
+    assert f"test_failures.py, line {line}" in text and "IndexError" in text
+    assert "did not run" in text and "more ops of this batch failed or did not run" in text
+    for t in (z, x):  # later fetches say why, naming the first failure, and never an old value
+        with pytest.raises(vr.MeshError, match=rf"no value here: __getitem__ \(issued at .*line {line}\) failed: IndexError"):
+            t.fetch()
+    with tmesh.activate():
+        w = bad * 3  # a later batch: still the first failure, not "does not exist"
+    with pytest.raises(vr.MeshError) as info:
+        w.fetch()
+    assert f"line {line}) failed: IndexError" in str(info.value) and "does not exist" not in str(info.value)
+
+
+def test_a_failed_in_place_op_marks_its_tensor(tmesh):
+    with tmesh.activate():
+        x = torch.zeros(4)
+        x[torch.tensor([10])] = 5.0  # fails on the ranks: x is not what the program says
+        line = _line()
+        x.add_(1)  # uses x: does not run
+        other = torch.ones(2) + 1  # independent: runs
+    with pytest.raises(vr.MeshError, match=f"line {line}"):
+        other.fetch()
+    assert other.fetch(gpus=1).tolist() == [2.0, 2.0]
+    with pytest.raises(vr.MeshError, match=f"line {line}"):
+        x.fetch()
+    with pytest.raises(vr.MeshError, match=f"line {line}"):  # a handle in rank code too
+        tmesh.run(lambda t: t.sum().item(), x)
+
+
+def test_an_op_failing_on_one_rank_only_leaves_the_others_in_step(tmesh):
+    with tmesh.activate():
+        w = torch.zeros(4)
+        i = torch.zeros(1, dtype=torch.long)
+    tmesh.run(lambda t: t.fill_(10 if vr.context().rank == 1 else 0), i)
+    with tmesh.activate():
+        picked = w[i]  # out of range on rank 1 only
+        line = _line()
+        w.add_(5)  # independent: runs on both ranks
+    with pytest.raises(vr.MeshError, match=rf"failed on 1 of 2 ranks[\s\S]*line {line}"):
+        w.fetch()
+    assert [t.tolist() for t in w.fetch().values()] == [[5.0] * 4] * 2
+    assert picked.fetch(gpus=0).tolist() == [0.0]
+    with pytest.raises(vr.MeshError, match="rank 1:"):
+        picked.fetch(gpus=1)
+
+
+def test_a_collective_of_a_failed_tensor_fails_at_once_and_an_unrelated_one_runs(tmesh):
+    with tmesh.activate():
+        x = torch.ones(3)
+        bad = x[torch.tensor([10])]
+        line = _line()
+        y = x * 2
+    ok = reduce(y, "sum")  # in the same flow as the failure, independent of it
+    lost = reduce(bad, "sum")  # no rank can join: every rank stops, none waits
+    start = time.monotonic()
+    with pytest.raises(vr.MeshError, match=f"line {line}"):
+        lost.fetch()
+    assert time.monotonic() - start < 30
+    assert ok.fetch(gpus=0).tolist() == [4.0] * 3
+    with pytest.raises(vr.MeshError, match=rf"no value here: __getitem__ \(issued at .*line {line}\)"):
+        lost.fetch()
