@@ -206,3 +206,35 @@ def test_a_failure_in_one_dims_group_leaves_the_others_working(torch_mesh):
     assert took < 5 and "rank 1: ZeroDivisionError" in msg
     assert mesh.run(both) == before
     assert before.item(dp=1, tp=0) == (5.0, 2.0)
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 4}, {"hosts": 2, "gpus": 2}], ids=["direct", "relayed"])
+def test_a_rank_that_skips_a_collective_releases_the_others_naming_it(torch_mesh, dims):
+    # `if rank != 2: vr.all_reduce(t)`: rank 2 finishes the call; the others would wait for
+    # it forever. The controller tells them who finished; they stop, naming rank 2.
+    mesh = torch_mesh(**dims)
+    mesh.run(NEXT)  # the group exists: the others really wait in the collective
+    took, msg = timed_failure(mesh, "t = torch.ones(2)\nif rank != 2:\n    vr.all_reduce(t)")
+    assert took < 5, msg
+    assert "rank 2 finished the call without joining this collective" in msg, msg
+    assert_next_collective_is_right(mesh, 4)
+
+
+def test_a_rank_that_skips_the_first_collective_of_a_group_releases_the_others(torch_mesh):
+    mesh = torch_mesh(gpus=3)
+    took, msg = timed_failure(mesh, "t = torch.ones(2)\nif rank != 0:\n    vr.all_reduce(t, dims='gpus')",
+                              fail_fast=False)
+    assert took < 5, msg
+    assert "rank 0 finished the call without joining this collective" in msg, msg
+    assert_next_collective_is_right(mesh, 3)
+
+
+def test_ranks_that_finished_are_blamed_only_by_groups_they_belong_to(torch_mesh):
+    # Ranks 0-1 (a=0) take part in the whole-mesh all_reduce and finish; ranks 2-3 compute
+    # past the controller's notice, then all_reduce over their own group along "b".
+    mesh = torch_mesh(a=2, b=2)
+    code = ("import time\nt = torch.ones(2); vr.all_reduce(t)\n"
+            "if coords['a'] == 1:\n    time.sleep(1.5)\n    u = torch.ones(2) * rank; vr.all_reduce(u, dims='b')\n"
+            "t.tolist()")
+    assert mesh.run(code, timeout=30).values() == [[4.0, 4.0]] * 4
+    assert mesh.slice(a=1).run("u.tolist()").values() == [[5.0, 5.0]] * 2

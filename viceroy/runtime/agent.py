@@ -39,6 +39,10 @@ from viceroy.runtime.procs import (
 from viceroy.runtime.shape import RunSet
 from viceroy.runtime.wire import BadMessage, Signer
 
+# The longest a rank's answer waits here for the host's other ranks before it goes on alone:
+# the controller tells ranks still in a call who finished it (see call_peers).
+HOLD_S = 0.5
+
 
 @dataclass
 class RankSlot:
@@ -180,7 +184,7 @@ class Agent:
                 return  # one-way (an actor broadcast): nobody waits for an answer
             self.calls[header["id"]] = call
             self._maybe_flush(header["id"], force=bool(call.items))
-        elif op == "cancel":
+        elif op in ("cancel", "peers_done"):
             for r in mine:
                 if self.slots[r].ready:
                     self._send_rank(r, frames, control=True)
@@ -217,6 +221,8 @@ class Agent:
             call.items.append(item)
             call.signed.extend(signed)
             call.data.extend(data)
+            if call.held_since is None:
+                call.held_since = time.monotonic()
             self._maybe_flush(header["id"], force=not item["ok"])
         else:  # out, pub, stacks, stats: already signed with the mesh key; pass through
             multipart.send(self.to_ctrl, frames)
@@ -230,8 +236,21 @@ class Agent:
         if call.items:
             self._to_controller(*aggregate(call_id, call.items, call.signed, call.data))
             call.items, call.signed, call.data = [], [], []
+            call.held_since = None
         if not call.ranks:
             del self.calls[call_id]
+
+    def _flush_held(self) -> float:
+        """Send on answers held longer than `HOLD_S` (the controller tells ranks still running
+        a call who finished it, see call_peers); returns how long until the next is due."""
+        now, due = time.monotonic(), HEARTBEAT_S
+        for call_id, call in list(self.calls.items()):
+            if call.held_since is not None:
+                if now - call.held_since >= HOLD_S:
+                    self._maybe_flush(call_id, force=True)
+                else:
+                    due = min(due, call.held_since + HOLD_S - now)
+        return due
 
     def _on_hello(self, frames: list[Any]) -> None:
         try:
@@ -337,9 +356,10 @@ class Agent:
             poller.register(sock, zmq.POLLIN)
         poller.register(self.exits.fileno(), zmq.POLLIN)
         poller.register(self.zygote.fileno(), zmq.POLLIN)
+        wait = HEARTBEAT_S
         while not self.stopping:
             self._check_controller()
-            for sock, _ in poller.poll(int(HEARTBEAT_S * 1000)):
+            for sock, _ in poller.poll(max(1, int(wait * 1000))):
                 if sock is self.from_ctrl:
                     self._drain(self.from_ctrl, self._on_controller_message)
                 elif sock is self.from_ranks:
@@ -354,6 +374,7 @@ class Agent:
                         self._on_zygote_reply(msg)
                     if self.zygote.closed:
                         poller.unregister(self.zygote.fileno())
+            wait = self._flush_held()
         self._shutdown()
 
     def _shutdown(self) -> None:

@@ -21,6 +21,7 @@ class PendingCall:
     items: list[dict[str, Any]] = field(default_factory=list)
     signed: list[Any] = field(default_factory=list)
     data: list[Any] = field(default_factory=list)
+    held_since: float | None = None  # answers held back, waiting for the host's other ranks
 
 
 def aggregate(call_id: int, items: list[dict[str, Any]], signed: list[Any], data: list[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
@@ -45,9 +46,10 @@ def aggregate(call_id: int, items: list[dict[str, Any]], signed: list[Any], data
         ns, nd = item.get("signed", 0), len(item.get("lens", ()))
         sig, dat = signed[si : si + ns], data[di : di + nd]
         si, di = si + ns, di + nd
-        if item.get("ok") and "v" in item:
+        columnar = item.get("ok") and "cc" not in item  # collective counts (call_peers) go whole
+        if columnar and "v" in item:
             scalars.append((item["r"], item["v"]))
-        elif item.get("ok") and ns <= 1 and not nd and "shm" not in item:
+        elif columnar and ns <= 1 and not nd and "shm" not in item:
             raw = (sig[0].bytes if hasattr(sig[0], "bytes") else bytes(sig[0])) if ns else b""
             plain.append((item["r"], raw))
         else:

@@ -37,6 +37,11 @@ class Call:
     stop_deadline: float | None = None
     shm_paths: list[str] = field(default_factory=list)
     on_result: Callable[[int, bool, Any], None] | None = None
+    # Telling the ranks still running it who finished (see call_peers): the collectives each
+    # answered rank started, when to tell first, and who was told of already.
+    collectives: dict[int, dict[str, int]] = field(default_factory=dict)
+    notice_at: float | None = None
+    told: set[int] = field(default_factory=set)
 
     def missing(self) -> list[int]:
         return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]
@@ -129,6 +134,8 @@ class Call:
         failure (not an interruption), which fail-fast acts on. `on_release(path)` hands a
         shared-memory file back to the rank once its map here is garbage (see `shm.Segments`)."""
         r = item["r"]
+        if "cc" in item:
+            self.collectives[r] = item["cc"]
         if item["ok"] and "v" in item:  # a scalar, in the header
             self.results[r] = item["v"]
         elif item["ok"]:
@@ -150,6 +157,13 @@ class Call:
             self.failures[r] = RankFailure(kind, summary, item.get("tb", ""), item.get("etype", ""))
         self._stream([r])
         return r in self.failures and self.failures[r].kind != "interrupted"
+
+    def untold(self) -> list[list[Any]]:
+        """``[rank, {group: collectives started}]`` for each rank that answered since the
+        ranks still running were last told (and marks them told)."""
+        new = [r for r in (*self.results, *self.failures) if r not in self.told]
+        self.told.update(new)
+        return [[r, self.collectives.get(r, {})] for r in sorted(new)]
 
     def give_up_on_missing(self) -> None:
         """The grace after a cancel is over: the ranks still busy are reported as such."""

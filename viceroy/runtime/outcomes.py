@@ -23,6 +23,10 @@ from viceroy.runtime.wire import Signer
 
 Event = dict[str, Any]
 
+# A call answered by some ranks for this long: the others are told who finished (see
+# call_peers), so one waiting in a collective for a rank that left without it stops waiting.
+PEERS_DONE_AFTER_S = 1.0
+
 
 class CallOutcomes:
     signer: Signer
@@ -69,12 +73,12 @@ class CallOutcomes:
             return None
         now = time.monotonic()
         with self._lock:
-            ds = [d for c in self._calls.values() for d in (c.deadline, c.stop_deadline) if d]
+            ds = [d for c in self._calls.values() for d in (c.deadline, c.stop_deadline, c.notice_at) if d]
             ds += [q.deadline for q in self._queries.values()]
         return max(0.0, min(ds) - now) if ds else None
 
     def _deadlines_possible(self) -> bool:
-        return bool(self._queries) or any(c.deadline or c.stop_deadline for c in self._calls.values())
+        return bool(self._queries) or any(c.deadline or c.stop_deadline or c.notice_at for c in self._calls.values())
 
     def _check_deadlines(self) -> None:
         if not self._deadlines_possible():
@@ -85,6 +89,9 @@ class CallOutcomes:
             for call in list(self._calls.values()):
                 if call.deadline and now >= call.deadline and call.stop_reason is None:
                     self._stop(call, f"timed out after {call.timeout} s")
+                if call.notice_at and now >= call.notice_at:
+                    call.notice_at = None
+                    self._tell_peers_done(call)
                 if call.stop_deadline and now >= call.stop_deadline:
                     for r in call.missing():  # still busy with it: "running" until it answers
                         self._stuck.setdefault(r, set()).add(call.id)
@@ -136,11 +143,24 @@ class CallOutcomes:
                 events.append(done)
             if call is not None and call.complete():
                 finished.append(call)
+            elif call is not None and call.stop_reason is None:
+                if call.told:
+                    self._tell_peers_done(call)  # told before: tell of the new ones at once
+                elif call.notice_at is None:
+                    call.notice_at = time.monotonic() + PEERS_DONE_AFTER_S
         if self._listeners:
             for ev in events:
                 self._emit(ev)
         for c in finished:
             self._finish(c)
+
+    def _tell_peers_done(self, call: Call) -> None:
+        """Tell the ranks still running `call` which ranks finished it. Caller holds the lock."""
+        done = call.untold()
+        missing = [r for r in call.missing() if self._state[r] != "dead"]
+        if done and missing:
+            frames = self.signer.pack({"op": "peers_done", "id": call.id, "ranks": rank_runs(missing), "done": done})
+            self._to_ranks(missing, frames, control=True)
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
         finished: list[Call] = []

@@ -19,8 +19,8 @@ from typing import Any
 
 import zmq
 
+from viceroy.runtime import call_peers, multipart, resources, serialize, shm
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import multipart, resources, serialize, shm
 from viceroy.runtime.execution import (
     Executor,
     format_user_traceback,
@@ -170,6 +170,10 @@ class Rank:
                 actors = sys.modules.get("viceroy.runtime.actors.host")  # loaded once an actor lives here
                 if actors is None or not actors.cancel(self, header["id"]):
                     self._cancel(header["id"])  # a call on the main thread
+            elif op == "peers_done":  # ranks that finished the call this one still runs
+                with self.state_lock:
+                    if self.current == header["id"]:
+                        call_peers.peers_done({int(r): cc for r, cc in header["done"]})
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
             elif op == "stats":
@@ -227,6 +231,7 @@ class Rank:
                     skipped = True
                 else:
                     self.current = call_id
+                    call_peers.begin_call()
                     skipped = False
             if skipped:
                 self._send_result(
@@ -236,6 +241,8 @@ class Rank:
                 continue
             self.output.begin_call(call_id)
             reply = self._run_job(header, signed, data)
+            if cc := call_peers.counts():  # collectives it started: peers still waiting compare
+                reply[0]["cc"] = cc
             with self.state_lock:
                 self.current = None
                 self.interrupt_target = None

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.groups import Group
@@ -101,6 +102,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     """Run one operation on `group`, building its communicator if needed. On failure the
     communicator is aborted everywhere and a CollectiveError names the root cause."""
     me = context().rank
+    call_peers.started(group.name)
     entry = _get(what, backend, group, device)
     if not _healthy(entry):
         _forget(entry)  # the peers gave it up while we were elsewhere
@@ -112,7 +114,13 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         pending = start(comm)
         started = True
         while not pending.wait(SLICE_S):
-            pass
+            if gone := call_peers.skipped(group.ranks):
+                raise _Skipped(gone)
+    except _Skipped as exc:
+        reason = f"{_left_without(exc.ranks)} (rank {me} waited in it)"
+        _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
+        raise CollectiveError(f"{what} over {group.label}: {reason}. Every rank of a group must "
+                              "call its collectives, in the same order.") from None
     except KeyboardInterrupt:
         uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
@@ -154,6 +162,16 @@ def _first_line(exc: BaseException) -> str:
 
 class _StoreLost(Exception):
     pass
+
+
+class _Skipped(Exception):
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+
+
+def _left_without(ranks: list[int]) -> str:
+    who = ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
+    return f"{who} finished the call without joining this collective"
 
 
 class _Stale(Exception):
@@ -314,6 +332,10 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
                 raise CollectiveError(f"{what} over {group.label}: the group could not form: "
                                       f"{root_cause(records, None, records[0].reason)}")
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
+        if gone := call_peers.skipped(missing):
+            raise CollectiveError(f"{what} over {group.label}: {_left_without(gone)} (rank "
+                                  f"{context().rank} waited for the group to form). Every rank of a "
+                                  "group must call its collectives, in the same order.")
         if now - began > timeout:
             raise CollectiveError(
                 f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
