@@ -28,9 +28,19 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     holding the result on every rank of each group.
 
     >>> total = vr.reduce(b, "sum", dims="gpus")
+
+    On the ranks' own tensors (rank code), use ``vr.all_reduce`` instead.
     """
+    _check_mesh_tensor(t, "reduce")
     if op not in _OPS:
         raise ValueError(f"reduce op must be one of {', '.join(_OPS)}; got {op!r}")
+    import torch
+
+    with torch._C.DisableTorchFunctionSubclass():
+        dtype = t.dtype
+    if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"reduce 'avg' needs a floating-point tensor; this one is "
+                         f"{str(dtype).removeprefix('torch.')}: convert it first (t.float()), or use 'sum'")
     mesh = t._engine.mesh
     names = list(mesh.dims) if dims is None else [dims] if isinstance(dims, str) else list(dims)
     for d in names:
@@ -45,8 +55,16 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     return t._engine.rank_op(t, worker.reduced, op, groups, label)
 
 
+def _check_mesh_tensor(t: Any, name: str) -> None:
+    if not isinstance(t, MeshTensor):
+        raise TypeError(f"vr.{name} takes a MeshTensor (made under mesh.activate()); got {type(t).__name__}. "
+                        + ("In rank code, vr.all_reduce reduces a rank's own tensor." if name == "reduce" else ""))
+
+
 def inspect(t: MeshTensor) -> Any:
-    """Per rank: shape, dtype, device, min, max, mean, norm (a ValueMesh of dicts)."""
+    """Per rank: shape, dtype, device, min, max, mean, norm (a ValueMesh of dicts). A complex
+    tensor has no min or max (None), a complex mean, and the norm of its complex values."""
+    _check_mesh_tensor(t, "inspect")
     return t._engine.run_on_ranks(worker.summary, t._id, label="inspect")
 
 
@@ -56,6 +74,7 @@ def assemble(t: MeshTensor, dims: dict[str, int]) -> Any:
     at index 0 is used)."""
     import torch
 
+    _check_mesh_tensor(t, "assemble")
     mesh_dims = t._engine.mesh.dims
     unknown = [d for d in dims if d not in mesh_dims]
     if unknown:
