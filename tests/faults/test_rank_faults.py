@@ -318,3 +318,20 @@ def test_an_interrupt_while_the_mesh_starts_leaves_no_process_behind(tmp_path, m
         vr.Mesh.local(gpus=2, preload=["slow_to_import"], echo=False)
     assert started
     wait_until(lambda: not live_pids(started), 5, f"the mesh's processes {started} to exit")
+
+
+def test_restarting_ranks_busy_in_a_call_ends_the_call_and_leaves_them_idle(start_mesh):
+    # The new process's hello (straight to the controller) and the agent's word that the old
+    # one exited race; whichever comes first, the restart returns with every rank idle, the
+    # interrupted call fails as restarted, and nothing later marks the ranks "starting" again.
+    mesh = start_mesh(gpus=4)
+    for _ in range(6):
+        fut = mesh.run("import time\ntime.sleep(30)", block=False)
+        wait_running(mesh, "time.sleep(30)")
+        mesh.restart(timeout=10)
+        with pytest.raises(vr.MeshError) as info:
+            fut.get(timeout=5)
+        assert "died" in str(info.value) or "restarted" in str(info.value), str(info.value)
+        assert mesh.run("rank", timeout=10).values() == [0, 1, 2, 3]
+        wait_until(lambda: set(mesh.states().values()) == {"idle"} and len(mesh.pids()) == 4, 3,
+                   f"every rank idle with a pid, not {mesh.states()} {mesh.pids()}")

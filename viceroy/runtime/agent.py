@@ -300,7 +300,7 @@ class Agent:
             if r in call.ranks:
                 call.ranks.discard(r)
                 self._maybe_flush(call_id)
-        self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn})
+        self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn, "pid": pid})
         if slot.respawn and not self.stopping:
             self._spawn(r)
 

@@ -381,15 +381,22 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                     if set(q.replies) >= q.expected:
                         q.done.set()
         elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
-            r = header["r"]
+            r, ended = header["r"], []
             with self._changed:
+                replaced = self._pids.get(r)
+                if replaced is not None and replaced != header["pid"]:
+                    # The new process is up before the agent's word that the old one exited
+                    # (direct mode: two channels): calls the old one had are over.
+                    ended = self._replaced(r, replaced)
                 self._set_state(r, "idle")
                 self._pids[r] = header["pid"]
                 self._exit_reason.pop(r, None)
                 self._changed.notify_all()
+            for call in ended:
+                self._finish(call)
             self._emit({"type": "rank_ready", "rank": r, "pid": header["pid"]})
         elif op == "rank_exit":
-            self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False))
+            self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
         elif op == "agent_hello":
             self.agent_info[header["host"]] = header
         elif op == "agent_ready" and header.get("failed"):

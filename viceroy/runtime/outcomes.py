@@ -162,9 +162,11 @@ class CallOutcomes:
             frames = self.signer.pack({"op": "peers_done", "id": call.id, "ranks": rank_runs(missing), "done": done})
             self._to_ranks(missing, frames, control=True)
 
-    def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
+    def _on_rank_exit(self, r: int, reason: str, respawning: bool, pid: int | None = None) -> None:
         finished: list[Call] = []
         with self._changed:
+            if pid is not None and self._pids.get(r) not in (None, pid):
+                return  # a process already replaced (see `_replaced`): the new one is up
             self._set_state(r, "starting" if respawning else "dead")
             self._stuck.pop(r, None)
             self._exit_reason[r] = reason
@@ -180,6 +182,19 @@ class CallOutcomes:
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
             self._finish(c)
+
+    def _replaced(self, r: int, old_pid: int) -> list[Call]:
+        """Rank `r`'s process `old_pid` was replaced by a new one that is already up: the calls
+        it had not answered end for it. Caller holds the lock, and finishes the calls returned
+        (those now complete) once it let go of it."""
+        self._stuck.pop(r, None)
+        finished = []
+        for call in list(self._calls.values()):
+            if r in call.shape.ranks and not call.answered(r):
+                call.failures[r] = RankFailure("died", f"restarted (process {old_pid} ended) before it answered")
+                if not call.missing():
+                    finished.append(call)
+        return finished
 
     def _late_answer(self, header: dict[str, Any]) -> None:
         """A call given up on (see `_check_deadlines`) was answered after all: those ranks are
