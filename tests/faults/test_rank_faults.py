@@ -335,3 +335,21 @@ def test_restarting_ranks_busy_in_a_call_ends_the_call_and_leaves_them_idle(star
         assert mesh.run("rank", timeout=10).values() == [0, 1, 2, 3]
         wait_until(lambda: set(mesh.states().values()) == {"idle"} and len(mesh.pids()) == 4, 3,
                    f"every rank idle with a pid, not {mesh.states()} {mesh.pids()}")
+
+
+def test_ranks_that_exit_while_starting_fail_the_start_at_once_saying_why(monkeypatch, tmp_path):
+    # Preloaded by the fork server, this makes every rank it forks (its grandchildren: each
+    # rank is forked twice) exit at once.
+    (tmp_path / "ranks_exit.py").write_text(
+        "import os\n_depth = 0\n\ndef _child():\n    global _depth\n    _depth += 1\n"
+        "    if _depth == 2:\n        os._exit(7)\n\nos.register_at_fork(after_in_child=_child)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not start: ranks? [0-9,-]+ exited while starting \(exit code 7\)"):
+        vr.Mesh.local(gpus=2, preload=["ranks_exit"], echo=False, startup_timeout=20)
+    assert time.monotonic() - t0 < 10
+
+
+def test_an_env_name_no_process_can_hold_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match=r"env: 'BAD=NAME' is not an environment variable name"):
+        vr.Mesh.local(gpus=1, env={"BAD=NAME": "x"}, echo=False)

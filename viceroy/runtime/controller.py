@@ -29,7 +29,7 @@ from viceroy.runtime.calls import Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.hosts import HostLifecycle
-from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, rendezvous_env
+from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, check_env, rendezvous_env
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
@@ -53,6 +53,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         preload: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
+        check_env(env)
         self.shape = Shape(dims)
         self.launcher = launcher
         self.signer = Signer(launcher.mesh_key or new_key())  # attach mode: the user's key

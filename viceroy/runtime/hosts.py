@@ -38,6 +38,8 @@ class HostLifecycle:
     _agents: dict[int, AgentProcess]
     _host_of: dict[int, int]
     _state: dict[int, str]
+    _dead: set[int]
+    _exit_reason: dict[int, str]
     _host_timeout: float
     _startup_error: str | None
     _lock: threading.RLock
@@ -82,10 +84,15 @@ class HostLifecycle:
             with self._changed:
                 while not all(s == "idle" for s in self._state.values()):
                     left = deadline - time.monotonic()
-                    if self._startup_error or left <= 0:
+                    if self._startup_error or left <= 0 or self._dead:
                         break
                     self._changed.wait(left)
                 error = self._startup_error
+                if self._dead and not error:  # no point waiting for the others: say why now
+                    dead = sorted(self._dead)
+                    why = sorted({self._exit_reason.get(r, "exited") for r in dead})
+                    who = ("rank " if len(dead) == 1 else "ranks ") + format_rank_set(dead)
+                    error = f"{who} exited while starting ({'; '.join(why)})"
                 waiting = [r for r, s in self._state.items() if s != "idle"]
         except BaseException:  # an interrupt while waiting for the ranks, too
             self.shutdown()  # nothing half-started stays behind

@@ -72,6 +72,15 @@ class Launcher(ABC):
         return None
 
 
+def check_env(env: dict[str, Any] | None) -> None:
+    """Refuse, before anything starts, what no process environment can hold."""
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(f"env: {name!r} is not an environment variable name (no '=', not empty)")
+        if "\0" in str(value):
+            raise ValueError(f"env: the value of {name} holds a NUL character")
+
+
 def rendezvous_env(interface: str) -> dict[str, str]:
     """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a port that is
     free here, or $VICEROY_MASTER_PORT. (Launchers for many hosts override MASTER_ADDR with
