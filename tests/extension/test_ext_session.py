@@ -113,3 +113,15 @@ def test_an_interrupt_while_the_cell_is_being_sent_still_interrupts_the_ranks():
     assert e.value._render_traceback_() == [  # type: ignore[attr-defined]
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: interrupted the mesh call on ranks 0-1"
     ]
+
+
+def test_a_cell_queued_behind_a_call_made_from_python_says_nothing(session: MeshSession):
+    """Only ranks busy with a call given up on are reported (see test_kernel_interrupt); a
+    call still in flight from Python (the tensor engine's, a block=False run) is the user's."""
+    assert session.mesh is not None
+    fut = session.mesh.run("import time\ntime.sleep(0.5)", block=False)
+    wait_until(lambda: set(session.mesh.states().values()) == {"running"}, 10, "the call to start")  # type: ignore[union-attr]
+    sink = run(session, "print('after')")
+    assert fut.done()
+    assert sink.text("stderr") == ""
+    assert "after" in sink.text("stdout")

@@ -12,6 +12,7 @@ import functools
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -38,8 +39,11 @@ class CellRunner:
     """Runs cells, one at a time, for a shell (``shell.user_ns`` holds the handles a cell may
     read; None outside IPython)."""
 
-    def __init__(self, shell: Any = None) -> None:
+    def __init__(self, shell: Any = None, in_live_call: Callable[[int], bool] | None = None) -> None:
         self.shell = shell
+        # Whether a rank runs a call the controller still waits for (the session's state
+        # knows); ranks busy otherwise run calls given up on (interrupted, timed out).
+        self._in_live_call = in_live_call or (lambda _rank: False)
         self.active = False  # a cell is running: its events go to the inbox
         self._inbox = Inbox()
         self._printed = False  # a rank of the running cell's call has sent output
@@ -182,29 +186,30 @@ class CellRunner:
             pass  # a second Ctrl-C: stop waiting, report what we know
         # The call's future resolves once the runtime gives up waiting for ranks that did not
         # answer the interrupt; those ranks still run it (the runtime's states say so).
-        busy = self._busy_ranks(view)
+        busy = self._stuck_ranks(view)
         done = fut is None or fut.done()
         still = format_rank_set(busy or view.ranks) if busy or not done else ""
         raise interrupted(ranks, still_running=still) from None
 
-    @staticmethod
-    def _busy_ranks(view: Mesh) -> list[int]:
-        """Ranks of `view` still running some call (one given up on included), by the runtime."""
+    def _stuck_ranks(self, view: Mesh) -> list[int]:
+        """Ranks of `view` still running a call given up on (interrupted or timed out, the
+        ranks did not stop): the runtime counts them running, and no live call explains it.
+        (Calls made from Python, such as the tensor engine's, are live: not reported.)"""
         try:
             states = view.states()
         except Exception:  # a mesh shut down meanwhile: nothing runs
             return []
-        return sorted(r for r, s in states.items() if s == "running")
+        return sorted(r for r, s in states.items() if s == "running" and not self._in_live_call(r))
 
     def _report_busy_ranks(self, view: Mesh, sink: Sink) -> None:
-        """A cell sent to ranks still busy with an earlier call waits for them: say so, once,
-        rather than seem to hang."""
-        busy = self._busy_ranks(view)
-        if busy:
+        """A cell sent to ranks still busy with a call given up on waits for them: say so,
+        once, rather than seem to hang."""
+        stuck = self._stuck_ranks(view)
+        if stuck:
             sink.write(
                 "stderr",
-                f"[viceroy] {describe_ranks(busy)} still running an earlier call (one interrupted "
-                "but not stopped, or started from Python); this cell runs there once it ends. "
+                f"[viceroy] {describe_ranks(stuck)} still running an earlier call that was "
+                "interrupted but has not stopped; this cell runs there once it ends. "
                 "`%mesh stacks` shows where they are\n",
             )
 
