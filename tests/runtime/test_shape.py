@@ -63,6 +63,8 @@ def test_out_of_range_index_says_the_size():
         ({"gpus": ("dp", "tp")}, "all but one"),
         ({"gpus": ("dp",)}, "two or more"),
         ({"gpus": ("hosts", "tp"), "tp": 2}, "already exists"),
+        ({"gpus": ("dp", "tp"), "tp": 0}, r"positive integers, got \{'tp': 0\}"),
+        ({"gpus": ("dp", "tp"), "tp": 2.0}, "positive integers"),
     ],
 )
 def test_bad_splits_explain_themselves(spec, message):
@@ -79,3 +81,14 @@ def test_bad_dims_are_rejected_with_the_value(dims):
 def test_rank_sets_collapse_into_ranges():
     assert format_rank_set([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert format_rank_set([3]) == "3"
+
+
+def test_numpy_integers_serve_as_ranks_and_sizes():
+    import numpy as np
+
+    s = Shape({"gpus": 4})
+    picked = s.select(np.array([2, 0]))
+    assert picked.ranks == (2, 0) and all(type(r) is int for r in picked.ranks)  # JSON headers
+    assert s.split(gpus=("dp", "tp"), tp=np.int64(2)).dims == {"dp": 2, "tp": 2}
+    with pytest.raises(TypeError, match="select takes rank numbers"):
+        s.select(["a"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -147,7 +148,11 @@ class Shape:
             raise ValueError(f"sizes given for {unknown}, which are not among {new_names}")
         total = self._dims[old]
         free = [n for n in new_names if n not in sizes]
-        known = math.prod(int(v) for v in sizes.values())
+        bad = {k: v for k, v in sizes.items() if _positive_int(v) is None}
+        if bad:
+            raise ValueError(f"split sizes must be positive integers, got {bad}")
+        sizes = {k: _positive_int(v) for k, v in sizes.items()}
+        known = math.prod(sizes.values())
         if len(free) > 1:
             raise ValueError(f"give sizes for all but one of {new_names}")
         if total % known:
@@ -179,7 +184,10 @@ class Shape:
 
     def select(self, ranks: Sequence[int], name: str = "ranks") -> Shape:
         """A flat shape over a subset of this shape's ranks, in the order given."""
-        wanted = list(ranks)
+        try:  # numpy or torch integers too, as plain ints (they travel in JSON headers)
+            wanted = [operator.index(r) for r in ranks]
+        except TypeError:
+            raise TypeError(f"select takes rank numbers, got {list(ranks)!r}") from None
         have = set(self._ranks)
         missing = [r for r in wanted if r not in have]
         if missing:
@@ -316,3 +324,14 @@ class ShapeOps:
     def select(self: S, ranks: Sequence[int]) -> S:
         """A flat view ``{"ranks": len(ranks)}`` over the given global ranks."""
         return self._reshaped(self._shape.select(ranks))
+
+
+def _positive_int(v: Any) -> int | None:
+    """`v` as an int (numpy's too) if it is a positive integer, not a bool; else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        n = operator.index(v)
+    except TypeError:
+        return None
+    return n if n >= 1 else None
