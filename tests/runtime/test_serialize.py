@@ -56,3 +56,16 @@ def test_values_inlined_in_headers_come_back_with_their_type_and_value():
     assert inlined == [2**63 - 1, -(2**63), 2**64 - 1, 1e308, -0.0, "é"]  # the rest travel pickled
     header, _, _ = signer.unpack(signer.pack({"vals": inlined}))
     assert header["vals"] == inlined and [type(v) for v in header["vals"]] == [type(v) for v in inlined]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                   "float8_e5m2fnuz", "float8_e8m0fnu", "uint16"])
+def test_tensors_of_dtypes_numpy_lacks_travel_exactly(dtype):
+    import torch
+
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(getattr(torch, dtype))[:, 1:]  # not contiguous
+    payload, bufs = serialize.dumps({"t": t, "scalar": t[0, 0]})
+    back = serialize.loads(payload, [b.raw() for b in bufs])
+    for got, want in ((back["t"], t), (back["scalar"], t[0, 0])):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))

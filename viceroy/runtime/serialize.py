@@ -43,22 +43,26 @@ class _Pickler(cloudpickle.CloudPickler):
         return super().reducer_override(obj)
 
 
+_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
 def _reduce_tensor(t: Any) -> Any:
     import torch
 
     if t.layout != torch.strided or t.is_quantized:
         return NotImplemented
     base = t.detach().contiguous()
-    dtype = base.dtype
-    if dtype == torch.bfloat16:
-        arr = base.view(torch.int16).numpy()
-    elif dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        arr = base.view(torch.uint8).numpy()
-    else:
+    try:
+        arr = base.numpy()
+    except (TypeError, RuntimeError):  # no numpy dtype (bfloat16, float8s, complex32...): as raw ints
+        raw = _SAME_SIZE_INT.get(base.element_size())
+        if raw is None:
+            return NotImplemented
         try:
-            arr = base.numpy()
+            arr = base.view(getattr(torch, raw)).numpy()
         except (TypeError, RuntimeError):
             return NotImplemented
+    dtype = base.dtype
     return _rebuild_tensor, (arr, str(dtype).removeprefix("torch."), t.requires_grad)
 
 
