@@ -61,7 +61,7 @@ def test_sigkilled_rank_fails_the_call_within_a_second_and_restarts_alone(start_
     text = str(info.value)
     assert "rank 1: died (SIGKILL)" in text and "restart(failed_only=True)" in text
     assert mesh.degraded and mesh.states()[1] == "dead"
-    with pytest.raises(vr.MeshError, match=r"dead \(SIGKILL\) before the call"):
+    with pytest.raises(vr.MeshError, match=r"failed on 1 of 4 ranks\nrank 1: dead \(SIGKILL\) before the call"):
         mesh.run("1")
     t0 = time.monotonic()
     mesh.restart(failed_only=True)

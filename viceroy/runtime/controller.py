@@ -175,6 +175,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                     label,
                     {r: RankFailure("unavailable", f"dead ({self._exit_reason.get(r, 'exited')}) before the call") for r in dead},
                     hint="Nothing was sent. Bring the dead ranks back with mesh.restart(failed_only=True).",
+                    total=len(shape.ranks),
                 ))
                 return fut
             deadline = time.monotonic() + timeout if timeout else None

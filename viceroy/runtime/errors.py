@@ -40,6 +40,7 @@ class MeshError(Exception):
     failures: dict[int, RankFailure]
     partial: dict[int, Any] = field(default_factory=dict)
     hint: str = ""
+    total: int | None = None  # ranks the call was for, where some neither failed nor finished
 
     def __post_init__(self) -> None:
         super().__init__(self._message())
@@ -53,7 +54,7 @@ class MeshError(Exception):
         return sorted(self.failures)
 
     def _message(self) -> str:
-        n_total = len(self.failures) + len(self.partial)
+        n_total = self.total or len(self.failures) + len(self.partial)
         primary = {r: f for r, f in self.failures.items() if f.kind != "interrupted"} or self.failures
         lines = [f"{self.what} failed on {len(primary)} of {n_total} rank{'s' if n_total != 1 else ''}"]
         groups: dict[str, list[int]] = {}
