@@ -306,7 +306,9 @@ def _check_local_target(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     if any(isinstance(x, torch.Tensor) and type(x) is not MeshTensor for x in targets):
         what = "loc[...] = mesh_t" if name == "__setitem__" else f"{name}(..., out=loc)" if out is not None \
             else f"loc.{name}(mesh_t)"
-        raise TypeError(
+        # (A RuntimeError, as torch's own in-place refusals: ``loc += t`` turns a TypeError
+        # into NotImplemented, and Python would then rebind loc to a new MeshTensor.)
+        raise RuntimeError(
             f"{what}: a local tensor cannot be updated in place from rank data (a MeshTensor is one tensor per "
             "rank, on the ranks): compute a new MeshTensor instead (mesh_t + loc), or fetch first: "
             f"loc.{name if name != '__setitem__' else 'copy_'}(mesh_t.fetch(gpus=0))")

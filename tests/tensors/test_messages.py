@@ -1,0 +1,146 @@
+"""What can run on the controller does; what cannot says so in one clear message naming the op
+and what to do, never in torch's meta-tensor internals."""
+
+import warnings
+
+import pytest
+
+import viceroy as vr
+
+torch = pytest.importorskip("torch")
+from viceroy.runtime.tensors import inspect, reduce, worker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    m = vr.Mesh.local(gpus=2, preload=["torch"], echo=False)
+    yield m
+    m.shutdown()
+
+
+@pytest.fixture
+def t(mesh):
+    with mesh.activate():
+        return torch.arange(6.0).reshape(2, 3)
+
+
+def _sent(mesh):
+    """How many calls reached the ranks so far (to show that a refusal sent nothing)."""
+    seen = []
+    mesh.subscribe(lambda ev: ev["type"] == "call_started" and seen.append(ev))
+    return seen
+
+
+def test_metadata_questions_are_answered_here(t, mesh):
+    assert len(t) == 2 and f"{t}" == repr(t) == "MeshTensor(shape=(2, 3), dtype=float32, mesh=gpus=2)"
+    assert [row.shape for row in t] == [(3,), (3,)]  # rows: MeshTensors too
+    with mesh.activate(), pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
+        len(t.sum())
+
+
+@pytest.mark.parametrize("op, what", [
+    (lambda t: 3.0 in t, "`x in t`"),
+    (lambda t: torch.equal(t, t), "equal()"),
+    (lambda t: torch.allclose(t, t), "allclose()"),
+    (lambda t: t.cpu(), "cpu()"),
+    (lambda t: t.to("cpu"), "to()"),
+    (lambda t: f"{t.sum():.2f}", "formatting a MeshTensor with '.2f'"),
+])
+def test_ops_that_need_the_values_say_fetch_or_mesh_run(t, op, what):
+    with pytest.raises(RuntimeError) as info:
+        op(t)
+    text = str(info.value)
+    assert text.startswith(what) and "needs the data, which lives on the ranks" in text
+    assert "use .fetch()" in text and "mesh.run(fn, t)" in text and "meta" not in text
+
+
+@pytest.mark.parametrize("op, what", [
+    (lambda t: t[t > 2], "indexing with a boolean mask (t[mask])"),
+    (lambda t: t.nonzero(), "nonzero()"),
+    (lambda t: torch.unique(t), "unique()"),
+    (lambda t: torch.masked_select(t, t > 2), "masked_select()"),
+])
+def test_ops_whose_shape_depends_on_the_values_say_run_them_on_the_ranks(t, mesh, op, what):
+    with mesh.activate(), pytest.raises(RuntimeError) as info:
+        op(t)
+    text = str(info.value)
+    assert text.startswith(f"{what}: the result's shape depends on the values")
+    assert "mesh.run(fn, t)" in text and ".fetch(gpus=0)" in text and "meta" not in text
+
+
+def test_local_tensors_mix_with_mesh_tensors_in_every_position(t, mesh):
+    loc = torch.ones(3)  # made outside activate(): a local CPU tensor, sent with the op
+    with mesh.activate():
+        results = [t + loc, loc + t, torch.add(loc, t), t @ loc, t @ torch.ones(3, 2),
+                   torch.where(t > 2, t, loc), t[torch.tensor([1])]]
+    assert all(isinstance(r, vr.MeshTensor) for r in results)
+    want = [(t.fetch(gpus=0) + 1), (t.fetch(gpus=0) + 1), (t.fetch(gpus=0) + 1), torch.tensor([3.0, 12.0]),
+            torch.tensor([[3.0, 3.0], [12.0, 12.0]]), torch.tensor([[1.0, 1.0, 1.0], [3.0, 4.0, 5.0]]),
+            torch.tensor([[3.0, 4.0, 5.0]])]
+    for r, w in zip(results, want, strict=True):
+        assert r.shape == w.shape
+        torch.testing.assert_close(r.fetch(gpus=1), w)
+
+
+@pytest.mark.parametrize("op, what", [
+    (lambda loc, m: loc.add_(m), r"loc\.add_\(mesh_t\)"),
+    (lambda loc, m: _iadd(loc, m), r"loc\.add_\(mesh_t\)"),  # refused, not loc rebound to a MeshTensor
+    (lambda loc, m: loc.__setitem__(slice(None), m), r"loc\[\.\.\.\] = mesh_t"),
+    (lambda loc, m: torch.add(m, 1, out=loc), r"add\(\.\.\., out=loc\)"),
+])
+def test_a_local_tensor_updated_in_place_from_a_mesh_tensor_is_refused(t, mesh, op, what):
+    loc = torch.ones(2, 3)
+    seen = _sent(mesh)
+    for active in (False, True):
+        with mesh.activate() if active else _nothing(), pytest.raises(RuntimeError) as info:
+            op(loc, t)
+        assert __import__("re").match(what, str(info.value))
+        assert "a local tensor cannot be updated in place from rank data" in str(info.value)
+        assert "mesh_t + loc" in str(info.value) and "fetch" in str(info.value)
+    assert torch.equal(loc, torch.ones(2, 3)) and seen == []
+
+
+def _iadd(loc, m):
+    loc += m
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_reduce_takes_views_and_refuses_what_cannot_work_before_sending(t, mesh):
+    total = reduce(t.T, "sum")  # a view: the ranks reduce a contiguous copy
+    assert total.shape == (3, 2) and total.is_contiguous()
+    assert torch.equal(total.fetch(gpus=0), 2 * torch.arange(6.0).reshape(2, 3).T)
+    seen = _sent(mesh)
+    with pytest.raises(TypeError, match=r"vr\.reduce takes a MeshTensor \(made under mesh\.activate\(\)\); got Tensor"):
+        reduce(torch.ones(2))
+    with mesh.activate():
+        ints = torch.arange(3)
+    ints.fetch()
+    seen.clear()
+    with pytest.raises(ValueError, match=r"reduce 'avg' needs a floating-point tensor; this one is int64"):
+        reduce(ints, "avg")
+    with pytest.raises(TypeError, match=r"vr\.inspect takes a MeshTensor"):
+        inspect(torch.ones(2))
+    assert seen == []
+
+
+def test_inspect_summarises_complex_tensors_without_warnings(mesh):
+    with mesh.activate():
+        c = torch.zeros(2, dtype=torch.complex64) + 1j
+    summary = inspect(c).values()[0]
+    assert summary["norm"] == pytest.approx(2**0.5) and summary["mean"] == 1j
+    assert summary["min"] is None and summary["max"] is None
+
+    def warned(tid):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            worker.summary(tid)
+        return [str(w.message) for w in caught]
+
+    assert mesh.run(warned, c._id).values() == [[], []]
