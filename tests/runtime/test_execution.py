@@ -38,3 +38,14 @@ def test_a_failures_summary_is_the_first_line_of_its_message_with_its_type():
     assert format_user_traceback(noted)[1] == "KeyError: 'step' ..."
     plain = _raised_inside_a_library("1 / 0")
     assert format_user_traceback(plain)[1] == "ZeroDivisionError: division by zero"
+
+
+def test_a_trailing_semicolon_silences_the_last_expression_as_in_ipython():
+    from viceroy.runtime.execution import Executor
+
+    ex = Executor({})
+    assert ex.run_code("x = 5\nx", "<mesh-cell-8>") == 5
+    assert ex.run_code("x = 5\nx;", "<mesh-cell-9>") is None
+    assert ex.run_code("x = 5\nx;  # quiet", "<mesh-cell-10>") is None
+    assert ex.run_code("x = 5\nx; x + 1", "<mesh-cell-11>") == 6
+    assert ex.run_code("s = ';'\ns", "<mesh-cell-12>") == ";"

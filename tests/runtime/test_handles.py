@@ -71,6 +71,20 @@ def test_scatter_gives_each_rank_its_part_and_gather_joins_them(start_mesh):
         mesh.scatter("bad", [1, 2])
 
 
+def test_gather_stacks_scalars_and_names_itself_and_bad_names_and_0d_values_are_refused(start_mesh):
+    mesh = start_mesh(gpus=3)
+    mesh.run("import numpy as np\nloss = np.float64(rank) * np.ones(())")  # a 0-d array per rank
+    np.testing.assert_array_equal(mesh.gather("loss"), [0.0, 1.0, 2.0])
+    with pytest.raises(vr.MeshError, match=r"^gather nosuch failed"):
+        mesh.gather("nosuch")
+    for bad in (lambda: mesh.scatter("a b", [1, 2, 3]), lambda: mesh.push(**{"a b": 1}),
+                lambda: mesh.pull("1x")):
+        with pytest.raises(ValueError, match=r"takes variable names, got '(a b|1x)'"):
+            bad()
+    with pytest.raises(TypeError, match="a 0-d array or tensor has none: push gives every rank"):
+        mesh.scatter("p", np.array(3))
+
+
 def test_scatter_on_a_sub_mesh_uses_its_ranks(start_mesh):
     mesh = start_mesh(gpus=4)
     sub = mesh.slice(gpus=slice(2, 4))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import io
 import linecache
 import os
+import tokenize
 import traceback
 from collections.abc import Mapping
 from functools import lru_cache
@@ -27,12 +29,29 @@ def check_syntax(source: str, filename: str) -> None:
 def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
     tree = ast.parse(source, filename, "exec", type_comments=False)
     last: CodeType | None = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
         expr = ast.Expression(tree.body[-1].value)
         tree.body.pop()
         last = compile(expr, filename, "eval", flags=_TOP_LEVEL_AWAIT)
     body = compile(tree, filename, "exec", flags=_TOP_LEVEL_AWAIT)
     return body, last
+
+
+_QUIET = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER, tokenize.DEDENT, tokenize.INDENT}
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    """A trailing ``;`` silences a cell's last expression, as in IPython: ``plt.plot(x);``."""
+    if ";" not in source:
+        return False
+    last = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in _QUIET:
+                last = tok
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return last is not None and last.type == tokenize.OP and last.string == ";"
 
 
 def with_filename(code: CodeType, filename: str) -> CodeType:

@@ -162,19 +162,23 @@ class Mesh(MeshStarts, ShapeOps):
         for all ranks."""
         if not values:
             raise TypeError("push takes names and values: mesh.push(lr=0.1)")
+        _check_names("push", values)
         signed, data = self._pack(values, values)
         self._controller.submit("push", self._shape, {}, signed, data, label=f"push {', '.join(values)}").get()
 
     def pull(self, name: str) -> ValueMesh[Any]:
         """Each rank's value of a name in its namespace."""
-        if not name.isidentifier():
-            raise ValueError(f"pull takes a variable name, got {name!r}")
-        return self.run(name, label=f"pull {name}")
+        return self._read(name, "pull")
+
+    def _read(self, name: str, what: str) -> ValueMesh[Any]:
+        _check_names(what, [name])
+        return self.run(name, label=f"{what} {name}")
 
     def scatter(self, name: str, values: Any) -> None:
         """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
         rank (row-major), or an array/tensor split along its first axis into as many near-equal
         chunks as there are ranks (like numpy.array_split)."""
+        _check_names("scatter", [name])
         n = len(self._shape)
         parts = _split_for_ranks(values, n)
         if len(parts) != n:
@@ -185,8 +189,8 @@ class Mesh(MeshStarts, ShapeOps):
 
     def gather(self, name: str) -> Any:
         """Every rank's `name`, joined in rank order: arrays and tensors concatenated along
-        their first axis, lists chained, anything else as a list."""
-        return _join(self.pull(name).values())
+        their first axis (0-d ones stacked), lists chained, anything else as a list."""
+        return _join(self._read(name, "gather").values())
 
     # --- actors ---------------------------------------------------------------------------
 
@@ -282,7 +286,16 @@ class Mesh(MeshStarts, ShapeOps):
         return self._controller.subscribe(listener)
 
 
+def _check_names(what: str, names: Any) -> None:
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{what} takes variable names, got {name!r}")
+
+
 def _split_for_ranks(values: Any, n: int) -> list[Any]:
+    if getattr(values, "ndim", None) == 0:
+        raise TypeError("scatter splits along a first axis, and a 0-d array or tensor has none: "
+                        "push gives every rank the same value")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(values, torch.Tensor):
         return list(torch.tensor_split(values, n))
@@ -294,11 +307,13 @@ def _split_for_ranks(values: Any, n: int) -> list[Any]:
 
 
 def _join(values: list[Any]) -> Any:
+    """Arrays and tensors concatenated along their first axis (0-d ones, a loss per rank say,
+    stacked into one axis); lists chained; anything else as a list."""
     torch = sys.modules.get("torch")
     if values and torch is not None and all(isinstance(v, torch.Tensor) for v in values):
-        return torch.cat(values)
+        return torch.stack(values) if all(v.dim() == 0 for v in values) else torch.cat(values)
     if values and all(isinstance(v, np.ndarray) for v in values):
-        return np.concatenate(values)
+        return np.stack(values) if all(v.ndim == 0 for v in values) else np.concatenate(values)
     if values and all(isinstance(v, list) for v in values):
         return [x for v in values for x in v]
     return values

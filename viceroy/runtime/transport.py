@@ -128,7 +128,8 @@ class ControllerSockets:
     def wait(self, timeout: float | None) -> bool:
         """Block until a message or a wake-up (or `timeout` seconds); True if woken."""
         try:
-            events = dict(self._poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1)))
+            # At most an hour per wait: poll takes a C int of milliseconds (24 days at most).
+            events = dict(self._poller.poll(None if timeout is None else max(0, int(min(timeout, 3600) * 1000) + 1)))
         except zmq.ZMQError:
             return False
         if self._wake_r in events:
