@@ -105,3 +105,17 @@ def test_a_collective_of_a_failed_tensor_fails_at_once_and_an_unrelated_one_runs
     assert ok.fetch(gpus=0).tolist() == [4.0] * 3
     with pytest.raises(vr.MeshError, match=rf"no value here: __getitem__ \(issued at .*line {line}\)"):
         lost.fetch()
+
+
+def test_to_mesh_of_a_failed_tensor_names_the_failure_on_both_sides(seeded_mesh):
+    mesh = seeded_mesh(gpus=4)
+    with mesh.slice(gpus=slice(0, 2)).activate():
+        x = torch.zeros(4)
+        bad = x[torch.tensor([10])]
+        line = _line()
+    moved = bad.to_mesh(mesh.slice(gpus=slice(2, 4)))
+    moved_line = _line()
+    with pytest.raises(vr.MeshError, match=rf"to_mesh \(issued at .*line {moved_line}\): .*line {line}\) failed: IndexError"):
+        moved.fetch()
+    with pytest.raises(vr.MeshError, match=rf"ranks 2-3: .*no value here: to_mesh \(issued at .*line {moved_line}\)"):
+        moved.fetch()

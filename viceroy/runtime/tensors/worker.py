@@ -330,7 +330,8 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
         raise OpFailed(f"{at}: {exc}") from None
     except BaseException as exc:
         if frm is not None:  # the tensor it should have received has no value here
-            why = "was interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
+            why = ("was interrupted (its source rank failed, as the sync after it said, or the controller "
+                   "stopped it)") if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
             failures()[dst] = f"{at} {why}"
         raise
     if into is not None:
