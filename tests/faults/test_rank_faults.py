@@ -353,3 +353,30 @@ def test_ranks_that_exit_while_starting_fail_the_start_at_once_saying_why(monkey
 def test_an_env_name_no_process_can_hold_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match=r"env: 'BAD=NAME' is not an environment variable name"):
         vr.Mesh.local(gpus=1, env={"BAD=NAME": "x"}, echo=False)
+
+
+def test_what_a_rank_wrote_just_before_it_died_still_arrives(start_mesh):
+    # The rank's own reader cannot send it (held here, as a crash would stop it); the agent
+    # reads it out of the rank's pipes after the death, before it reports the exit.
+    mesh = start_mesh(gpus=2)
+    events = []
+    mesh.subscribe(events.append)
+    code = ("import gc, os\nfrom viceroy.runtime.output import OutputCapture\n"
+            "capture = next(o for o in gc.get_objects() if isinstance(o, OutputCapture))\n"
+            "if rank == 1:\n    capture._sending.acquire()\n"
+            "    os.write(2, b'last words\\n')\n    os._exit(3)\n")
+    with pytest.raises(vr.MeshError, match="rank 1: died"):
+        mesh.run(code, timeout=10)
+    kinds = [(e["type"], e.get("rank"), e.get("text", "").strip()) for e in events if e.get("rank") == 1]
+    assert ("output", 1, "last words") in kinds, kinds
+    assert kinds.index(("output", 1, "last words")) < [k[0] for k in kinds].index("rank_exit")
+    assert "last words" in mesh.logs(1)
+
+
+def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(vr.MeshError, match=r"rank 0: died \(SIGSEGV\)"):
+        mesh.run("import ctypes\ndef deep():\n    ctypes.string_at(0)\nif rank == 0:\n    deep()", timeout=10)
+    wait_until(lambda: "Segmentation fault" in mesh.logs(0), 5, "the fault's report in rank 0's log")
+    log = mesh.logs(0)
+    assert "in deep" in log and "<mesh-cell" in log, log

@@ -11,6 +11,7 @@ agent kills its ranks and exits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -42,6 +43,7 @@ from viceroy.runtime.wire import BadMessage, Signer
 # The longest a rank's answer waits here for the host's other ranks before it goes on alone:
 # the controller tells ranks still in a call who finished it (see call_peers).
 HOLD_S = 0.5
+LAST_WORDS_MAX = 1 << 20  # bytes read out of a dead rank's pipes, at most, per stream
 
 
 @dataclass
@@ -53,6 +55,7 @@ class RankSlot:
     alive: bool = False
     respawn: bool = False
     rank: int = -1
+    output_fds: list[int] = field(default_factory=list)  # read ends of its stdout, stderr pipes
 
     @property
     def work_ident(self) -> bytes:
@@ -275,6 +278,8 @@ class Agent:
                                  "seconds": msg["seconds"]})
             return
         r, pid = msg["rank"], msg["pid"]
+        self._close_output(self.slots[r])
+        self.slots[r].output_fds = self.zygote.output_pipes(r)
         self.slots[r].pid = pid
         self.by_pid[pid] = r
         if pid in self.early_exits:
@@ -292,8 +297,10 @@ class Agent:
         slot = self.slots[r]
         if slot.pid != pid:
             return
-        # Results the rank sent just before dying arrive first.
+        # Results the rank sent just before dying arrive first, then what it wrote but did not
+        # send (a crash's last words), then its exit.
         self._drain_ranks()
+        self._last_words(slot)
         slot.alive, slot.ready = False, False
         reason = describe_exit(status)
         for call_id, call in list(self.calls.items()):
@@ -303,6 +310,30 @@ class Agent:
         self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn, "pid": pid})
         if slot.respawn and not self.stopping:
             self._spawn(r)
+
+    def _last_words(self, slot: RankSlot) -> None:
+        """Send on what a dead rank's stdout and stderr pipes still hold (its own reader died
+        with it), as its output."""
+        for stream, fd in zip(("stdout", "stderr"), slot.output_fds, strict=False):
+            left = bytearray()
+            while len(left) < LAST_WORDS_MAX:
+                try:
+                    chunk = os.read(fd, 65536)
+                except (BlockingIOError, OSError):
+                    break
+                if not chunk:
+                    break
+                left += chunk
+            if left:
+                self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [bytes(left)])
+        self._close_output(slot)
+
+    @staticmethod
+    def _close_output(slot: RankSlot) -> None:
+        for fd in slot.output_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        slot.output_fds = []
 
     def _drain_ranks(self) -> None:
         self._drain(self.from_ranks, self._on_rank_message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -33,17 +34,22 @@ class ForkServer:
     """`python -m viceroy.runtime.zygote`: imports the heavy modules once, then forks ranks."""
 
     def __init__(self, cwd: str | None, sys_path: list[str], preload: list[str], lifeline_fd: int) -> None:
+        # The fork server hands over each rank's output pipes here (see `output_pipes`).
+        self._fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # a message per rank
+        their_fd = theirs.fileno()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "viceroy.runtime.zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            pass_fds=(lifeline_fd,),
+            pass_fds=(lifeline_fd, their_fd),
             # The controller's directory, where this host has it (a shared filesystem); else home.
             cwd=cwd if os.path.isdir(cwd or "") else os.path.expanduser("~"),
         )
+        theirs.close()
         assert self.proc.stdout is not None
         self._out = Lines(self.proc.stdout.fileno())
-        self._send({"config": {"sys_path": sys_path, "preload": preload, "lifeline_fd": lifeline_fd}})
+        self._send({"config": {"sys_path": sys_path, "preload": preload, "lifeline_fd": lifeline_fd,
+                               "fd_sock": their_fd}})
 
     @property
     def pid(self) -> int:
@@ -59,6 +65,22 @@ class ForkServer:
     def replies(self) -> list[dict[str, Any]]:
         """``{"ready": ...}`` once, then ``{"rank": r, "pid": p}`` per spawn; [] when closed."""
         return [json.loads(line) for line in self._out.read()]
+
+    def output_pipes(self, rank: int) -> list[int]:
+        """The read ends of `rank`'s stdout and stderr pipes, sent just before its
+        ``{"rank": r, "pid": p}`` reply: [] if they did not come (an older fork server)."""
+        try:
+            self._fds.settimeout(1.0)
+            data, fds, _, _ = socket.recv_fds(self._fds, 64, 2)
+        except OSError:
+            return []
+        if data != str(rank).encode() or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return []
+        for fd in fds:
+            os.set_blocking(fd, False)
+        return fds
 
     @property
     def closed(self) -> bool:

@@ -34,14 +34,21 @@ MAX_QUEUED = 1 << 20  # past this many bytes waiting, writers wait for the reade
 
 
 class OutputCapture:
-    """Installs sys.stdout/sys.stderr and redirects fds 1 and 2 into pipes; a reader thread
-    forwards both in order.
+    """Installs sys.stdout/sys.stderr and redirects fds 1 and 2 into pipes (`pipes`: fd ->
+    (read end, write end) made beforehand, else new ones); a reader thread forwards both in order.
 
     `send(stream, data, call_id)` must be thread-safe. `limit` caps the bytes forwarded per call;
     past it the rest is dropped and a notice says how much.
     """
 
-    def __init__(self, send: Send, limit: int, rank: int, current_call: Callable[[], int | None]) -> None:
+    def __init__(
+        self,
+        send: Send,
+        limit: int,
+        rank: int,
+        current_call: Callable[[], int | None],
+        pipes: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         self._send = send
         self._limit = limit
         self._rank = rank
@@ -60,7 +67,9 @@ class OutputCapture:
         self._call: int | None = None
         self._fds: dict[int, str] = {}
         for target, name in ((1, "stdout"), (2, "stderr")):
-            r, w = os.pipe()
+            # Pipes made by the fork server, which gave their read ends to the agent too: what
+            # this process wrote but never sent (it died) is still read out, by the agent.
+            r, w = (pipes or {}).get(target) or os.pipe()
             os.dup2(w, target)
             os.close(w)
             _nonblocking(r)

@@ -9,6 +9,7 @@ process when its agent is gone.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -87,7 +88,11 @@ class Rank:
                 _publish=self._publish,
             )
         )
-        self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current)
+        pipes = {int(fd): (r, w) for fd, (r, w) in cfg.get("output_pipes", {}).items()}
+        self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current, pipes)
+        # A crash (segfault, abort) writes every thread's Python stack to fd 2: the agent reads
+        # it out of the pipe after the rank died, and the cell shows where it was.
+        faulthandler.enable(file=2, all_threads=True)
         signal.signal(signal.SIGINT, self._on_sigint)
 
     def _dealer(self, identity: str, addr: str) -> zmq.Socket[Any]:

@@ -8,6 +8,8 @@ rank's death from waitpid().
 Protocol on stdin/stdout, one JSON object per line:
   agent -> zygote: {"config": {...}} once, then {"spawn": {rank config}} per rank
   zygote -> agent: {"ready": true, "preloaded": [...], "failed": {...}}, then {"rank": r, "pid": p}
+and, on the Unix socket ``config["fd_sock"]``, before each {"rank": r, "pid": p}: the read ends
+of that rank's stdout and stderr pipes (SCM_RIGHTS), with the rank's number as the data.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any
 
 
-def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int) -> int:
+def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int, fd_sock: socket.socket | None) -> int:
+    # The rank's stdout and stderr pipes, made here: the agent gets their read ends too, to
+    # read out what the rank wrote but did not send before it died (a crash's last words).
+    outputs = {1: os.pipe(), 2: os.pipe()} if fd_sock is not None else {}
+    if outputs:
+        rank_cfg = {**rank_cfg, "output_pipes": {str(fd): list(p) for fd, p in outputs.items()}}
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -31,6 +39,8 @@ def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int) -> int:
             pid = os.fork()
             if pid == 0:
                 os.close(w)
+                if fd_sock is not None:
+                    fd_sock.close()
                 from viceroy.runtime import rank
 
                 rank.main(rank_cfg, lifeline_fd)  # never returns
@@ -38,6 +48,11 @@ def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int) -> int:
         finally:
             os._exit(0)
     os.close(w)
+    if fd_sock is not None:
+        socket.send_fds(fd_sock, [str(rank_cfg["rank"]).encode()], [outputs[1][0], outputs[2][0]])
+        for pr, pw in outputs.values():
+            os.close(pr)
+            os.close(pw)
     data = b""
     while chunk := os.read(r, 64):
         data += chunk
@@ -72,10 +87,11 @@ def main() -> None:
         except Exception as exc:
             failed["viceroy.runtime.collectives"] = f"{type(exc).__name__}: {exc}"
     lifeline_fd = cfg["lifeline_fd"]
+    fd_sock = socket.socket(fileno=cfg["fd_sock"]) if cfg.get("fd_sock") is not None else None
     _reply({"ready": True, "preloaded": preloaded, "failed": failed, "seconds": time.perf_counter() - t0})
     for line in sys.stdin:
         req = json.loads(line)
-        pid = _spawn(req["spawn"], lifeline_fd)
+        pid = _spawn(req["spawn"], lifeline_fd, fd_sock)
         _reply({"rank": req["spawn"]["rank"], "pid": pid})
 
 
