@@ -100,6 +100,7 @@ def test_unhandled_failures_are_kept_and_printed_once_never_raised_later(start_m
     kill(mesh, 1)
     wait_until(lambda: "unhandled actor failure" in capsys.readouterr().err, 10, "the failure report")
     assert workers.failures == {1: "its rank died (SIGKILL)"}
+    assert [(f.kind, f.ranks) for f in workers.unhandled] == [("died", (1,))]
     assert boss.failures_seen.call_one().get() == [("died", (1,), "died (SIGKILL)")]
     assert mesh.slice(gpus=0).run("'fine'").values() == ["fine"]
 
@@ -150,3 +151,13 @@ def test_a_restart_that_fails_keeps_the_other_actors_and_says_why(start_mesh, tm
     flag.unlink()
     actors.restart()
     assert actors.ok.call().get().values() == [True, True]
+
+
+def test_a_failed_broadcast_nobody_handles_is_kept_for_the_actor_mesh(start_mesh, capsys):
+    mesh = start_mesh(gpus=2)
+    workers = mesh.spawn(Worker, 0)
+    workers.fail.broadcast()
+    wait_until(lambda: len(workers.unhandled) == 2, 10, "both failures kept")
+    assert all(f.kind == "error" and "KeyError: 'lost batch'" in f.summary for f in workers.unhandled)
+    assert [f.ranks for f in workers.slice(gpus=1).unhandled] == [(1,)]
+    assert workers.failures == {}  # the actors live on: nothing is gone

@@ -108,6 +108,12 @@ class ActorMesh(ShapeOps):
         """rank -> why its actor is gone, for actors of this mesh that failed (until restart)."""
         return self._client.control(self._info).failed_on(self._shape)
 
+    @property
+    def unhandled(self) -> list[Any]:
+        """The `ActorFailure`s of this mesh's actors that no owner handled (a broadcast that
+        raised, a rank death), oldest first; those of actors restarted since are dropped."""
+        return self._client.control(self._info).unhandled_on(self._shape)
+
 
 class Endpoint:
     """An endpoint of every actor of an actor mesh, called through an adverb."""
@@ -153,8 +159,8 @@ class Endpoint:
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Every actor runs it; nothing comes back. Still ordered with the other messages to
-        the same actors. A failure goes to the owner's ``__supervise__``, else is reported
-        in ``actors.failures`` and printed once."""
+        the same actors. A failure goes to the owner's ``__supervise__``, else is kept in
+        ``actors.unhandled`` and printed once."""
         self._send("broadcast", args, kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:

@@ -201,6 +201,11 @@ class ActorRecord:
         with self._lock:
             self.unhandled = [f for f in self.unhandled if not set(f.ranks) <= set(failed)]
 
+    def unhandled_on(self, shape: Shape) -> list[ActorFailure]:
+        ranks = set(shape.ranks)
+        with self._lock:
+            return [f for f in self.unhandled if ranks & set(f.ranks)]
+
     def failed_on(self, shape: Shape) -> dict[int, str]:
         with self._lock:
             return {r: self.reasons.get(r, "failed") for r in shape.ranks if self.status[r] == "failed"}

@@ -28,7 +28,7 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     owner (spawn's own keyword): who hears of failures no caller waits for (a rank death, a
     broadcast that raised): an ActorMesh, whose actors' ``__supervise__(failure)`` run, or any
     object with a ``__supervise__`` method (run on the controller). Default: nobody; the failure
-    is kept in ``actors.failures`` and printed once.
+    is kept in ``actors.unhandled`` and printed once.
     """
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"spawn takes a subclass of viceroy.Actor, got {cls!r}")

@@ -5,7 +5,7 @@ when a `broadcast` to it raises (nobody waits for that result). The failure goes
 named at spawn (``mesh.spawn(Worker, ps, owner=ps)``): an actor mesh, whose actors'
 ``__supervise__(failure)`` run on their ranks, or any object with ``__supervise__`` (run on a
 thread of the controller). A true return handles it. Unhandled failures are kept in
-``actors.failures`` and, when no pending call already reported them, printed once to stderr.
+``actors.unhandled`` and, when no pending call already reported them, printed once to stderr.
 They are never raised into some later, unrelated cell.
 """
 
