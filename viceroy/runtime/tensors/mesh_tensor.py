@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # Asking for data that lives on the ranks: explain instead of failing inside torch.
 _NEEDS_DATA = {
     "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
-    "__iter__", "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
+    "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
 }
 # Ops whose result's shape depends on the values: meta tensors cannot tell it.
 _DATA_SHAPED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"}
