@@ -49,3 +49,32 @@ def test_a_trailing_semicolon_silences_the_last_expression_as_in_ipython():
     assert ex.run_code("x = 5\nx;  # quiet", "<mesh-cell-10>") is None
     assert ex.run_code("x = 5\nx; x + 1", "<mesh-cell-11>") == 6
     assert ex.run_code("s = ';'\ns", "<mesh-cell-12>") == ";"
+
+
+def test_after_call_hooks_run_once_each_after_code_and_functions_even_failing_ones(capsys):
+    from viceroy.runtime import execution
+
+    ran = []
+
+    def hook():
+        ran.append(len(ran))
+
+    def broken():
+        raise RuntimeError("hook bug")
+
+    saved = list(execution._after_each_call)
+    try:
+        execution.after_each_call(hook)
+        execution.after_each_call(hook)  # once, however often registered
+        execution.after_each_call(broken)
+        ex = execution.Executor({})
+        assert ex.run_code("7", "<mesh-cell-20>") == 7  # a failing hook does not fail the call
+        assert ex.call(lambda: 8, (), {}) == 8
+        try:
+            ex.run_code("1 / 0", "<mesh-cell-21>")
+        except ZeroDivisionError:
+            pass
+        assert ran == [0, 1, 2]
+        assert capsys.readouterr().err.count("an after-call hook failed: RuntimeError: hook bug") == 3
+    finally:
+        execution._after_each_call[:] = saved

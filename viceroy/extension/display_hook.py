@@ -97,37 +97,16 @@ def install() -> bool:
 
 
 def _flush_figures_after_calls() -> None:
-    """Figures a call left open are shown at its end, as the inline backend shows a cell's.
+    """Figures a call left open are shown at its end, as the inline backend shows a cell's
+    (a dict lookup per call when pyplot was never imported)."""
+    from viceroy.runtime.execution import after_each_call
 
-    The runtime has no hook for "after each call" on a rank, so its executor's two entry points
-    (code strings and functions) are wrapped, once per process. The check costs a dict lookup
-    when pyplot was never imported."""
-    from viceroy.runtime import execution
-
-    for name in ("run_code", "call"):
-        method = getattr(execution.Executor, name, None)
-        if method is None or getattr(method, "_viceroy_flushes_figures", False):
-            continue
-        setattr(execution.Executor, name, _flushing(method, execution.__file__))
+    after_each_call(_flush_figures_if_pyplot)
 
 
-def _flushing(method: Any, runtime_file: str) -> Any:
-    import functools
-
-    @functools.wraps(method)
-    def run_then_flush(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        finally:
-            if "matplotlib.pyplot" in sys.modules:
-                _flush_figures()
-
-    # The wrapper's frame sits between the runtime and the user's code in every traceback and
-    # stack a rank reports; filed under the runtime's own file, it is left out of them as the
-    # runtime's frames are (tracebacks show the user's lines only).
-    run_then_flush.__code__ = run_then_flush.__code__.replace(co_filename=runtime_file)  # type: ignore[attr-defined]
-    run_then_flush._viceroy_flushes_figures = True  # type: ignore[attr-defined]
-    return run_then_flush
+def _flush_figures_if_pyplot() -> None:
+    if "matplotlib.pyplot" in sys.modules:
+        _flush_figures()
 
 
 def _flush_figures() -> None:

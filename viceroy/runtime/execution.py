@@ -9,9 +9,10 @@ import inspect
 import io
 import linecache
 import os
+import sys
 import tokenize
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import CodeType
 from typing import Any
@@ -73,6 +74,26 @@ def register_source(filename: str, source: str) -> None:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
+_after_each_call: list[Callable[[], None]] = []
+
+
+def after_each_call(hook: Callable[[], None]) -> None:
+    """Run `hook` on this rank after each call's code or function, before its value is sent
+    (once per hook, however often registered). The extension shows the figures a call left
+    open this way, as the inline backend does. A hook that raises is reported, not the call's
+    failure."""
+    if hook not in _after_each_call:
+        _after_each_call.append(hook)
+
+
+def _run_after_call_hooks() -> None:
+    for hook in list(_after_each_call):
+        try:
+            hook()
+        except Exception as exc:
+            print(f"viceroy: an after-call hook failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 class Executor:
     """Runs code and calls in one persistent namespace, with one event loop for async code."""
 
@@ -83,13 +104,21 @@ class Executor:
     def run_code(self, source: str, filename: str) -> Any:
         register_source(filename, source)
         body, last = _compile(source, filename)
-        self._await_if_needed(eval(body, self.namespace))
-        if last is None:
-            return None
-        return self._await_if_needed(eval(last, self.namespace))
+        try:
+            self._await_if_needed(eval(body, self.namespace))
+            if last is None:
+                return None
+            return self._await_if_needed(eval(last, self.namespace))
+        finally:
+            if _after_each_call:
+                _run_after_call_hooks()
 
     def call(self, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        return self._await_if_needed(fn(*args, **kwargs))
+        try:
+            return self._await_if_needed(fn(*args, **kwargs))
+        finally:
+            if _after_each_call:
+                _run_after_call_hooks()
 
     def _await_if_needed(self, value: Any) -> Any:
         if inspect.iscoroutine(value):
