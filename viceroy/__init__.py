@@ -19,6 +19,7 @@ from viceroy.runtime.collectives import (
     broadcast,
     recv,
     reduce_scatter,
+    reinit_process_group,
     send,
 )
 from viceroy.runtime.context import Context, context
@@ -48,6 +49,7 @@ __all__ = [
     "endpoint",
     "recv",
     "reduce_scatter",
+    "reinit_process_group",
     "send",
 ]
 __version__ = "0.1.0"

@@ -50,6 +50,15 @@ def install_torch_hooks() -> None:
     install()
 
 
+def reinit_process_group(backend: str | None = None, timeout: float = 300.0) -> None:
+    """On every rank, together: a new default torch.distributed process group in place of the
+    current one (one cut to release a blocked collective cannot be used again). Imports torch.
+    See `viceroy.runtime.collectives.stock.reinit_process_group`."""
+    from viceroy.runtime.collectives.stock import reinit_process_group as _reinit
+
+    _reinit(backend, timeout)
+
+
 __all__ = [
     "BackendUnavailable",
     "CollectiveError",
@@ -61,6 +70,7 @@ __all__ = [
     "install_torch_hooks",
     "recv",
     "reduce_scatter",
+    "reinit_process_group",
     "send",
     "set_timeout",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from typing import Any
 
 from viceroy.runtime.collectives import sockets
@@ -51,8 +52,8 @@ def install() -> None:
 # peer, or a peer exited).
 _GLOO_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 RECOVER = (
-    "on every rank run `dist.destroy_process_group(); dist.init_process_group()` (and wrap models "
-    "in DistributedDataParallel again: they hold the old group)"
+    "on every rank run `vr.reinit_process_group()` (and wrap models in DistributedDataParallel "
+    "again: they hold the old group)"
 )
 
 
@@ -67,6 +68,34 @@ def explain(exc: BaseException) -> str | None:
         f"{next(s for s in _GLOO_LOST if s in text)}): to release a collective that an interrupt or a "
         "failing rank left blocked, they were cut, or a peer exited. A gloo group cannot be used "
         f"again: {RECOVER}"
+    )
+
+
+def reinit_process_group(backend: str | None = None, timeout: float = 300.0) -> None:
+    """On every rank of the mesh, together: a new default torch.distributed process group in
+    place of the current one (say, one cut to release an interrupted collective; see `explain`).
+    ``destroy_process_group(); init_process_group()`` is not enough: the new group would reuse
+    the old one's keys in the rendezvous store, and a rank could read a peer's stale address.
+    This one meets on keys of its own. Models wrapped in DistributedDataParallel hold the old
+    group: wrap them again. `backend`: the old group's, else torch's default."""
+    import torch.distributed as dist
+
+    from viceroy.runtime.collectives.store import rendezvous
+
+    install()
+    if dist.is_initialized():
+        backend = backend or dist.get_backend()
+        dist.destroy_process_group()
+    world = int(os.environ["WORLD_SIZE"])
+    store, incarnation = rendezvous.get(timeout)
+    # The i-th time every rank calls this, each draws a ticket in [i*world + 1, (i+1)*world].
+    attempt = (int(store.add(f"viceroy/{incarnation}/reinit", 1)) - 1) // world
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore(f"viceroy/{incarnation}/reinit/{attempt}", rendezvous.client(timeout)),
+        rank=int(os.environ["RANK"]),
+        world_size=world,
+        timeout=timedelta(seconds=timeout),
     )
 
 
