@@ -28,7 +28,7 @@ import zmq
 
 from viceroy.runtime import multipart, shm
 from viceroy.runtime.answers import PendingCall, aggregate
-from viceroy.runtime.forkserver import ChildExits, ForkServer
+from viceroy.runtime.forkserver import ChildExits, ForkServer, read_left
 from viceroy.runtime.procs import (
     HEARTBEAT_S,
     agent_timeout,
@@ -315,17 +315,9 @@ class Agent:
         """Send on what a dead rank's stdout and stderr pipes still hold (its own reader died
         with it), as its output."""
         for stream, fd in zip(("stdout", "stderr"), slot.output_fds, strict=False):
-            left = bytearray()
-            while len(left) < LAST_WORDS_MAX:
-                try:
-                    chunk = os.read(fd, 65536)
-                except (BlockingIOError, OSError):
-                    break
-                if not chunk:
-                    break
-                left += chunk
+            left = read_left(fd, LAST_WORDS_MAX)
             if left:
-                self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [bytes(left)])
+                self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [left])
         self._close_output(slot)
 
     @staticmethod

@@ -98,6 +98,20 @@ class ForkServer:
         self.proc.stdin.flush()
 
 
+def read_left(fd: int, limit: int) -> bytes:
+    """What a non-blocking pipe holds now (up to `limit` bytes), without waiting for more."""
+    left = bytearray()
+    while len(left) < limit:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # BlockingIOError: nothing more for now
+            break
+        if not chunk:
+            break
+        left += chunk
+    return bytes(left)
+
+
 class ChildExits:
     """Every child's exit, from waitpid() on a thread, the moment it happens. The agent is a
     child subreaper, so its ranks (double-forked by the fork server) are its children."""
