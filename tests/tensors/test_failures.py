@@ -117,5 +117,6 @@ def test_to_mesh_of_a_failed_tensor_names_the_failure_on_both_sides(seeded_mesh)
     moved_line = _line()
     with pytest.raises(vr.MeshError, match=rf"to_mesh \(issued at .*line {moved_line}\): .*line {line}\) failed: IndexError"):
         moved.fetch()
-    with pytest.raises(vr.MeshError, match=rf"ranks 2-3: .*no value here: to_mesh \(issued at .*line {moved_line}\)"):
+    # (a fetch is fail-fast: the first of ranks 2-3 to answer names it, the other may be stopped)
+    with pytest.raises(vr.MeshError, match=rf"ranks? [23](-3)?: .*no value here: to_mesh \(issued at .*line {moved_line}\)"):
         moved.fetch()
