@@ -140,24 +140,19 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 if factory and kw.get("device") in (None, "cuda"):
                     kw = {**kw, "device": device}
                 result = func(*a, **kw) if kw else func(*a)
-            except _Unmade as exc:
-                root = exc.root
-                msg = f"{_name(func)} (issued at {where[0]}, line {where[1]}) did not run: it uses a result of " \
-                      f"an op that failed: {root}"
-                _mark(tab, failed, op, root)
-                n_failed += 1
-                if first is None:
-                    first = (msg, None)
-                if stop_on_failure:
-                    _mark_rest(tab, failed, ops, i + 1, f"did not run: an earlier collective of its batch failed: {root}")
-                    break
-                continue
             except Exception as exc:
-                root = f"{_name(func)} (issued at {where[0]}, line {where[1]}) failed: {type(exc).__name__}: {exc}"
+                issued = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
+                if isinstance(exc, _Unmade):  # it uses what a failed op should have made
+                    root = exc.root
+                    report: tuple[str, BaseException | None] = (
+                        f"{issued} did not run: it uses a result of an op that failed: {root}", None)
+                else:
+                    root = f"{issued} failed: {type(exc).__name__}: {exc}"
+                    report = (root, exc)
                 _mark(tab, failed, op, root)
                 n_failed += 1
                 if first is None:
-                    first = (root, exc)
+                    first = report
                 if stop_on_failure:
                     _mark_rest(tab, failed, ops, i + 1, f"did not run: an earlier collective of its batch failed: {root}")
                     break
