@@ -11,7 +11,6 @@ agent kills its ranks and exits.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,8 +26,8 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import multipart, shm
-from viceroy.runtime.answers import PendingCall, aggregate
-from viceroy.runtime.forkserver import ChildExits, ForkServer, read_left
+from viceroy.runtime.answers import Relay
+from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
 from viceroy.runtime.procs import (
     HEARTBEAT_S,
     agent_timeout,
@@ -36,13 +35,11 @@ from viceroy.runtime.procs import (
     describe_exit,
     die_now,
     hold_lifeline,
+    visible_gpus,
 )
 from viceroy.runtime.shape import RunSet
 from viceroy.runtime.wire import BadMessage, Signer
 
-# The longest a rank's answer waits here for the host's other ranks before it goes on alone:
-# the controller tells ranks still in a call who finished it (see call_peers).
-HOLD_S = 0.5
 LAST_WORDS_MAX = 1 << 20  # bytes read out of a dead rank's pipes, at most, per stream
 
 
@@ -55,7 +52,7 @@ class RankSlot:
     alive: bool = False
     respawn: bool = False
     rank: int = -1
-    output_fds: list[int] = field(default_factory=list)  # read ends of its stdout, stderr pipes
+    output: OutputPipes = field(default_factory=lambda: OutputPipes([]))
 
     @property
     def work_ident(self) -> bytes:
@@ -124,7 +121,7 @@ class Agent:
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
         self.by_pid: dict[int, int] = {}
         self.early_exits: dict[int, int] = {}
-        self.calls: dict[int, PendingCall] = {}
+        self.relay = Relay(self._to_controller)
         self.stopping = False
 
     # --- processes ---------------------------------------------------------------------------
@@ -175,18 +172,15 @@ class Agent:
         wanted = RunSet(header.get("ranks", ()))
         mine = [r for r in self.slots if r in wanted]
         if op in ("run", "push", "actor"):
-            call = PendingCall(set())
+            sent, refused = set(), []
             for r in mine:
                 slot = self.slots[r]
                 if slot.ready and self._send_rank(r, frames, control=op == "actor"):
-                    call.ranks.add(r)
+                    sent.add(r)
                 else:
-                    call.items.append({"r": r, "ok": False, "kind": "died", "summary": "not running",
-                                       "signed": 0})
-            if header["id"] == 0:
-                return  # one-way (an actor broadcast): nobody waits for an answer
-            self.calls[header["id"]] = call
-            self._maybe_flush(header["id"], force=bool(call.items))
+                    refused.append({"r": r, "ok": False, "kind": "died", "summary": "not running", "signed": 0})
+            if header["id"] != 0:  # 0: one-way (an actor broadcast): nobody waits for an answer
+                self.relay.expect(header["id"], sent, refused)
         elif op in ("cancel", "peers_done"):
             for r in mine:
                 if self.slots[r].ready:
@@ -215,45 +209,10 @@ class Agent:
             return
         op = header.get("op")
         if op == "results":
-            call = self.calls.get(header["id"])
             (item,) = header["items"]
-            r = item["r"]
-            if call is None or r not in call.ranks:
-                return
-            call.ranks.discard(r)
-            call.items.append(item)
-            call.signed.extend(signed)
-            call.data.extend(data)
-            if call.held_since is None:
-                call.held_since = time.monotonic()
-            self._maybe_flush(header["id"], force=not item["ok"])
+            self.relay.answer(header["id"], item, signed, data)
         else:  # out, pub, stacks, stats: already signed with the mesh key; pass through
             multipart.send(self.to_ctrl, frames)
-
-    def _maybe_flush(self, call_id: int, force: bool = False) -> None:
-        """Send collected results: when every rank answered, or at once for a failure (fail
-        fast needs it without waiting for the slow ranks)."""
-        call = self.calls.get(call_id)
-        if call is None or not (force or not call.ranks):
-            return
-        if call.items:
-            self._to_controller(*aggregate(call_id, call.items, call.signed, call.data))
-            call.items, call.signed, call.data = [], [], []
-            call.held_since = None
-        if not call.ranks:
-            del self.calls[call_id]
-
-    def _flush_held(self) -> float:
-        """Send on answers held longer than `HOLD_S` (the controller tells ranks still running
-        a call who finished it, see call_peers); returns how long until the next is due."""
-        now, due = time.monotonic(), HEARTBEAT_S
-        for call_id, call in list(self.calls.items()):
-            if call.held_since is not None:
-                if now - call.held_since >= HOLD_S:
-                    self._maybe_flush(call_id, force=True)
-                else:
-                    due = min(due, call.held_since + HOLD_S - now)
-        return due
 
     def _on_hello(self, frames: list[Any]) -> None:
         try:
@@ -278,8 +237,8 @@ class Agent:
                                  "seconds": msg["seconds"]})
             return
         r, pid = msg["rank"], msg["pid"]
-        self._close_output(self.slots[r])
-        self.slots[r].output_fds = self.zygote.output_pipes(r)
+        self.slots[r].output.close()
+        self.slots[r].output = self.zygote.output_pipes(r)
         self.slots[r].pid = pid
         self.by_pid[pid] = r
         if pid in self.early_exits:
@@ -303,29 +262,16 @@ class Agent:
         self._last_words(slot)
         slot.alive, slot.ready = False, False
         reason = describe_exit(status)
-        for call_id, call in list(self.calls.items()):
-            if r in call.ranks:
-                call.ranks.discard(r)
-                self._maybe_flush(call_id)
+        self.relay.rank_gone(r)
         self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn, "pid": pid})
         if slot.respawn and not self.stopping:
             self._spawn(r)
 
     def _last_words(self, slot: RankSlot) -> None:
-        """Send on what a dead rank's stdout and stderr pipes still hold (its own reader died
-        with it), as its output."""
-        for stream, fd in zip(("stdout", "stderr"), slot.output_fds, strict=False):
-            left = read_left(fd, LAST_WORDS_MAX)
-            if left:
-                self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [left])
-        self._close_output(slot)
-
-    @staticmethod
-    def _close_output(slot: RankSlot) -> None:
-        for fd in slot.output_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        slot.output_fds = []
+        """Send on what a dead rank's stdout and stderr pipes still hold, as its output."""
+        for stream, data in slot.output.left(LAST_WORDS_MAX):
+            self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [data])
+        slot.output.close()
 
     def _drain_ranks(self) -> None:
         self._drain(self.from_ranks, self._on_rank_message)
@@ -397,7 +343,7 @@ class Agent:
                         self._on_zygote_reply(msg)
                     if self.zygote.closed:
                         poller.unregister(self.zygote.fileno())
-            wait = self._flush_held()
+            wait = self.relay.flush_held(HEARTBEAT_S)
         self._shutdown()
 
     def _shutdown(self) -> None:
@@ -420,18 +366,6 @@ class Agent:
         self._to_controller({"op": "bye"})
         self.to_ctrl.close(linger=500)
         die_now(0)
-
-
-def visible_gpus() -> list[str]:
-    """This host's GPU ids, found without initialising CUDA (which must not happen before the
-    fork server forks ranks): CUDA_VISIBLE_DEVICES if set, else the NVIDIA driver's list."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d for d in env.split(",") if d.strip() and d.strip() != "-1"]
-    try:
-        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
-    except OSError:
-        return []
 
 
 def main() -> None:

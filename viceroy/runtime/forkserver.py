@@ -3,6 +3,7 @@ child's exit. Both hand the agent's event loop a file descriptor to poll."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -66,21 +67,20 @@ class ForkServer:
         """``{"ready": ...}`` once, then ``{"rank": r, "pid": p}`` per spawn; [] when closed."""
         return [json.loads(line) for line in self._out.read()]
 
-    def output_pipes(self, rank: int) -> list[int]:
+    def output_pipes(self, rank: int) -> OutputPipes:
         """The read ends of `rank`'s stdout and stderr pipes, sent just before its
-        ``{"rank": r, "pid": p}`` reply: [] if they did not come (an older fork server)."""
+        ``{"rank": r, "pid": p}`` reply (none if they did not come)."""
         try:
             self._fds.settimeout(1.0)
             data, fds, _, _ = socket.recv_fds(self._fds, 64, 2)
         except OSError:
-            return []
+            return OutputPipes([])
         if data != str(rank).encode() or len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return []
+            OutputPipes(fds).close()
+            return OutputPipes([])
         for fd in fds:
             os.set_blocking(fd, False)
-        return fds
+        return OutputPipes(fds)
 
     @property
     def closed(self) -> bool:
@@ -98,18 +98,37 @@ class ForkServer:
         self.proc.stdin.flush()
 
 
-def read_left(fd: int, limit: int) -> bytes:
-    """What a non-blocking pipe holds now (up to `limit` bytes), without waiting for more."""
-    left = bytearray()
-    while len(left) < limit:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # BlockingIOError: nothing more for now
-            break
-        if not chunk:
-            break
-        left += chunk
-    return bytes(left)
+class OutputPipes:
+    """The agent's copies of the read ends of a rank's stdout and stderr pipes: once the rank
+    died (and its own reader with it), what they still hold is its last words."""
+
+    STREAMS = ("stdout", "stderr")
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds = fds
+
+    def left(self, limit: int) -> list[tuple[str, bytes]]:
+        """(stream, bytes) of what each pipe holds now, up to `limit` bytes each, no waiting."""
+        out = []
+        for stream, fd in zip(self.STREAMS, self._fds, strict=False):
+            data = bytearray()
+            while len(data) < limit:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # BlockingIOError: nothing more for now
+                    break
+                if not chunk:
+                    break
+                data += chunk
+            if data:
+                out.append((stream, bytes(data)))
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
 
 
 class ChildExits:
