@@ -34,7 +34,7 @@ from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
 from viceroy.runtime.routing import Routing
-from viceroy.runtime.shape import RunSet, Shape, rank_runs
+from viceroy.runtime.shape import Shape, rank_runs
 from viceroy.runtime.transport import ControllerSockets, whole_messages
 from viceroy.runtime.wire import BadMessage, Signer, new_key
 
@@ -65,8 +65,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         self._ids = itertools.count(1)
         self._calls: dict[int, Call] = {}
         self._queries: dict[int, Query] = {}
-        # Released shared-memory files, (rank, path), appended from any thread (even by GC).
-        self._released: deque[tuple[int, str]] = deque()
+        self._returns = shm.Returns()  # released result files, back to the ranks that made them
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._dead: set[int] = set()
         self._stuck: dict[int, set[int]] = {}  # rank -> calls given up on that it still runs
@@ -196,7 +195,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                 if shape is not self.shape and shape != self.shape:  # a view: ranks see its dims
                     extra = {**extra, "view": [list(shape.dims), list(shape.dims.values())]}
                 frames = self.signer.pack(
-                    {"op": op, "id": call_id, "ranks": shape.runs(), **self._returning(op, shape.runs()), **extra},
+                    {"op": op, "id": call_id, "ranks": shape.runs(), **self._returns.header(op, shape.runs()), **extra},
                     signed, data,
                 )
                 self._to_ranks(shape.ranks, frames, control=op == "actor")
@@ -217,31 +216,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         with self._lock:
             self._check_open()
         runs = rank_runs(ranks)
-        frames = self.signer.pack({"op": op, "id": 0, "ranks": runs, **self._returning(op, runs), **extra}, signed, data)
+        frames = self.signer.pack({"op": op, "id": 0, "ranks": runs, **self._returns.header(op, runs), **extra}, signed, data)
         self._to_ranks(ranks, frames, control=op == "actor")
-
-    def _segment_released(self, rank: int, path: str) -> None:
-        """A result's shared-memory map is garbage (any thread, even inside a lock: lock-free)."""
-        self._released.append((rank, path))
-
-    def _returning(self, op: str, runs: list[list[int]]) -> dict[str, Any]:
-        """Header entry handing released shared-memory files back to the ranks they came from,
-        riding on the next work message to them (the ranks read it before running anything).
-        The work grows with the files waiting, not with the ranks."""
-        if op == "actor" or not self._released:
-            return {}
-        members = RunSet(runs)
-        out: dict[str, list[str]] = {}
-        for _ in range(len(self._released)):  # those for other ranks go back in the queue
-            try:
-                r, path = self._released.popleft()
-            except IndexError:
-                break
-            if r in members:
-                out.setdefault(str(r), []).append(path)
-            else:
-                self._released.append((r, path))
-        return {"returned": out} if out else {}
 
     def cancel(self, call_id: int, reason: str, wait: float = 0.0) -> None:
         with self._lock:
@@ -383,20 +359,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                     if set(q.replies) >= q.expected:
                         q.done.set()
         elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
-            r, ended = header["r"], []
-            with self._changed:
-                replaced = self._pids.get(r)
-                if replaced is not None and replaced != header["pid"]:
-                    # The new process is up before the agent's word that the old one exited
-                    # (direct mode: two channels): calls the old one had are over.
-                    ended = self._replaced(r, replaced)
-                self._set_state(r, "idle")
-                self._pids[r] = header["pid"]
-                self._exit_reason.pop(r, None)
-                self._changed.notify_all()
-            for call in ended:
-                self._finish(call)
-            self._emit({"type": "rank_ready", "rank": r, "pid": header["pid"]})
+            self._on_rank_ready(header["r"], header["pid"])
         elif op == "rank_exit":
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
         elif op == "agent_hello":

@@ -1,5 +1,6 @@
 """How the calls in flight end: answers recorded (one rank's, or a host's in columns), ranks
-dying, deadlines and cancels, and the late answers of calls already given up on.
+coming up or dying (and replaced), deadlines and cancels, and the late answers of calls already
+given up on.
 
 A mixin of `Controller`, which owns the state declared here and runs these on its IO thread
 (`_stop` and `_set_state` also from callers' threads, under the lock).
@@ -10,7 +11,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,7 +41,7 @@ class CallOutcomes:
     _stuck: dict[int, set[int]]
     _exit_reason: dict[int, str]
     _pids: dict[int, int]
-    _released: deque[tuple[int, str]]
+    _returns: shm.Returns
     _listeners: list[Callable[[Event], None]]
 
     def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
@@ -51,9 +51,6 @@ class CallOutcomes:
         raise NotImplementedError
 
     def _emit(self, event: Event) -> None:
-        raise NotImplementedError
-
-    def _segment_released(self, rank: int, path: str) -> None:
         raise NotImplementedError
 
     def _stop(self, call: Call, reason: str) -> None:
@@ -132,9 +129,9 @@ class CallOutcomes:
                 si, di = si + ns, di + nd
                 if call is None or call.answered(r):
                     for entry in item.get("shm", []):  # a late answer: its files go straight back
-                        self._segment_released(r, entry[1])
+                        self._returns.released(r, entry[1])
                     continue
-                if call.record(item, sig, dat, self.token, functools.partial(self._segment_released, r)) and call.fail_fast:
+                if call.record(item, sig, dat, self.token, functools.partial(self._returns.released, r)) and call.fail_fast:
                     self._stop(call, f"stopped by fail-fast after rank {r} failed")
                 done: Event = {"type": "rank_done", "call": call.id, "rank": r, "ok": r in call.results}
                 if r in call.failures:  # how it failed, for views of the mesh
@@ -183,10 +180,26 @@ class CallOutcomes:
         for c in finished:
             self._finish(c)
 
+    def _on_rank_ready(self, r: int, pid: int) -> None:
+        ended: list[Call] = []
+        with self._changed:
+            replaced = self._pids.get(r)
+            if replaced is not None and replaced != pid:
+                # The new process is up before the agent's word that the old one exited
+                # (direct mode: two channels): calls the old one had are over.
+                ended = self._replaced(r, replaced)
+            self._set_state(r, "idle")
+            self._pids[r] = pid
+            self._exit_reason.pop(r, None)
+            self._changed.notify_all()
+        for call in ended:
+            self._finish(call)
+        self._emit({"type": "rank_ready", "rank": r, "pid": pid})
+
     def _replaced(self, r: int, old_pid: int) -> list[Call]:
         """Rank `r`'s process `old_pid` was replaced by a new one that is already up: the calls
         it had not answered end for it. Caller holds the lock, and finishes the calls returned
-        (those now complete) once it let go of it."""
+        (those now complete) once it let go of it (see `_on_rank_ready`)."""
         self._stuck.pop(r, None)
         finished = []
         for call in list(self._calls.values()):

@@ -22,8 +22,11 @@ import os
 import sys
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from viceroy.runtime.shape import RunSet
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 THRESHOLD = 1 << 20  # buffers at least this large go through shared memory
@@ -199,6 +202,37 @@ class Segments:
         for m in maps:
             m.close()
         discard(paths)
+
+
+class Returns:
+    """On the controller: result files whose maps here are garbage, on their way back to the
+    ranks that made them (their `Segments` reuse them), riding on the next work message to
+    each. Lock-free: `released` may run anywhere, even from a finalizer inside a lock."""
+
+    def __init__(self) -> None:
+        self._released: deque[tuple[int, str]] = deque()
+
+    def released(self, rank: int, path: str) -> None:
+        self._released.append((rank, path))
+
+    def header(self, op: str, runs: list[list[int]]) -> dict[str, Any]:
+        """The ``returned`` header entry for a message of `op` to the ranks in `runs` (the
+        ranks read it before running anything). The work grows with the files waiting, not
+        with the ranks."""
+        if op == "actor" or not self._released:
+            return {}
+        members = RunSet(runs)
+        out: dict[str, list[str]] = {}
+        for _ in range(len(self._released)):  # those for other ranks go back in the queue
+            try:
+                r, path = self._released.popleft()
+            except IndexError:
+                break
+            if r in members:
+                out.setdefault(str(r), []).append(path)
+            else:
+                self._released.append((r, path))
+        return {"returned": out} if out else {}
 
 
 def discard(paths: Sequence[str]) -> None:
