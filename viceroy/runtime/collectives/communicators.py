@@ -17,7 +17,6 @@ operation runs on the fresh communicator; nothing is retried after data has move
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -30,6 +29,7 @@ from viceroy.runtime import call_peers
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.groups import Group
+from viceroy.runtime.collectives.records import Record, read_records, root_cause, write_record
 from viceroy.runtime.collectives.store import rendezvous, store_on_rank0
 from viceroy.runtime.collectives.waiting import SLICE_S, interrupts_held, uninterrupted
 from viceroy.runtime.context import context
@@ -68,17 +68,6 @@ class Entry:
     @property
     def prefix(self) -> str:
         return f"{self.base}/g{self.gen}"
-
-
-@dataclass
-class Record:
-    """Why a member gave up a generation of a group."""
-
-    rank: int
-    reason: str
-    time: float
-    lost: int | None = None  # the rank whose connection it lost, if that was the failure
-    stale: bool = False  # it left an attempt of its own that an interrupt cut short
 
 
 _entries: dict[Key, Entry] = {}
@@ -325,7 +314,7 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
             continue
         next_check = now + 0.2
         with _store_ops():
-            records = _read_records(store, entry.prefix)
+            records = read_records(store, entry.prefix)
             if records and all(r.stale for r in records):
                 raise _Stale
             if records:  # a member gave this build up
@@ -372,44 +361,12 @@ def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = F
             live = None if lost == 0 and store_on_rank0() else rendezvous.current()
             if live is not None and live[1] == entry.incarnation:
                 store = live[0]
-                mine = {"rank": context().rank, "reason": reason, "time": time.time(), "lost": lost, "stale": stale}
-                store.append(f"{entry.prefix}/aborts", json.dumps(mine) + "\n")
+                write_record(store, entry.prefix, Record(context().rank, reason, time.time(), lost, stale))
                 if entry.comm is None:
                     store.compare_set(f"{entry.base}/gen", str(entry.gen), str(entry.gen + 1))
-                records = _read_records(store, entry.prefix)
+                records = read_records(store, entry.prefix)
         except Exception:
             rendezvous.reset()  # the server is gone (with rank 0): reconnect on next use
         finally:
             _forget(entry)
     return records
-
-
-def _read_records(store: Any, prefix: str) -> list[Record]:
-    if not store.check([f"{prefix}/aborts"]):
-        return []
-    out = []
-    for line in store.get(f"{prefix}/aborts").decode().splitlines():
-        d = json.loads(line)
-        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost"), bool(d.get("stale"))))
-    return out
-
-
-def root_cause(records: list[Record], lost: int | None, fallback: str) -> str:
-    """Follow "rank a lost rank b" to the rank that started it: one that was interrupted or
-    failed (it says so), or one that left no record (it died)."""
-    if lost is None:
-        return records[0].reason if records else fallback
-    first: dict[int, Record] = {}
-    for r in records:
-        first.setdefault(r.rank, r)
-    seen: set[int] = set()
-    x = lost
-    while x not in seen:
-        seen.add(x)
-        rec = first.get(x)
-        if rec is None:
-            return f"the connection to rank {x} was lost (it died, or left the collective)"
-        if rec.lost is None:
-            return rec.reason
-        x = rec.lost
-    return fallback
