@@ -207,7 +207,8 @@ class Mesh(MeshStarts, ShapeOps):
     def activate(self) -> Any:
         """``with mesh.activate():`` torch calls here make `MeshTensor`s whose ops run on this
         mesh's ranks (shapes and dtypes are checked here first, on meta tensors)."""
-        from viceroy.runtime.tensors.engine import activate, engine_for
+        from viceroy.runtime.tensors.activation import activate
+        from viceroy.runtime.tensors.engine import engine_for
 
         self._controller._check_open()
         self._engine = engine_for(self)

@@ -14,15 +14,11 @@ everywhere); for a stream per rank, seed on the ranks: ``mesh.run("torch.manual_
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshClosedError, MeshError
@@ -33,10 +29,8 @@ from viceroy.runtime.tensors.mesh_tensor import (
     GENERAL,
     VALUE,
     MeshTensor,
-    _general,
     check_needs_no_data,
     new,
-    torch_function,
     where,
 )
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
@@ -44,11 +38,6 @@ from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
 
-# Torch functions that make tensors from nothing: under activate() they make MeshTensors.
-FACTORIES = {
-    torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
-    torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
-}
 _NO_KEY = object()
 PENDING_MAX = 64  # batches in flight before the ones that already succeeded are forgotten
 # Tensor ids, unique across every engine here: views of one mesh share its ranks, and a rank
@@ -57,6 +46,9 @@ _IDS = itertools.count(1)
 # The op that talks to other ranks: sent in calls of their own that interrupt every rank once one
 # fails, or the others would wait in it for the failed rank (see `_send`).
 _TALKER = worker.reduced
+_MODES = worker._modes
+_default_dtype = torch.get_default_dtype
+_grad_enabled = torch.is_grad_enabled
 
 
 def engine_for(mesh: Mesh) -> Engine:
@@ -329,35 +321,6 @@ class Engine:
         return self.mesh.run(fn, *args, label=label)
 
 
-class _ActivateMode(TorchFunctionMode):
-    def __init__(self, engine: Engine) -> None:
-        super().__init__()
-        self.engine = engine
-
-    # Ops on MeshTensors go straight to the tensors' handler (the one Python call of the short
-    # road); calling func again would cost a second round of torch's dispatch.
-    __torch_function__ = torch_function
-
-    def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
-        kwargs = kwargs or {}
-        if func not in FACTORIES:
-            if any(type(x) is MeshTensor for x in args):
-                return _general(func, args, kwargs)
-            return func(*args, **kwargs)
-        if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
-            if kwargs.get("device") not in (None, "cuda"):
-                return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
-            return self.engine.factory(func, args, kwargs)
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def activate(engine: Engine) -> Iterator[Engine]:
-    with _ActivateMode(engine):
-        yield engine
-    engine.flush()
-
-
 def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bool]]:
     """`ops` cut into runs of collectives and runs of everything else (most batches: one run)."""
     talks = [op[0] is _TALKER for op in ops]  # (by identity: ops' functions need not hash)
@@ -370,34 +333,6 @@ def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], boo
         else:
             out.append(([op], t))
     return out
-
-
-def _active_engine() -> Engine | None:
-    """The engine of the innermost ``activate()`` of this thread, if any."""
-    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
-        if isinstance(mode, _ActivateMode):
-            return mode.engine
-    return None
-
-
-def _manual_seed_everywhere(seed: Any) -> Any:
-    engine = _active_engine()
-    if engine is not None:
-        engine.seed(int(seed))  # (int() as torch's own does: a bad seed fails here)
-    return _manual_seed(seed)
-
-
-# ``torch.manual_seed`` is plain Python, which the activate() mode does not see: wrapped, once, so
-# that under activate() it also seeds the ranks. Outside activate() it is torch's own.
-_manual_seed = getattr(torch.random.manual_seed, "__viceroy_wrapped__", torch.random.manual_seed)
-if not hasattr(torch.manual_seed, "__viceroy_wrapped__"):
-    _wrapper = functools.wraps(_manual_seed)(_manual_seed_everywhere)
-    _wrapper.__viceroy_wrapped__ = _manual_seed  # type: ignore[attr-defined]
-    torch.manual_seed = _wrapper
-    torch.random.manual_seed = _wrapper
-_MODES = worker._modes
-_default_dtype = torch.get_default_dtype
-_grad_enabled = torch.is_grad_enabled
 
 
 def _to_slot(x: Any) -> Any:

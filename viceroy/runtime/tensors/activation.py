@@ -1,0 +1,80 @@
+"""``with mesh.activate():``: torch calls on the controller make and use MeshTensors.
+
+A torch function mode routes ops on MeshTensors to their handler, and factory functions
+(``torch.randn(...)`` with no tensor to go by) to the active view's `Engine`.
+``torch.manual_seed`` is plain Python, which the mode does not see: it is wrapped, once, so that
+under ``activate()`` it seeds the ranks too; outside ``activate()`` it is torch's own.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from viceroy.runtime.tensors.engine import Engine
+from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+
+# Torch functions that make tensors from nothing: under activate() they make MeshTensors.
+FACTORIES = {
+    torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
+    torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
+}
+
+
+class _ActivateMode(TorchFunctionMode):
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    # Ops on MeshTensors go straight to the tensors' handler (the one Python call of the short
+    # road); calling func again would cost a second round of torch's dispatch.
+    __torch_function__ = torch_function
+
+    def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+        kwargs = kwargs or {}
+        if func not in FACTORIES:
+            if any(type(x) is MeshTensor for x in args):
+                return _general(func, args, kwargs)
+            return func(*args, **kwargs)
+        if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
+            if kwargs.get("device") not in (None, "cuda"):
+                return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
+            return self.engine.factory(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def activate(engine: Engine) -> Iterator[Engine]:
+    with _ActivateMode(engine):
+        yield engine
+    engine.flush()
+
+
+def _active_engine() -> Engine | None:
+    """The engine of the innermost ``activate()`` of this thread, if any."""
+    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
+        if isinstance(mode, _ActivateMode):
+            return mode.engine
+    return None
+
+
+def _manual_seed_everywhere(seed: Any) -> Any:
+    engine = _active_engine()
+    if engine is not None:
+        engine.seed(int(seed))  # (int() as torch's own does: a bad seed fails here)
+    return _manual_seed(seed)
+
+
+# Wrapped once per process (see the module's docstring).
+_manual_seed = getattr(torch.random.manual_seed, "__viceroy_wrapped__", torch.random.manual_seed)
+if not hasattr(torch.manual_seed, "__viceroy_wrapped__"):
+    _wrapper = functools.wraps(_manual_seed)(_manual_seed_everywhere)
+    _wrapper.__viceroy_wrapped__ = _manual_seed  # type: ignore[attr-defined]
+    torch.manual_seed = _wrapper
+    torch.random.manual_seed = _wrapper
