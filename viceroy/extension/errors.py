@@ -40,14 +40,11 @@ def with_rendering(exc: E, lines: list[str]) -> E:
 _MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`"}
 
 
-def render_mesh_error(err: E, wording: dict[str, str] | None = None) -> E:
-    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``);
-    `wording` replaces more of the runtime's words with the magic's (first occurrence each)."""
+def render_mesh_error(err: E) -> E:
+    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``)."""
     message = str(err)
     for api, magic in _MAGIC_WORDING.items():
         message = message.replace(api, magic)
-    for api, magic in (wording or {}).items():
-        message = message.replace(api, magic, 1)
     return with_rendering(err, render_message(message, type(err).__name__))
 
 

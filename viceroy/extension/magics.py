@@ -240,14 +240,7 @@ class MeshMagics(Magics):
         """Every rank's value joined in rank order (arrays and tensors concatenated, lists
         chained)."""
         mesh = self.session.require()
-        gathered: dict[str, Any] = {}
-        for name in cmd.names:
-            try:
-                gathered[name] = mesh.gather(name)
-            except Exception as e:
-                if hasattr(e, "failures"):  # gather pulls: name the magic the user typed
-                    raise render_mesh_error(e, {f"pull {name} failed": f"gather {name} failed"}) from None
-                raise
+        gathered = {name: mesh.gather(name) for name in cmd.names}  # errors say "gather NAME failed"
         return gathered[cmd.names[0]] if len(gathered) == 1 else gathered
 
     def _cmd_auto(self, cmd: Command) -> None:
