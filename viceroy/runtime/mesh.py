@@ -171,8 +171,10 @@ class Mesh(MeshStarts, ShapeOps):
         return self._read(name, "pull")
 
     def _read(self, name: str, what: str) -> ValueMesh[Any]:
+        # A lookup has nothing long-running to stop, so every rank answers for itself: a name
+        # missing on all ranks is reported by all of them, not by whichever failed first.
         _check_names(what, [name])
-        return self.run(name, label=f"{what} {name}")
+        return self.run(name, label=f"{what} {name}", fail_fast=False)
 
     def scatter(self, name: str, values: Any) -> None:
         """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
