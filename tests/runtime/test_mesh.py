@@ -120,6 +120,15 @@ def test_torch_tensors_round_trip(start_mesh):
     assert [float(t.sum()) for t in out.values()] == [0.0, 1024.0 * 1024]
 
 
+def test_preload_takes_a_string_of_module_names(start_mesh):
+    # A string was iterated letter by letter ("none" preloaded modules n, o, n and e).
+    check = "import sys\n('colorsys' in sys.modules, 'wave' in sys.modules)"
+    assert start_mesh(gpus=1, preload="colorsys, wave").run(check).values() == [(True, True)]
+    assert start_mesh(gpus=1, preload="none").run(check).values() == [(False, False)]
+    with pytest.raises(ValueError, match=r"preload='torch numpy': 'torch numpy' is not a module name.*preload=\['torch', 'numpy'\]"):
+        vr.Mesh.local(gpus=1, preload="torch numpy")
+
+
 def test_non_blocking_run_returns_a_future(start_mesh):
     mesh = start_mesh(gpus=2)
     fut = mesh.run("import time\ntime.sleep(0.3)\nrank", block=False)

@@ -30,8 +30,21 @@ def _check_keyword_dims(named_dims: dict[str, Any]) -> None:
             )
 
 
-def _default_preload() -> list[str]:
-    return ["torch"] if importlib.util.find_spec("torch") is not None else []
+def _preload_list(preload: list[str] | str | None) -> list[str]:
+    """The modules to preload: None -> torch when installed; a string is one name or several
+    joined by commas, ``"none"`` (as the magic's ``--preload none``) none at all."""
+    if preload is None:
+        return ["torch"] if importlib.util.find_spec("torch") is not None else []
+    names = [n.strip() for n in preload.split(",")] if isinstance(preload, str) else list(preload)
+    if names == ["none"]:
+        return []
+    for name in names:
+        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(
+                f"preload={preload!r}: {name!r} is not a module name; give module names, e.g. "
+                "preload=['torch', 'numpy'] (or 'torch,numpy'), or preload=[] for none"
+            )
+    return names
 
 
 class MeshStarts:
@@ -49,7 +62,7 @@ class MeshStarts:
         *,
         echo: bool = True,
         interface: str = "127.0.0.1",
-        preload: list[str] | None = None,
+        preload: list[str] | str | None = None,
         output_limit: int = 1 << 20,
         startup_timeout: float = 120.0,
         env: dict[str, str] | None = None,
@@ -62,7 +75,8 @@ class MeshStarts:
         echo: print rank output here as ``[rank] line`` (the kernel turns this off and streams
             output into cells instead).
         preload: modules the ranks' template process imports once before forking them; default
-            ``["torch"]`` when torch is installed, so ``import torch`` on a rank is instant.
+            ``["torch"]`` when torch is installed, so ``import torch`` on a rank is instant;
+            ``[]`` (or ``"none"``) for none. A string may name several: ``"torch,numpy"``.
         output_limit: bytes of output forwarded per rank per call; the rest is dropped with a
             notice.
         A leading dim named ``hosts`` gets one agent per host index (the layout many-host
@@ -83,7 +97,7 @@ class MeshStarts:
             interface=interface,
             echo=echo,
             output_limit=output_limit,
-            preload=_default_preload() if preload is None else preload,
+            preload=_preload_list(preload),
             env=env,
         )
         controller.start(startup_timeout)
