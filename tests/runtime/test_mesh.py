@@ -215,6 +215,8 @@ def test_shutdown_is_fast_and_final(start_mesh):
     wait_until(lambda: not live_pids(pids), 2, "ranks to exit")
     with pytest.raises(RuntimeError, match="shut down"):
         mesh.run("1")
+    # What it says of itself is true: no rank "idle", no pid that may be another process's now.
+    assert mesh.states() == dict.fromkeys(range(4), "dead") and mesh.pids() == {}
 
 
 def test_context_manager_shuts_down():

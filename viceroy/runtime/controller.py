@@ -268,16 +268,18 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
 
     def states(self) -> dict[int, str]:
         """rank -> state; "running" while it owes an answer to a call in flight (worked out
-        here, when asked, so calls pay nothing for it)."""
+        here, when asked, so calls pay nothing for it). After shutdown every rank is "dead"."""
         with self._lock:
+            if self._closed:
+                return dict.fromkeys(self._state, "dead")
             owing: set[int] = set(self._stuck)
             for call in self._calls.values():
                 owing.update(call.missing())
             return {r: ("running" if s == "idle" and r in owing else s) for r, s in self._state.items()}
 
     def pids(self) -> dict[int, int]:
-        with self._lock:
-            return dict(self._pids)
+        with self._lock:  # none after shutdown: those numbers may already be another process's
+            return {} if self._closed else dict(self._pids)
 
     def agent_processes(self) -> list[AgentProcess]:
         return list(self._agents.values())

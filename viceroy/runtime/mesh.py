@@ -237,7 +237,7 @@ class Mesh(MeshStarts, ShapeOps):
     # --- watching -----------------------------------------------------------------------------
 
     def states(self) -> dict[int, str]:
-        """rank -> "starting" | "idle" | "running" | "dead"."""
+        """rank -> "starting" | "idle" | "running" | "dead" (every rank, after shutdown)."""
         s = self._controller.states()
         return {r: s[r] for r in self._shape.ranks}
 
@@ -247,7 +247,7 @@ class Mesh(MeshStarts, ShapeOps):
         return any(s == "dead" for s in self.states().values())
 
     def pids(self) -> dict[int, int]:
-        """rank -> process id, for live ranks."""
+        """rank -> process id, for live ranks (none after shutdown)."""
         p = self._controller.pids()
         return {r: p[r] for r in self._shape.ranks if r in p}
 
