@@ -92,3 +92,33 @@ def test_numpy_integers_serve_as_ranks_and_sizes():
     assert s.split(gpus=("dp", "tp"), tp=np.int64(2)).dims == {"dp": 2, "tp": 2}
     with pytest.raises(TypeError, match="select takes rank numbers"):
         s.select(["a"])
+
+
+def test_numpy_integers_serve_as_indices_slice_bounds_and_dim_sizes():
+    import numpy as np
+
+    s = Shape({"hosts": 2, "gpus": np.int64(4)})
+    assert s.dims == {"hosts": 2, "gpus": 4} and type(s.dims["gpus"]) is int
+    assert s.slice(gpus=np.int64(1)).ranks == (1, 5)
+    assert s.slice(gpus=np.int32(-1)).ranks == (3, 7)
+    assert s.slice(gpus=slice(np.int64(1), np.int64(4), np.int64(2))).ranks == (1, 3, 5, 7)
+    assert s.position(hosts=np.int64(1), gpus=np.uint8(2)) == 6
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda s: s.slice(gpus=slice(0, 4, 0)), ValueError, r"gpus=0:4:0: a slice step cannot be zero"),
+        (lambda s: s.slice(gpus=slice("a", 2)), TypeError, r"gpus=a:2: slice bounds must be ints or None"),
+        (lambda s: s.slice(gpus=True), TypeError, r"gpus= takes an int or a slice, got True"),
+        (lambda s: s.position(hosts=0, gpus=slice(0, 2)), TypeError, r"one coordinate per dim, got gpus=0:2"),
+        (lambda s: s.select(3), TypeError, r"a list of rank numbers, e\.g\. select\(\[0, 3\]\), got 3"),
+        (lambda s: s.select([]), ValueError, "at least one rank"),
+        (lambda s: s.select([1, 2, 1]), ValueError, r"distinct ranks: 1 given more than once"),
+        (lambda s: s.rename(gpus="hosts"), ValueError, r"rename\(gpus='hosts'\) makes two dims named 'hosts'"),
+    ],
+)
+def test_bad_selections_name_the_dim_or_rank_at_fault(call, error, message):
+    with pytest.raises(error, match=message) as info:
+        call(Shape({"hosts": 2, "gpus": 4}))
+    assert info.value.__context__ is None or info.value.__suppress_context__  # one error, not two

@@ -25,8 +25,9 @@ class Shape:
         for name, size in dims.items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"dim names must be identifiers, got {name!r}")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            if _positive_int(size) is None:
                 raise ValueError(f"dim {name!r} must be a positive int, got {size!r}")
+            dims[name] = int(size)  # numpy's too, as a plain int (JSON headers)
         n = math.prod(dims.values())
         ranks = tuple(range(n)) if ranks is None else tuple(ranks)
         if len(ranks) != n:
@@ -91,7 +92,11 @@ class Shape:
             )
         pos = 0
         for name, size in self._dims.items():
-            i = self._check_index(name, coords[name])
+            c: object = coords[name]
+            if isinstance(c, slice):
+                raise TypeError(f"item takes one coordinate per dim, got {name}={_fmt_slice(c)}: "
+                                f"take a part with .slice({name}=slice(...)) instead")
+            i = self._check_index(name, c)
             pos = pos * size + i
         return pos
 
@@ -110,7 +115,7 @@ class Shape:
                 continue
             s = sel[name]
             if isinstance(s, slice):
-                r = range(size)[s]
+                r = range(size)[_check_slice(name, s)]
                 if len(r) == 0:
                     raise IndexError(
                         f"{name}={_fmt_slice(s)} selects nothing: dim {name!r} has size {size}"
@@ -179,15 +184,25 @@ class Shape:
             self._check_dim(old)
         new_dims = {names.get(k, k): v for k, v in self._dims.items()}
         if len(new_dims) != len(self._dims):
-            raise ValueError(f"renaming {names} makes two dims share a name")
+            taken = [names.get(k, k) for k in self._dims]
+            clash = next(n for n in taken if taken.count(n) > 1)
+            raise ValueError(
+                f"rename({', '.join(f'{k}={v!r}' for k, v in names.items())}) makes two dims named "
+                f"{clash!r} (dims are {self.describe()}); rename the other one too, or pick a new name"
+            )
         return Shape(new_dims, self._ranks)
 
     def select(self, ranks: Sequence[int], name: str = "ranks") -> Shape:
         """A flat shape over a subset of this shape's ranks, in the order given."""
+        if not isinstance(ranks, Iterable) or isinstance(ranks, str):
+            raise TypeError(f"select takes a list of rank numbers, e.g. select([0, 3]), got {ranks!r}")
+        ranks = list(ranks)
         try:  # numpy or torch integers too, as plain ints (they travel in JSON headers)
             wanted = [operator.index(r) for r in ranks]
         except TypeError:
-            raise TypeError(f"select takes rank numbers, got {list(ranks)!r}") from None
+            raise TypeError(f"select takes rank numbers, got {ranks!r}") from None
+        if not wanted:
+            raise ValueError("select needs at least one rank, got none")
         have = set(self._ranks)
         missing = [r for r in wanted if r not in have]
         if missing:
@@ -195,8 +210,9 @@ class Shape:
                 f"rank(s) {_fmt_ranks(missing)} not in this mesh (its ranks are "
                 f"{_fmt_ranks(self._ranks)})"
             )
-        if len(set(wanted)) != len(wanted) or not wanted:
-            raise ValueError(f"select needs distinct ranks, got {wanted}")
+        if len(set(wanted)) != len(wanted):
+            twice = sorted({r for r in wanted if wanted.count(r) > 1})
+            raise ValueError(f"select needs distinct ranks: {_fmt_ranks(twice)} given more than once in {wanted}")
         return Shape({name: len(wanted)}, wanted)
 
     # --- checks ----------------------------------------------------------------------------
@@ -206,10 +222,11 @@ class Shape:
             dims = ", ".join(self._dims) or "none"
             raise ValueError(f"this mesh has no dim {name!r}; its dims are: {dims}")
 
-    def _check_index(self, name: str, i: object) -> int:
+    def _check_index(self, name: str, given: object) -> int:
         size = self._dims[name]
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"{name}= takes an int or a slice, got {i!r}")
+        i = _int(given)  # numpy or torch integers too
+        if i is None:
+            raise TypeError(f"{name}= takes an int or a slice, got {given!r}")
         j = i + size if i < 0 else i
         if not 0 <= j < size:
             raise IndexError(f"{name}={i} is out of range: dim {name!r} has size {size} (0..{size - 1})")
@@ -254,6 +271,17 @@ def _strides(sizes: list[int]) -> list[int]:
     for k in range(len(sizes) - 2, -1, -1):
         strides[k] = strides[k + 1] * sizes[k + 1]
     return strides
+
+
+def _check_slice(name: str, s: slice) -> slice:
+    """`s` with plain-int bounds (numpy's too); a TypeError or ValueError naming the dim."""
+    try:
+        bounds = [None if b is None else operator.index(b) for b in (s.start, s.stop, s.step)]
+    except TypeError:
+        raise TypeError(f"{name}={_fmt_slice(s)}: slice bounds must be ints or None") from None
+    if bounds[2] == 0:
+        raise ValueError(f"{name}={_fmt_slice(s)}: a slice step cannot be zero")
+    return slice(*bounds)
 
 
 def _fmt_slice(s: slice) -> str:
@@ -326,12 +354,17 @@ class ShapeOps:
         return self._reshaped(self._shape.select(ranks))
 
 
-def _positive_int(v: Any) -> int | None:
-    """`v` as an int (numpy's too) if it is a positive integer, not a bool; else None."""
+def _int(v: Any) -> int | None:
+    """`v` as a plain int if it is an integer (numpy's and torch's too), not a bool; else None."""
     if isinstance(v, bool):
         return None
     try:
-        n = operator.index(v)
+        return operator.index(v)
     except TypeError:
         return None
-    return n if n >= 1 else None
+
+
+def _positive_int(v: Any) -> int | None:
+    """`v` as an int (numpy's too) if it is a positive integer, not a bool; else None."""
+    n = _int(v)
+    return n if n is not None and n >= 1 else None
