@@ -61,3 +61,29 @@ def test_values_that_differ_beyond_what_is_shown_are_not_all_the_same():
     text = repr(big)
     assert text.startswith("ValueMesh(gpus=4): all b'\\x00") and "52,428,800 bytes" in text
     assert time.perf_counter() - t0 < 1.0, "showing large values should not repr them whole"
+
+
+def test_the_docstring_examples_hold_on_a_real_mesh(start_mesh):
+    import doctest
+
+    mesh = start_mesh(gpus=4)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder(recurse=False).find(ValueMesh, globs={"mesh": mesh}):
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+def test_a_one_rank_value_mesh_without_dims_shows_its_value_plainly():
+    one = vm({"gpus": 4}, [0, 10, 20, 30]).slice(gpus=2)
+    assert one.dims == {}
+    assert repr(one) == "ValueMesh(scalar): 20"
+
+
+def test_value_meshes_of_arrays_compare_by_content():
+    import numpy as np
+    import torch
+
+    assert vm({"gpus": 2}, [np.zeros(3), np.ones(3)]) == vm({"gpus": 2}, [np.zeros(3), np.ones(3)])
+    assert vm({"gpus": 2}, [np.zeros(3), np.ones(3)]) != vm({"gpus": 2}, [np.zeros(3), np.zeros(3)])
+    assert vm({"gpus": 1}, [torch.arange(4)]) == vm({"gpus": 1}, [torch.arange(4)])
+    assert vm({"gpus": 1}, [[np.zeros(2)]]) != vm({"gpus": 1}, [[np.ones(2)]])

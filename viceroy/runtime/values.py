@@ -20,7 +20,8 @@ class ValueMesh(ShapeOps, Generic[T]):
     >>> vals = mesh.run("rank * 10")
     >>> vals.item(gpus=3)
     30
-    >>> dict(vals.items())   # {(("gpus", 0),): 0, ...} keyed by coordinates
+    >>> list(vals.items())[:2]   # (coordinates, value) pairs, row-major
+    [({'gpus': 0}, 0), ({'gpus': 1}, 10)]
     """
 
     __slots__ = ("_by_rank", "_shape")
@@ -66,7 +67,8 @@ class ValueMesh(ShapeOps, Generic[T]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ValueMesh):
-            return self._shape == other._shape and self.values() == other.values()
+            return self._shape == other._shape and all(
+                _equal(a, b) for a, b in zip(self.values(), other.values(), strict=True))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
@@ -87,6 +89,8 @@ class ValueMesh(ShapeOps, Generic[T]):
                 texts[k] += f"  [value {n}: differs from the others beyond what is shown]"
         if len(keyed) == 1 and len(self) > 1:
             return f"{head}: all {texts[keys[0]]}"
+        if not self._shape.dims:  # one rank, no dims (e.g. mesh.slice(gpus=0))
+            return f"{head}: {texts[keys[0]]}"
         lines = [head + ":"]
         dims = list(self._shape.dims)
         coords = list(self._shape.coords())
@@ -104,6 +108,16 @@ class ValueMesh(ShapeOps, Generic[T]):
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
+
+
+def _equal(a: object, b: object) -> bool:
+    """Values equal as a whole: arrays and tensors (whose == is elementwise) by content."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # "truth value of an array ... is ambiguous"
+        return type(a) is type(b) and _content_key(a) == _content_key(b)
 
 
 def _fmt_coords(coords: dict[str, int], dims: list[str]) -> str:
