@@ -34,7 +34,7 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value; raise the call's error (a `MeshError` for mesh calls)."""
         try:
-            return self._cf.result(timeout)
+            exc = self._cf.exception(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(
                 f"call {self.call_id} still running after {timeout} s; "
@@ -44,6 +44,12 @@ class Future(Generic[T]):
             if self._on_interrupt is not None and not self._cf.done():
                 self._on_interrupt()
             raise
+        if exc is not None:  # raised here, not by the stdlib's result(): its frames would show
+            try:             # in the user's traceback (on a rank, an actor calling an actor)
+                raise exc
+            finally:
+                del exc  # no cycle through this frame
+        return self._cf.result()
 
     result = get
 

@@ -208,7 +208,8 @@ def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     return out
 
 
-def failed_future(what: str, failures: dict[int, RankFailure], hint: str = "") -> Future[Any]:
+def failed_future(what: str, failures: dict[int, RankFailure], hint: str = "", total: int | None = None) -> Future[Any]:
+    """A call that ended before anything was sent; `total`: the actors it was for."""
     fut: Future[Any] = Future()
-    fut._set_exception(MeshError(what, failures, {}, hint))
+    fut._set_exception(MeshError(what, failures, {}, hint, total))
     return fut

@@ -97,9 +97,12 @@ class ActorRecord:
                 key = next(self._keys)
                 pending = self._inflight[key] = set(shape.ranks)
         if gone:
+            n = len(shape)
+            others = "" if len(gone) == n else (
+                f" (to none of its {n} actors; the others answer through a slice or select of it)")
             fut = failed_future(
                 what, {r: RankFailure("unavailable", f"its actor is gone: {why}") for r, why in gone.items()},
-                "Nothing was sent. restart() on the actor mesh respawns failed actors.",
+                f"Nothing was sent{others}. restart() on the actor mesh respawns failed actors.", total=n,
             )
             if adverb == "broadcast":  # no future carries it: say so now
                 fut.get()
