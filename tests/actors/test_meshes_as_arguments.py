@@ -140,3 +140,34 @@ def test_actor_meshes_travel_inside_endpoint_arguments_too(start_mesh):
 
 async def _await(fut: vr.Future) -> object:
     return await fut
+
+
+def test_a_call_from_an_actor_that_times_out_names_the_endpoint(start_mesh):
+    mesh = start_mesh(gpus=2)
+
+    class Slow(vr.Actor):
+        @vr.endpoint
+        def wait(self, s: float) -> float:
+            import time
+
+            time.sleep(s)
+            return s
+
+    class Caller(vr.Actor):
+        def __init__(self, slow: vr.ActorMesh) -> None:
+            self.slow = slow
+
+        @vr.endpoint
+        def impatient(self) -> str:
+            try:
+                self.slow.wait.call_one(2.0).get(timeout=0.2)
+            except TimeoutError as exc:
+                return str(exc)
+            return "no timeout"
+
+    slow = mesh.slice(gpus=1).spawn(Slow)
+    caller = mesh.slice(gpus=0).spawn(Caller, slow)
+    msg = caller.impatient.call_one().get(timeout=20)
+    assert msg.startswith("Slow.wait still running after 0.2 s; it goes on"), msg
+    assert "call -1" not in msg
+    assert slow.wait.call_one(0.0).get(timeout=20) == 0.0  # after the first, which went on

@@ -193,9 +193,34 @@ def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator
         return
 
 
+class RankFuture(Future[Any]):
+    """The future of a call made from a rank (see rank_client): it has no call id, and
+    mesh.interrupt() is the controller's; a timeout names the endpoint."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        super().__init__(-1)
+        self.what = what
+
+    def get(self, timeout: float | None = None) -> Any:
+        try:
+            return super().get(timeout)
+        except TimeoutError:
+            if self.done():  # the call's own error
+                raise
+            raise TimeoutError(
+                f"{self.what} still running after {timeout} s; it goes on: wait longer with "
+                ".get(timeout=...), or interrupt it from the controller (mesh.interrupt())"
+            ) from None
+
+    result = get
+
+
 def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     """A future of the single value of a one-actor ValueMesh."""
-    out: Future[Any] = Future(inner.call_id, inner._on_interrupt)
+    out: Future[Any] = (RankFuture(inner.what) if isinstance(inner, RankFuture)
+                        else Future(inner.call_id, inner._on_interrupt))
 
     def copy(f: Future[ValueMesh[Any]]) -> None:
         exc = f.exception()

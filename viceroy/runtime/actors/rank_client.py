@@ -13,7 +13,7 @@ from typing import Any
 from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
-from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult
+from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, RankFuture
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape
@@ -34,7 +34,7 @@ class RankClient:
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
         payload, bufs = plain.dumps((args, kwargs))
         req = next(self._ids)
-        fut: Future[Any] = Future(-1)
+        fut: Future[Any] = RankFuture(f"{info.cls_name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})"))
         if adverb != "broadcast":
             with _lock:
                 _replies[req] = fut
