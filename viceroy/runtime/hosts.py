@@ -98,7 +98,8 @@ class HostLifecycle:
             self.shutdown()  # nothing half-started stays behind
             raise
         if error or waiting:
-            logs = "\n".join(a.log_tail() for a in self._agents.values()).strip()
+            # A lost host's last words are in its reason already (its log may be gone by now).
+            logs = "\n".join(a.log_tail() for h, a in self._agents.items() if h not in self._lost).strip()
             self.shutdown()
             what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
             raise RuntimeError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
@@ -187,10 +188,11 @@ class HostLifecycle:
         agent = self._agents[h]
         reason = f"{agent.label} lost: {why}"
         log = agent.log_tail(5).strip()
-        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "")
+        advice = agent.advice(log)
+        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "") + (f"\n{advice}" if advice else "")
         with self._changed:
             if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
-                self._startup_error = reason
+                self._startup_error = self._lost[h]  # read now: the log goes with the agent
             self._changed.notify_all()
         for r in self._plans[h].ranks_ids():
             if self._state[r] != "dead":

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -40,6 +41,11 @@ class AgentProcess(ABC):
 
     @abstractmethod
     def log_tail(self, n: int = 40) -> str: ...
+
+    def advice(self, last_words: str) -> str:
+        """What the user can do about an agent that ended with `last_words` ("" if nothing
+        to say); launchers that know their tool's failures say more."""
+        return ""
 
     def describe_exit(self, code: int | None) -> str:
         """How `wait`'s result reads in an error message."""
@@ -130,6 +136,7 @@ class ChildAgent(AgentProcess):
     def __init__(self, host: int, proc: subprocess.Popen[bytes], log: IO[bytes], log_path: str, label: str) -> None:
         self.host = host
         self.label = label
+        self.advise: Callable[[str], str] | None = None  # the launcher's reading of the last words
         self.proc = proc
         self._log = log
         self._log_path = log_path
@@ -157,6 +164,9 @@ class ChildAgent(AgentProcess):
             os.unlink(self._log_path)
         except OSError:
             pass
+
+    def advice(self, last_words: str) -> str:
+        return self.advise(last_words) if self.advise else ""
 
     def log_tail(self, n: int = 40) -> str:
         try:

@@ -13,6 +13,7 @@ Extra ssh options for every host can come from $VICEROY_SSH_OPTIONS (e.g. "-F ~/
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -68,14 +69,17 @@ class SshLauncher(Launcher):
         return [h.address for h in self.hosts]  # type: ignore[union-attr]
 
     def ssh_base(self) -> list[str]:
-        """ssh and its options, without a host: what every connection to the hosts uses."""
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-                "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
+        """ssh and its options, without a host: what every connection to the hosts uses. ssh
+        keeps the first value it is given for an option, so the user's options come before our
+        defaults (a longer ConnectTimeout is theirs to choose), but never before BatchMode: a
+        password prompt would hang a kernel that has no terminal."""
+        argv = ["ssh", "-o", "BatchMode=yes"]
         if self.port is not None:
             argv += ["-p", str(self.port)]
         if self.identity is not None:
             argv += ["-i", self.identity]
-        return [*argv, *shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options]
+        return [*argv, *shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options,
+                "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
 
     def ssh_argv(self, host: SshHost) -> list[str]:
         python = host.python or self.python
@@ -129,10 +133,80 @@ class SshLauncher(Launcher):
             first = self.hosts[0]
             assert isinstance(first, SshHost)
             self._master = self.real_hostname(first)
+            self._check_reachable(config["controller_in"])
         config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self._master}}
         agent = start_child_agent(self.ssh_argv(target), config, host.index)
         agent.label = f"host {host.index} ({target.address}, via ssh)"
+        agent.advise = functools.partial(self.advice, target, config["controller_in"])
         return agent
+
+    def _check_reachable(self, controller: str) -> None:
+        """A controller on loopback cannot be reached from another machine: say so before
+        starting anything (the agent would wait out its 10 s of silence, then give up)."""
+        where = controller.partition("://")[2].rpartition(":")[0].strip("[]")
+        if not _is_loopback(where):
+            return
+        for h, target in enumerate(self.hosts):
+            assert isinstance(target, SshHost)
+            if _is_elsewhere(self.real_hostname(target)):
+                raise ValueError(
+                    f"host {h} ({target.address}) is another machine, but the controller listens on {where} "
+                    "(loopback), which it cannot reach: give an address of this machine that the hosts can "
+                    "reach, Mesh.ssh(..., interface=ADDR) or %mesh up ... --listen ADDR"
+                )
+
+    def advice(self, target: SshHost, controller: str, words: str) -> str:
+        """What to do about an agent over ssh that ended saying `words`."""
+        addr, python = target.address, target.python or self.python
+        ssh = f"ssh -p {self.port} {addr}" if self.port is not None else f"ssh {addr}"
+        if "Permission denied" in words:
+            return (f"{addr} refused the login and the ssh launcher never types a password (BatchMode): make "
+                    f"`{ssh} true` work without one (ssh-copy-id {addr}, ssh-add), or pass identity=KEYFILE")
+        if "Host key verification failed" in words or "HOST IDENTIFICATION HAS CHANGED" in words:
+            return (f"{addr}'s host key is not in known_hosts, or has changed: check it and accept it with "
+                    f"`{ssh}` once (after `ssh-keygen -R {addr}` if it changed)")
+        if "Could not resolve hostname" in words:
+            return f"{addr} is not a host name this machine resolves: check its hostfile line or ~/.ssh/config"
+        if any(w in words for w in ("Connection refused", "No route to host", "timed out", "Network is unreachable")):
+            return f"{addr} did not take the ssh connection: is it up, and is sshd listening on port {self.port or 22}?"
+        if f"{python}: No such file or directory" in words or f"{python}: not found" in words:
+            return (f"there is no {python} on {addr}: name that host's Python with python=PATH on its hostfile "
+                    "line, or Mesh.ssh(..., python=PATH)")
+        if "No module named" in words:
+            return (f"{python} on {addr} lacks viceroy or a module it needs: pip install viceroy-kernel there, "
+                    "or name a Python that has it (python=PATH)")
+        if "nothing from the controller" in words:
+            return (f"{addr} could not reach the controller at {controller}: listen on an address of this machine "
+                    "that it can reach (interface=ADDR, --listen ADDR), and check that no firewall blocks it")
+        return ""
+
+
+def _is_loopback(name: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return name == "localhost"
+
+
+def _is_elsewhere(name: str) -> bool:
+    """Whether `name` resolves to no address of this machine (False when it does not resolve
+    here at all: ssh may know better, through a proxy)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((sockaddr[0], 0))  # only an address of this machine can be bound
+            return False
+        except OSError:
+            continue
+    return True
 
 
 def read_hostfile(path: str) -> list[SshHost]:

@@ -1,0 +1,106 @@
+"""What a user sees when an ssh mesh cannot start: the host named, ssh's own words, and what to
+do, within a second (a real sshd, real ssh; hosts as network namespaces where a host must be
+another machine)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.launchers.conftest import SSH_OPTS
+
+
+def _start(sshd, python=None, identity=None, options=SSH_OPTS, port=None):
+    return vr.Mesh.ssh(
+        ["127.0.0.1"], port=port or sshd.port, identity=identity or sshd.identity, ssh_options=options,
+        python=python, preload=[], echo=False, gpus=1, startup_timeout=30,
+    )
+
+
+def _refused(start, *patterns):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        start().shutdown()
+    assert time.monotonic() - t0 < 10
+    message = str(info.value)
+    assert message.startswith("the mesh did not start: host 0 (127.0.0.1, via ssh) lost"), message
+    for p in patterns:
+        assert p in message, message
+    return message
+
+
+def test_a_python_missing_on_the_host_is_named_with_ssh_words_and_what_to_do(sshd):
+    # The agent's log goes with it once the host is given up: its last words must be in the
+    # error every time, not only when the error is read first (it raced).
+    for _ in range(4):
+        _refused(lambda: _start(sshd, python="/nonexistent/python"),
+                 "/nonexistent/python: No such file or directory", "there is no /nonexistent/python on 127.0.0.1",
+                 "python=PATH on its hostfile line")
+
+
+def test_a_python_without_viceroy_is_named(sshd):
+    bare = os.path.realpath(sys.executable)  # the venv's base interpreter: no viceroy
+    if subprocess.run([bare, "-c", "import viceroy"], capture_output=True, env={}).returncode == 0:
+        pytest.skip(f"{bare} has viceroy installed")
+    _refused(lambda: _start(sshd, python=bare), "No module named", f"{bare} on 127.0.0.1 lacks viceroy",
+             "pip install viceroy-kernel there")
+
+
+def test_a_login_that_wants_a_password_never_prompts_and_says_what_to_do(sshd):
+    wrong_key = os.path.join(os.path.dirname(sshd.identity), "host_key")  # a key sshd does not accept
+    _refused(lambda: _start(sshd, identity=wrong_key), "Permission denied",
+             f"never types a password (BatchMode): make `ssh -p {sshd.port} 127.0.0.1 true` work", "ssh-copy-id")
+
+
+def test_an_unknown_host_key_is_explained(sshd):
+    strict = ["-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/dev/null"]
+    _refused(lambda: _start(sshd, options=strict), "Host key verification failed",
+             "host key is not in known_hosts", f"`ssh -p {sshd.port} 127.0.0.1` once")
+
+
+def test_no_sshd_listening_is_explained(sshd):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        _refused(lambda: _start(sshd, port=port), "Connection refused", f"sshd listening on port {port}?")
+
+
+def test_users_ssh_options_win_over_the_defaults_but_never_batch_mode():
+    from viceroy.runtime.ssh import SshLauncher
+
+    launcher = SshLauncher(["node1"], options=("-o", "ConnectTimeout=45", "-o", "BatchMode=no",
+                                               "-o", "ServerAliveCountMax=9"))
+    seen = subprocess.run([*launcher.ssh_base(), "-G", "node1"], capture_output=True, text=True, check=True).stdout
+    settings = dict(ln.split(None, 1) for ln in seen.splitlines() if " " in ln)
+    assert settings["connecttimeout"] == "45"  # it was 10 whatever the user said
+    assert settings["serveralivecountmax"] == "9"
+    assert settings["batchmode"] == "yes"  # never a password prompt
+    plain = subprocess.run([*SshLauncher(["node1"]).ssh_base(), "-G", "node1"], capture_output=True, text=True).stdout
+    assert "connecttimeout 10" in plain and "serveraliveinterval 1" in plain
+
+
+def test_a_controller_on_loopback_is_refused_for_hosts_that_are_other_machines(ns_hosts):
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"host 0 \(10\.213\.1\.2\) is another machine, but the controller "
+                                         r"listens on 127\.0\.0\.1 \(loopback\).*interface=ADDR.*--listen ADDR"):
+        vr.Mesh.ssh(ns_hosts.addresses, port=ns_hosts.port, identity=ns_hosts.identity, ssh_options=SSH_OPTS,
+                    preload=[], echo=False, gpus=1)  # no interface=: it waited 10 s for the agent to give up
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_host_that_cannot_be_reached_is_named_with_what_to_do(ns_hosts):
+    from tests.launchers.netns import CONTROLLER_ADDR
+
+    ns_hosts.net.cut(2)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"host 1 \(10\.213\.2\.2, via ssh\) lost.*\n.*No route to host\n"
+                                           r"10\.213\.2\.2 did not take the ssh connection: is it up"):
+        vr.Mesh.ssh(ns_hosts.addresses, port=ns_hosts.port, identity=ns_hosts.identity, ssh_options=SSH_OPTS,
+                    interface=CONTROLLER_ADDR, preload=[], echo=False, gpus=1)
+    assert time.monotonic() - t0 < 10
