@@ -66,8 +66,9 @@ def test_a_dead_rank_fails_pending_calls_and_restart_respawns_only_its_actor(sta
     assert workers.incr.call().get().values() == [11, 11, 11]
     pending = workers.slice(gpus=1).hang.call_one()
     kill(mesh, 1)
-    with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)") as died:
         pending.get(timeout=10)
+    assert "restart() on the actor mesh brings back the dead ranks and respawns their actors" in str(died.value)
     wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
     assert list(workers.failures) == [1]
     assert "not handled" not in capsys.readouterr().err  # the caller heard of it already
