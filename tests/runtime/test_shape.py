@@ -122,3 +122,11 @@ def test_bad_selections_name_the_dim_or_rank_at_fault(call, error, message):
     with pytest.raises(error, match=message) as info:
         call(Shape({"hosts": 2, "gpus": 4}))
     assert info.value.__context__ is None or info.value.__suppress_context__  # one error, not two
+
+
+def test_a_view_names_its_own_ranks_when_asked_for_another(start_mesh):
+    mesh = start_mesh(gpus=4)
+    with pytest.raises(IndexError, match=r"rank 0 is not in this mesh \(its ranks are 1,3\)"):
+        mesh.select([3, 1]).logs(0)
+    with pytest.raises(IndexError, match=r"rank 2 is not in this mesh \(its ranks are 0-1,3\)"):
+        mesh.select([0, 1, 3]).logs(2)

@@ -20,7 +20,7 @@ from viceroy.runtime.controller import Controller, Listener, shutdown_all
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.future import Future
 from viceroy.runtime.handles import Ref
-from viceroy.runtime.shape import Shape, ShapeOps
+from viceroy.runtime.shape import Shape, ShapeOps, format_rank_set
 from viceroy.runtime.starting import MeshStarts
 from viceroy.runtime.values import ValueMesh
 
@@ -254,7 +254,7 @@ class Mesh(MeshStarts, ShapeOps):
     def logs(self, rank: int, tail: int = 200) -> str:
         """The last `tail` lines a rank printed."""
         if rank not in self._shape.ranks:
-            raise IndexError(f"rank {rank} is not in this mesh (ranks {self._shape.ranks[0]}..{self._shape.ranks[-1]})")
+            raise IndexError(f"rank {rank} is not in this mesh (its ranks are {format_rank_set(self._shape.ranks)})")
         return self._controller.logs.tail(rank, tail)
 
     def stacks(self, timeout: float = 3.0) -> ValueMesh[str]:
