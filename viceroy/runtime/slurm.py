@@ -17,6 +17,7 @@ the nodes can reach (loopback by default, which only works on a one-node cluster
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import shutil
@@ -75,6 +76,7 @@ class SlurmLauncher(Launcher):
         self.job_id: str | None = None
         self.nodes: list[str] = []
         self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for
+        self._said: list[str] = []  # what salloc has said so far
 
     @staticmethod
     def hosts_in_allocation(agents_per_node: int = 1) -> int | None:
@@ -108,8 +110,10 @@ class SlurmLauncher(Launcher):
             self.job_id, self.nodes = job, nodes[:n_nodes]
             return
         wait = max(1, int(self.allocation_timeout))
+        # The holder runs here, on this machine, under salloc: this process's Python, not the
+        # nodes' (`python`, which may not exist here).
         argv = ["salloc", f"--immediate={wait}", f"--nodes={n_nodes}", f"--ntasks-per-node={self.agents_per_node}",
-                "--job-name=viceroy", *self.salloc_options, self.python, "-c", _HOLD]
+                "--job-name=viceroy", *self.salloc_options, sys.executable, "-c", _HOLD]
         try:
             # Its own session: the kernel's SIGINT to its process group must not reach salloc.
             self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -117,12 +121,15 @@ class SlurmLauncher(Launcher):
         except FileNotFoundError:
             raise SlurmError("salloc is not installed here: the Slurm launcher needs Slurm's client commands") from None
         try:
-            granted = _read_line(self._holder, wait + 30)
+            t0 = time.monotonic()
+            granted = self._wait_for_grant(n_nodes, wait)
             if not granted:
+                said = self._holder_error()
+                what = (f"no allocation of {n_nodes} node(s) within {wait} s" if time.monotonic() - t0 >= wait
+                        else f"salloc refused an allocation of {n_nodes} node(s)")
                 raise SlurmError(
-                    f"no allocation of {n_nodes} node(s) within {wait} s ({self._holder_error()}); check "
-                    "`sinfo`, pass salloc_options (partition, time), or put several agents on a node with "
-                    "agents_per_node"
+                    f"{what} ({said}); check `sinfo`, pass salloc_options (partition, time), or put several "
+                    "agents on a node with agents_per_node"
                 )
             self.job_id, nodelist = granted.split()
             self.nodes = expand_nodelist(nodelist)
@@ -130,19 +137,62 @@ class SlurmLauncher(Launcher):
             self.close()
             raise
 
+    def _wait_for_grant(self, n_nodes: int, wait: int) -> str:
+        """The holder's first line ("JOB NODELIST"), or "" if salloc gave up or the wait passed.
+        While the job is pending, the user is told once what is being waited for."""
+        holder = self._holder
+        assert holder is not None and holder.stdout is not None and holder.stderr is not None
+        out, err = Lines(holder.stdout.fileno()), Lines(holder.stderr.fileno())
+        deadline = time.monotonic() + wait + 30
+        while not out.closed:
+            left = deadline - time.monotonic()
+            watch = [holder.stdout] if err.closed else [holder.stdout, holder.stderr]
+            ready = select.select(watch, [], [], left)[0] if left > 0 else []
+            if not ready:
+                return ""
+            if holder.stderr in ready:
+                for line in err.read():
+                    said = line.decode(errors="replace").strip()
+                    self._said.append(said)
+                    if "queued and waiting for resources" in said:
+                        print(f"viceroy: Slurm {said.removeprefix('salloc: ')} ({n_nodes} node(s) x "
+                              f"{self.agents_per_node} task(s)); waiting up to {wait} s (allocation_timeout=), "
+                              "interrupt to give up", flush=True)
+            if holder.stdout in ready:
+                got = out.read()
+                if got:
+                    return got[0].decode(errors="replace").strip()
+        return ""
+
     def _holder_error(self) -> str:
         """What salloc said when it gave up (it is stopped first if it is still waiting)."""
         holder = self._holder
         assert holder is not None and holder.stderr is not None
-        if holder.poll() is None:
-            holder.terminate()  # salloc withdraws its request on SIGTERM
-            try:
-                holder.wait(10)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.wait()
-        said = "; ".join(line.strip() for line in holder.stderr.read().decode(errors="replace").splitlines())
+        self._stop_holder()
+        rest = holder.stderr.read().decode(errors="replace").splitlines()
+        said = "; ".join(line.strip() for line in [*self._said, *rest] if line.strip())
         return said or f"salloc exited with code {holder.returncode} and said nothing"
+
+    def _stop_holder(self, grace: float = 5.0) -> None:
+        """End salloc: once granted, by closing the holding command's stdin (salloc then gives
+        the allocation back); while still waiting, by SIGTERM, on which salloc withdraws its
+        request (SIGKILL would leave the job pending in the queue)."""
+        holder = self._holder
+        assert holder is not None
+        if holder.stdin and not holder.stdin.closed:
+            try:
+                holder.stdin.close()
+            except OSError:
+                pass
+        if self.job_id is None and holder.poll() is None:
+            holder.terminate()
+        try:
+            holder.wait(timeout=grace if self.job_id is None else 15)
+        except subprocess.TimeoutExpired:
+            if self.job_id is not None:
+                subprocess.run(["scancel", self.job_id], capture_output=True, timeout=30)
+            holder.kill()
+            holder.wait()
 
     def node_of(self, host: int) -> str:
         return self.nodes[host // self.agents_per_node]
@@ -160,24 +210,27 @@ class SlurmLauncher(Launcher):
         config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self.nodes[0]}}
         agent = start_child_agent(self.srun_argv(host.index), config, host.index, env=agent_env())
         agent.label = f"host {host.index} ({self.node_of(host.index)}, Slurm job {self.job_id})"
+        agent.advise = functools.partial(self.advice, self.node_of(host.index), config["controller_in"])
         return agent
 
+    def advice(self, node: str, controller: str, words: str) -> str:
+        """What to do about an agent step on `node` that ended saying `words`."""
+        if f"{self.python}: No such file or directory" in words:
+            return f"there is no {self.python} on {node}: name the nodes' Python, Mesh.slurm(..., python=PATH)"
+        if "No module named" in words:
+            return (f"{self.python} on {node} lacks viceroy or a module it needs: install viceroy-kernel for it, "
+                    "or name a Python that has it (python=PATH)")
+        if "nothing from the controller" in words:
+            return (f"{node} could not reach the controller at {controller}: listen on an address of this machine "
+                    "that the nodes can reach (interface=ADDR, --listen ADDR)")
+        return ""
+
     def close(self) -> None:
-        holder, self._holder = self._holder, None
+        holder = self._holder
         if holder is None:
             return
-        if holder.stdin:
-            try:
-                holder.stdin.close()  # the holding command exits; salloc gives the allocation back
-            except OSError:
-                pass
-        try:
-            holder.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            if self.job_id is not None:
-                subprocess.run(["scancel", self.job_id], capture_output=True, timeout=30)
-            holder.kill()
-            holder.wait()
+        self._stop_holder()
+        self._holder = None
         for pipe in (holder.stdout, holder.stderr):
             if pipe:
                 pipe.close()
@@ -187,17 +240,3 @@ class SlurmLauncher(Launcher):
 _HOLD = ("import os, sys; print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_JOB_NODELIST'], flush=True); "
          "sys.stdin.read()")
 
-
-def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
-    """The holder's first line, or "" if salloc gave up or `timeout` passed first."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    lines = Lines(proc.stdout.fileno())
-    while not lines.closed:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-            return ""
-        got = lines.read()
-        if got:
-            return got[0].decode(errors="replace").strip()
-    return ""

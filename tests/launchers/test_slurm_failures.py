@@ -1,0 +1,72 @@
+"""What a user sees when a Slurm mesh cannot start, against a real one-node cluster: salloc's
+refusal reported as such, a Python missing on the nodes named, and an interrupted wait for an
+allocation that leaves nothing in the queue."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+
+def test_an_allocation_salloc_refuses_is_reported_at_once_in_its_words(slurm):
+    from viceroy.runtime.slurm import SlurmError
+
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, salloc_options=["-p", "nosuch"], preload=[], echo=False)
+    message = str(info.value)
+    assert message.startswith("salloc refused an allocation of 1 node(s) ("), message  # not "within 300 s"
+    assert "invalid partition" in message.lower()
+    assert time.monotonic() - t0 < 10
+    assert slurm.jobs() == []
+
+
+def test_a_python_missing_on_the_nodes_is_named_and_the_allocation_given_back(slurm):
+    # python= is the nodes' Python; the command holding the allocation runs here, under this
+    # process's Python (it ran python= here too, so salloc failed: "no allocation within 300 s").
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, python="/nonexistent/python", preload=[], echo=False)
+    message = str(info.value)
+    assert f"host 0 ({slurm.node}, Slurm job" in message, message
+    assert "/nonexistent/python: No such file or directory" in message
+    assert f"there is no /nonexistent/python on {slurm.node}: name the nodes' Python" in message
+    wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
+
+
+WAITER = textwrap.dedent("""
+    import viceroy as vr
+    vr.Mesh.slurm(hosts=2, gpus=1, allocation_timeout=120, preload=[], echo=False)  # 2 nodes: never
+""")
+
+
+def test_interrupting_the_wait_for_an_allocation_withdraws_it_at_once(slurm):
+    proc = subprocess.Popen([sys.executable, "-c", WAITER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs: list[str] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the user is told what is being waited for, and how long
+        assert "queued and waiting for resources (2 node(s) x 1 task(s)); waiting up to 120 s" in line, line
+        assert "interrupt to give up" in line
+        jobs = slurm.jobs()
+        assert len(jobs) == 1
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # the stop button
+        rest = proc.communicate(timeout=30)[0]
+        assert "KeyboardInterrupt" in rest
+        assert time.monotonic() - t0 < 8  # it waited 15 s for salloc
+        # salloc was SIGKILLed while waiting: the job stayed pending in the queue for good
+        wait_until(lambda: jobs[0] not in slurm.jobs(), 5, f"pending job {jobs[0]} to leave the queue")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for job in jobs:
+            subprocess.run(["scancel", job], capture_output=True)  # only if the test failed
