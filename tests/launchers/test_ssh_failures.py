@@ -104,3 +104,26 @@ def test_a_host_that_cannot_be_reached_is_named_with_what_to_do(ns_hosts):
         vr.Mesh.ssh(ns_hosts.addresses, port=ns_hosts.port, identity=ns_hosts.identity, ssh_options=SSH_OPTS,
                     interface=CONTROLLER_ADDR, preload=[], echo=False, gpus=1)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_host_name_is_not_taken_for_a_missing_hostfile():
+    with pytest.raises(FileNotFoundError, match=r"Mesh.ssh\('node1'\): there is no hostfile 'node1' here; a host name "
+                                                r"goes in a list, Mesh.ssh\(\['node1'\], \.\.\.\)"):
+        vr.Mesh.ssh("node1", gpus=1)
+
+
+def test_a_hostfile_as_a_path_with_a_python_under_the_remote_home(sshd, tmp_path):
+    # A hostfile's python=~/venv/bin/python is the remote user's (it was quoted, so not expanded:
+    # "No such file or directory"); a pathlib.Path names a hostfile as a str does (it was iterated).
+    import pathlib
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir  # where sshd logs this user in
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"127.0.0.1 python=~/{os.path.relpath(sys.executable, home)}  # under ~\n")
+    mesh = vr.Mesh.ssh(pathlib.Path(hostfile), port=sshd.port, identity=sshd.identity, ssh_options=SSH_OPTS,
+                       preload=[], echo=False, gpus=1, startup_timeout=30)
+    try:
+        assert mesh.run("rank").values() == [0]
+    finally:
+        mesh.shutdown()

@@ -83,7 +83,9 @@ class SshLauncher(Launcher):
 
     def ssh_argv(self, host: SshHost) -> list[str]:
         python = host.python or self.python
-        return [*self.ssh_base(), host.address, f"exec {shlex.quote(python)} -m viceroy.runtime.agent"]
+        # ~/ is the remote user's home (quoting alone would keep the shell from expanding it)
+        remote = f'"$HOME"/{shlex.quote(python[2:])}' if python.startswith("~/") else shlex.quote(python)
+        return [*self.ssh_base(), host.address, f"exec {remote} -m viceroy.runtime.agent"]
 
     def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False) -> list[str]:
         """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import sys
 from typing import Any, Self
 
@@ -106,7 +107,7 @@ class MeshStarts:
     @classmethod
     def ssh(
         cls,
-        hosts: list[str] | str,
+        hosts: list[str] | str | os.PathLike[str],
         *,
         python: str | None = None,
         port: int | None = None,
@@ -120,9 +121,18 @@ class MeshStarts:
         line, optionally ``python=PATH``). `interface` is where the controller listens: an
         address every host can reach (loopback by default). Other keywords as `Mesh.local`.
         """
-        from viceroy.runtime.ssh import SshLauncher, read_hostfile
+        from viceroy.runtime.ssh import SshHost, SshLauncher, read_hostfile
 
-        host_list = read_hostfile(hosts) if isinstance(hosts, str) else list(hosts)
+        host_list: list[SshHost | str]
+        if isinstance(hosts, (str, os.PathLike)):
+            if not os.path.isfile(hosts):
+                raise FileNotFoundError(
+                    f"Mesh.ssh({str(hosts)!r}): there is no hostfile {str(hosts)!r} here; a host name goes in a "
+                    f"list, Mesh.ssh([{str(hosts)!r}], ...)"
+                )
+            host_list = list(read_hostfile(os.fspath(hosts)))
+        else:
+            host_list = list(hosts)
         launcher = SshLauncher(
             host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
         )
