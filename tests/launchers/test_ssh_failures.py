@@ -127,3 +127,20 @@ def test_a_hostfile_as_a_path_with_a_python_under_the_remote_home(sshd, tmp_path
         assert mesh.run("rank").values() == [0]
     finally:
         mesh.shutdown()
+
+
+def test_the_magic_says_listen_when_its_hosts_are_other_machines(ns_hosts, tmp_path, monkeypatch):
+    from IPython.core.error import UsageError
+
+    from viceroy.extension.session import MeshSession
+
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("\n".join(ns_hosts.addresses) + "\n")
+    monkeypatch.setenv("VICEROY_SSH_OPTIONS", " ".join([*SSH_OPTS, "-p", str(ns_hosts.port), "-i", ns_hosts.identity]))
+    session = MeshSession(None)
+    try:  # a one-line UsageError, not a traceback
+        with pytest.raises(UsageError, match=r"^%mesh up --launcher ssh: host 0 \(10\.213\.1\.2\) is another machine.*"
+                                             r"--listen ADDR$"):
+            session.up({"hosts": 2, "gpus": 1}, launcher="ssh", hostfile=str(hostfile), preload=[])
+    finally:
+        session.close()

@@ -65,7 +65,10 @@ def _start_ssh(dims: dict[str, int], kwargs: dict[str, Any], hostfile: str, list
         raise UsageError(f"%mesh up: hosts={dims['hosts']} but {hostfile} lists {n} host(s)")
     params: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in dims}
     params.update({k: v for k, v in dims.items() if k != "hosts"})
-    return vr.Mesh.ssh(hostfile, interface=listen or "127.0.0.1", **params)
+    try:
+        return vr.Mesh.ssh(hostfile, interface=listen or "127.0.0.1", **params)
+    except (OSError, ValueError, TypeError) as e:  # a controller on loopback for other machines, …
+        raise UsageError(f"%mesh up --launcher ssh: {e}") from None
 
 
 def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str]:
