@@ -35,6 +35,18 @@ def test_repr_collapses_equal_values():
     assert "gpus=0-1,3: 1" in text and "gpus=2: 2" in text
 
 
+def test_repr_names_groups_by_coordinates_over_several_dims():
+    # A group was labelled by row-major positions ("positions 0,2,4,6"), which are neither
+    # ranks nor coordinates.
+    text = repr(vm({"dp": 2, "tp": 4}, [0, 1, 0, 1, 0, 1, 0, 1]))
+    assert text.splitlines()[1:] == ["  tp=0,2: 0", "  tp=1,3: 1"]
+    text = repr(vm({"dp": 2, "tp": 4}, [0, 0, 0, 0, 1, 1, 1, 1]))
+    assert text.splitlines()[1:] == ["  dp=0: 0", "  dp=1: 1"]
+    # Not a product of per-dim sets: split along the leading dim.
+    text = repr(vm({"dp": 2, "tp": 2}, ["a", "b", "b", "b"]))
+    assert text.splitlines()[1:] == ["  dp=0, tp=0: 'a'", "  dp=0, tp=1; dp=1: 'b'"]
+
+
 def test_repr_lists_distinct_values_by_coordinate():
     text = repr(vm({"gpus": 2}, [0, 10]))
     assert "gpus=0: 0" in text and "gpus=1: 10" in text

@@ -98,12 +98,10 @@ class ValueMesh(ShapeOps, Generic[T]):
             for c, key in zip(coords, keys, strict=True):
                 lines.append(f"  {_fmt_coords(c, dims)}: {texts[key]}")
         else:
+            sizes = self._shape.dims
             for key, positions in keyed.items():
-                text = texts[key]
-                label = "positions " + format_rank_set(positions) if len(dims) != 1 else (
-                    f"{dims[0]}={format_rank_set(positions)}"
-                )
-                lines.append(f"  {label}: {text}")
+                label = "; ".join(_group_labels([coords[p] for p in positions], dims, sizes))
+                lines.append(f"  {label}: {texts[key]}")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -118,6 +116,24 @@ def _equal(a: object, b: object) -> bool:
         return bool(a == b)
     except Exception:  # "truth value of an array ... is ambiguous"
         return type(a) is type(b) and _content_key(a) == _content_key(b)
+
+
+def _group_labels(coords: list[dict[str, int]], dims: list[str], sizes: dict[str, int]) -> list[str]:
+    """Coordinates of a group of equal values, as few labels as a user reads at a glance: a
+    group that is a product of per-dim sets is one label naming only the dims it does not
+    cover whole (``tp=0,2``: every dp); any other is split along the leading dim."""
+    seen = {d: sorted({c[d] for c in coords}) for d in dims}
+    n = 1
+    for d in dims:
+        n *= len(seen[d])
+    if n == len(coords):
+        return [", ".join(f"{d}={format_rank_set(seen[d])}" for d in dims if len(seen[d]) != sizes[d])]
+    lead, rest = dims[0], dims[1:]
+    labels = []
+    for v in seen[lead]:
+        for label in _group_labels([c for c in coords if c[lead] == v], rest, sizes):
+            labels.append(f"{lead}={v}, {label}" if label else f"{lead}={v}")
+    return labels
 
 
 def _fmt_coords(coords: dict[str, int], dims: list[str]) -> str:
