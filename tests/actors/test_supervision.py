@@ -165,3 +165,18 @@ def test_a_failed_broadcast_nobody_handles_is_kept_for_the_actor_mesh(start_mesh
     assert all(f.kind == "error" and "KeyError: 'lost batch'" in f.summary for f in workers.unhandled)
     assert [f.ranks for f in workers.slice(gpus=1).unhandled] == [(1,)]
     assert workers.failures == {}  # the actors live on: nothing is gone
+
+
+def test_restarting_the_mesh_is_not_reported_as_actor_deaths(start_mesh, capfd):
+    # A full mesh.restart() printed "unhandled actor failure: ... died (SIGKILL)" once per rank.
+    mesh = start_mesh(gpus=2)
+    workers = mesh.spawn(Worker, 0)
+    assert workers.incr.call().get().values() == [1, 1]
+    mesh.restart()
+    wait_until(lambda: len(workers.unhandled) == 2, 10, "both actors to be marked gone")
+    assert {f.summary for f in workers.unhandled} == {"died (restarted)"}
+    with pytest.raises(vr.MeshError, match="its actor is gone: its rank was restarted"):
+        workers.incr.call().get()
+    assert "unhandled actor failure" not in capfd.readouterr().err
+    workers.restart()
+    assert workers.incr.call().get().values() == [1, 1]

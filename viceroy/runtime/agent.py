@@ -261,7 +261,7 @@ class Agent:
         self._drain_ranks()
         self._last_words(slot)
         slot.alive, slot.ready = False, False
-        reason = describe_exit(status)
+        reason = "restarted" if slot.respawn else describe_exit(status)  # killed by us, as asked
         self.relay.rank_gone(r)
         self._to_controller({"op": "rank_exit", "r": r, "reason": reason, "respawning": slot.respawn, "pid": pid})
         if slot.respawn and not self.stopping:

@@ -225,8 +225,9 @@ class ActorRecord:
             if self.status.get(rank) != "live":
                 return
             self.status[rank] = "failed"
-            self.reasons[rank] = f"its rank died ({reason})"
-            caller_knows = any(rank in p for p in self._inflight.values())
+            restarted = reason == "restarted"  # mesh.restart(): the user knows; no report printed
+            self.reasons[rank] = "its rank was restarted" if restarted else f"its rank died ({reason})"
+            caller_knows = restarted or any(rank in p for p in self._inflight.values())
         deliver(self, ActorFailure(self.label(self.shape), (rank,), "died", f"died ({reason})"), caller_knows)
 
 
