@@ -110,3 +110,14 @@ def test_values_that_cannot_travel_are_one_line_usage_errors_and_gather_is_named
         text = "\n".join(shown)
         assert "NameError: name 'nosuch' is not defined" in text
         assert "viceroy/" not in text, "the ranks' traceback shows the user's lines only"
+
+
+def test_a_mesh_that_cannot_start_is_one_usage_error_naming_the_ranks(shell: InteractiveShell, monkeypatch, tmp_path):
+    # It was a traceback through the magic, the session and the launcher to the error.
+    (tmp_path / "ranks_exit.py").write_text(  # preloaded by the fork server: its ranks exit at once
+        "import os\n_depth = 0\n\ndef _child():\n    global _depth\n    _depth += 1\n"
+        "    if _depth == 2:\n        os._exit(7)\n\nos.register_at_fork(after_in_child=_child)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UsageError, match=r"^%mesh up: the mesh did not start: ranks? [0-9,-]+ exited while starting \(exit code 7\)"):
+        shell.run_line_magic("mesh", "up gpus=2 --preload ranks_exit")
+    assert current_session(shell).mesh is None

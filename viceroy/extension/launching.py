@@ -36,6 +36,16 @@ def start(
 ) -> Any:
     """The mesh `launcher` starts with these dims (`kwargs`: the dims and `Mesh.local`'s
     options), or a UsageError that says what to fix."""
+    from viceroy.runtime.errors import MeshStartError
+
+    try:
+        return _start(launcher, dims, kwargs, hostfile, listen, key_file)
+    except MeshStartError as e:  # the hosts or ranks at fault and why: our frames add nothing
+        raise UsageError(f"%mesh up: {e}") from None
+
+
+def _start(launcher: str, dims: dict[str, int], kwargs: dict[str, Any], hostfile: str | None,
+           listen: str | None, key_file: str | None) -> Any:
     import viceroy as vr
     from viceroy.runtime.slurm import SlurmError
 

@@ -81,3 +81,8 @@ class MeshError(Exception):
 
 class MeshClosedError(RuntimeError):
     """The mesh was shut down; start a new one."""
+
+
+class MeshStartError(RuntimeError):
+    """A mesh could not start: the message names the hosts or ranks at fault, and why (an
+    agent's last words, a timeout)."""

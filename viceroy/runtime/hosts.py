@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
 from viceroy.runtime.procs import HEARTBEAT_S
 from viceroy.runtime.shape import Shape, format_rank_set
@@ -102,7 +103,7 @@ class HostLifecycle:
             logs = "\n".join(a.log_tail() for h, a in self._agents.items() if h not in self._lost).strip()
             self.shutdown()
             what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
-            raise RuntimeError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
+            raise MeshStartError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
 
     def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
         if not ranks:
