@@ -70,3 +70,9 @@ def test_interrupting_the_wait_for_an_allocation_withdraws_it_at_once(slurm):
             proc.wait()
         for job in jobs:
             subprocess.run(["scancel", job], capture_output=True)  # only if the test failed
+
+
+def test_zero_hosts_is_refused_naming_the_dim():
+    # hosts=0 was taken for "no hosts given" and asked for the allocation's nodes.
+    with pytest.raises(ValueError, match="dim 'hosts' must be a positive int, got 0"):
+        vr.Mesh.slurm(hosts=0, gpus=1, preload=[], echo=False)

@@ -167,7 +167,7 @@ class MeshStarts:
             python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ()),
             allocation_timeout,
         )
-        hosts = hosts or SlurmLauncher.hosts_in_allocation(agents_per_node)
+        hosts = SlurmLauncher.hosts_in_allocation(agents_per_node) if hosts is None else hosts
         if hosts is None:
             raise TypeError("outside a Slurm allocation, say how many hosts: Mesh.slurm(hosts=4, gpus=8)")
         _check_keyword_dims(kwargs)
