@@ -37,6 +37,7 @@ class Call:
     stop_deadline: float | None = None
     shm_paths: list[str] = field(default_factory=list)
     on_result: Callable[[int, bool, Any], None] | None = None
+    died_hint: str = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
     # Telling the ranks still running it who finished (see call_peers): the collectives each
     # answered rank started, when to tell first, and who was told of already.
     collectives: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -177,9 +178,7 @@ class Call:
     def resolve(self) -> None:
         """Settle the future: a ValueMesh, or one MeshError grouping every failure."""
         if self.failures:
-            hint = ""
-            if any(f.kind == "died" for f in self.failures.values()):
-                hint = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
+            hint = self.died_hint if any(f.kind == "died" for f in self.failures.values()) else ""
             self.future._set_exception(MeshError(self.label, dict(self.failures), dict(self.results), hint))
         else:
             self.future._set_result(ValueMesh._adopt(self.shape, self.results))

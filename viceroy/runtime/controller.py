@@ -157,11 +157,13 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         fail_fast: bool = True,
         timeout: float | None = None,
         on_result: Callable[[int, bool, Any], None] | None = None,
+        died_hint: str | None = None,
     ) -> Future[Any]:
         """Send one call to every rank of `shape`; the future resolves to a ValueMesh, or fails
         with a MeshError. Op "actor" goes to the ranks' control thread (actors answer while
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
-        rank answers (for streaming adverbs)."""
+        rank answers (for streaming adverbs). `died_hint`: what a MeshError for a rank death
+        says to do, where restarting the ranks is not the whole answer (actors)."""
         if timeout is not None and not 0 < timeout < math.inf:  # nan too
             raise ValueError(f"timeout={timeout!r}: give a positive, finite number of seconds, or None for no limit")
         with self._lock:
@@ -179,6 +181,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                 return fut
             deadline = time.monotonic() + timeout if timeout else None
             call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout, on_result=on_result)
+            if died_hint is not None:
+                call.died_hint = died_hint
             if self._direct and data:  # same host: big buffers through shared memory
                 data, entries, call.shm_paths = shm.offload(data, self.token)
                 if entries:

@@ -28,6 +28,10 @@ _SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait
 _SENT._set_result(None)
 
 
+# What a MeshError for a dead rank says to do, for calls on actors (restarting ranks is not enough).
+_DIED_HINT = ("restart() on the actor mesh brings back the dead ranks and respawns their actors "
+              "(mesh.restart alone brings back no actor); the other actors keep their state.")
+
 class ActorRecord:
     """The controller's state of one spawned actor mesh (shared by all its views)."""
 
@@ -120,14 +124,14 @@ class ActorRecord:
 
         extra = {"a": "call", "actor": self.info.id, "ep": endpoint, **(fields or {})}
         fut = self.controller.submit("actor", shape, extra, signed, data, label=what, fail_fast=False,
-                                     on_result=result)
+                                     on_result=result, died_hint=_DIED_HINT)
 
         def finished(f: Future[Any]) -> None:
             with self._lock:
                 self._inflight.pop(key, None)
 
         fut.add_done_callback(finished)
-        return _actor_hint(fut)
+        return fut
 
     def on_oneway_error(self, rank: int, endpoint: str, summary: str, tb: str) -> None:
         deliver(self, ActorFailure(self.label(self.shape), (rank,), "error", f"{self.name}.{endpoint}: {summary}", tb),
@@ -299,26 +303,6 @@ class Registry:
         self.controller.submit("actor", Shape({"ranks": 1}, [rank]), {"a": "reply", "req": req["req"]},
                                [payload], [b.raw() for b in bufs], label="actor reply", fail_fast=False)
 
-
-_DIED_HINT = ("restart() on the actor mesh brings back the dead ranks and respawns their actors "
-              "(mesh.restart alone brings back no actor); the other actors keep their state.")
-
-
-def _actor_hint(inner: Future[Any]) -> Future[Any]:
-    """`inner`, but a MeshError for a rank death says how to get the actors back."""
-    out: Future[Any] = Future(inner.call_id, inner._on_interrupt)
-
-    def copy(f: Future[Any]) -> None:
-        exc = f.exception()
-        if exc is None:
-            out._set_result(f.get())
-            return
-        if isinstance(exc, MeshError) and any(x.kind == "died" for x in exc.failures.values()):
-            exc = MeshError(exc.what, exc.failures, exc.partial, _DIED_HINT, exc.total)
-        out._set_exception(exc)
-
-    inner.add_done_callback(copy)
-    return out
 
 
 def _outcome(f: Future[Any]) -> tuple[Any, ...]:
