@@ -32,6 +32,7 @@ _SENT._set_result(None)
 _DIED_HINT = ("restart() on the actor mesh brings back the dead ranks and respawns their actors "
               "(mesh.restart alone brings back no actor); the other actors keep their state.")
 
+
 class ActorRecord:
     """The controller's state of one spawned actor mesh (shared by all its views)."""
 
