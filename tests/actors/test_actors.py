@@ -419,3 +419,36 @@ def test_interrupting_the_mesh_cancels_running_async_endpoints_at_once(start_mes
     assert "did not stop" not in str(info.value) and "before it started" not in str(info.value)
     counters = mesh.spawn(Counter, 0)
     assert counters.incr.call().get().values() == [1, 1]  # the ranks and their actors live on
+
+
+class SlowToStart(vr.Actor):
+    def __init__(self, seconds: float) -> None:
+        if vr.context().rank == 1:
+            time.sleep(seconds)  # on the actor's thread: an interrupt does not stop it
+
+    @vr.endpoint
+    def ping(self) -> int:
+        return 1
+
+
+def _actors_on_ranks(mesh: vr.Mesh) -> list[list[str]]:
+    return mesh.run("from viceroy.runtime.actors import host\nsorted(host._actors)", timeout=10).values()
+
+
+@pytest.mark.parametrize("how", ["mesh.interrupt()", "Ctrl-C"])
+def test_an_interrupted_spawn_leaves_no_actor_behind(start_mesh, how):
+    # The actors made on the ranks that had answered, and the one still being constructed,
+    # lived on with nobody holding them (Ctrl-C), or the one being constructed did (interrupt).
+    import os
+    import signal
+    import threading
+
+    mesh = start_mesh(gpus=2)
+    t0 = time.monotonic()
+    stop = (mesh.interrupt if how == "mesh.interrupt()" else lambda: os.kill(os.getpid(), signal.SIGINT))
+    wait_until_spawning = threading.Timer(1.0, stop)
+    wait_until_spawning.start()
+    with pytest.raises((vr.MeshError, KeyboardInterrupt)):
+        mesh.spawn(SlowToStart, 3.0)
+    assert time.monotonic() - t0 < 3.0  # the interrupt ended the wait
+    wait_until(lambda: _actors_on_ranks(mesh) == [[], []], 10, "no actor left on any rank")

@@ -171,13 +171,21 @@ class ActorRecord:
                                      label=f"spawn {self.name}", fail_fast=False, timeout=timeout)
         try:
             fut.get()
-        except MeshError as exc:
-            made = list(exc.partial)
+        except BaseException as exc:  # a MeshError, or an interrupt (the call is cancelled first)
+            err = exc if isinstance(exc, MeshError) else _settled_error(fut)
+            made = list(err.partial) if err is not None else []
+            # Ranks that never answered (given up on, or the call not settled) may still be
+            # constructing it: a stop queued behind the construction ends it there.
+            unsure = list(ranks) if err is None else [
+                r for r, f in err.failures.items() if f.kind in ("interrupted", "timeout")]
             self.mark(made, "live")
-            for r, failure in exc.failures.items():
+            for r, failure in (err.failures.items() if err is not None else ()):
                 self.mark([r], "failed", f"spawning it failed: {failure.summary}")
-            if made and all_or_nothing:
-                self.stop(Shape({"ranks": len(made)}, made))
+            if all_or_nothing:
+                if made:
+                    self.stop(Shape({"ranks": len(made)}, made))
+                if unsure and not self.controller.closed:
+                    self.controller.send_oneway("actor", unsure, {"a": "stop", "actor": self.info.id})
             raise
         self.mark(ranks, "live")
 
@@ -304,6 +312,14 @@ class Registry:
         self.controller.submit("actor", Shape({"ranks": 1}, [rank]), {"a": "reply", "req": req["req"]},
                                [payload], [b.raw() for b in bufs], label="actor reply", fail_fast=False)
 
+
+
+def _settled_error(fut: Future[Any]) -> MeshError | None:
+    """The MeshError a cancelled call settled with, if it has (None if it has not yet)."""
+    if not fut.done():
+        return None
+    exc = fut.exception()
+    return exc if isinstance(exc, MeshError) else None
 
 
 def _outcome(f: Future[Any]) -> tuple[Any, ...]:
