@@ -158,7 +158,9 @@ class MeshStarts:
         and `hosts` defaults to their number; outside one, ``salloc`` asks for one (with
         `salloc_options`, e.g. ``["-p", "gpu", "-t", "60"]``; waiting at most
         `allocation_timeout` seconds), held while this process lives and ended at shutdown.
-        `agents_per_node` > 1 puts several hosts on each node. `interface`: an address every node
+        That request names nodes and tasks only: where GPUs are scheduled resources, ask for
+        them too, e.g. ``salloc_options=["--gpus-per-node=8"]`` (the agents' steps get every
+        GPU of the allocation on their node). `agents_per_node` > 1 puts several hosts on each node. `interface`: an address every node
         can reach (loopback by default: one-node clusters only). Other keywords as `Mesh.local`.
         """
         from viceroy.runtime.slurm import SlurmLauncher
