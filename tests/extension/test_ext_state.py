@@ -185,3 +185,36 @@ def test_a_rank_is_in_a_live_call_until_the_call_finishes_even_if_it_never_answe
     assert not s.in_live_call(0) and s.in_live_call(1)
     s.apply({"type": "call_finished", "call": 7})  # given up on rank 1: it may still run it
     assert not s.in_live_call(1)
+
+
+def out(rank: int, text: str, stream: str = "stdout") -> dict:
+    return {"type": "output", "rank": rank, "stream": stream, "text": text, "call": 1}
+
+
+def test_the_last_line_joins_a_line_flushed_in_pieces():
+    # print("epoch 3 loss ", end="", flush=True); ...; print(0.25): two chunks, one line
+    s = fresh()
+    s.apply(out(0, "epoch 3 loss "))
+    assert by_rank(s)[0]["last_line"] == "epoch 3 loss "
+    s.apply(out(0, "0.25\n"))
+    assert by_rank(s)[0]["last_line"] == "epoch 3 loss 0.25"
+    s.apply(out(0, "warn", stream="stderr"))  # another stream's line does not continue this one
+    s.apply(out(0, "ing\n", stream="stderr"))
+    assert by_rank(s)[0]["last_line"] == "warning"
+    s.apply(out(0, "\r 10%"))
+    s.apply(out(0, "\r 20%"))
+    assert by_rank(s)[0]["last_line"] == " 20%"
+    s.apply({"type": "rank_ready", "rank": 0, "pid": 9})  # a fresh process starts a fresh line
+    s.apply(out(0, "hello\n"))
+    assert by_rank(s)[0]["last_line"] == "hello"
+
+
+def test_the_last_line_and_error_are_plain_text_without_terminal_escapes():
+    s = fresh()
+    s.apply(out(0, "\x1b[32mok\x1b[0m green \x1b]0;title\x07done\x07\n"))
+    assert by_rank(s)[0]["last_line"] == "ok green done"
+    s.apply(out(1, "\x1b[1m" + "é😀" * 300 + "\n"))
+    assert by_rank(s)[1]["last_line"] == ("é😀" * 100)
+    s.apply(started(2, [0]))
+    s.apply(done(2, 0, ok=False, kind="error", summary="\x1b[0;31mValueError\x1b[0m: bad"))
+    assert by_rank(s)[0]["error"] == "ValueError: bad"

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -27,10 +28,22 @@ from viceroy.extension.output import terminal_line
 
 LAST_LINE_CHARS = 200
 LABEL_CHARS = 80
+PARTIAL_CHARS = 4 * LAST_LINE_CHARS  # of a line still being written, kept until its newline
 STATES = ("starting", "idle", "running", "done", "error", "dead", "interrupted")
 FAILED_STATES = ("error", "dead")
 # How a finished call leaves a rank, by the failure kind the rank reported.
 _AFTER_CALL = {"error": "error", "interrupted": "interrupted", "timeout": "interrupted"}
+
+
+# Terminal escapes (colours, cursor moves, titles) and other control characters: a tile shows
+# text, and a browser would draw them as boxes or "[32m".
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without terminal escape sequences and control characters (tabs and newlines
+    stay; a ``\\r`` rewrite is resolved by `terminal_line`, per line)."""
+    return _ESCAPES.sub("", text)
 
 
 def rank_coords(dims: dict[str, int], rank_position: int) -> dict[str, int]:
@@ -93,6 +106,7 @@ class MeshState:
         self._calls: dict[int, dict[str, Any]] = {}
         self._in_flight: dict[int, list[int]] = {}  # rank -> calls running there, oldest first
         self._tracebacks: dict[int, str] = {}
+        self._partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> its unfinished line
         self.auto = False
 
     def reset(
@@ -108,6 +122,7 @@ class MeshState:
             self._calls.clear()
             self._in_flight.clear()
             self._tracebacks.clear()
+            self._partial.clear()
             self._ranks = {
                 r: _new_record(
                     r, rank_coords(self._dims or {}, i), "running" if s == "running" else s,
@@ -161,9 +176,9 @@ class MeshState:
         with self._lock:
             rec = self._ranks.get(ev.get("rank", -1))
             if kind == "output" and rec is not None:
-                last = terminal_line(ev.get("text", "").rstrip("\n").rsplit("\n", 1)[-1])
-                if last.strip() and last[:LAST_LINE_CHARS] != rec["last_line"]:
-                    rec["last_line"] = last[:LAST_LINE_CHARS]
+                last = self._feed(rec["rank"], str(ev.get("stream")), ev.get("text") or "")
+                if last is not None and last != rec["last_line"]:
+                    rec["last_line"] = last
                     return True
                 return False
             if kind == "call_started":
@@ -192,8 +207,25 @@ class MeshState:
                 )
                 self._in_flight.pop(rec["rank"], None)
                 self._tracebacks.pop(rec["rank"], None)
+                for stream in [k for k in self._partial if k[0] == rec["rank"]]:
+                    del self._partial[stream]
                 return True
         return False
+
+    def _feed(self, rank: int, stream: str, text: str) -> str | None:
+        """The line a terminal would show last after this chunk of a rank's stream, as plain
+        text of at most LAST_LINE_CHARS; None if the chunk shows nothing new. Chunks end
+        anywhere (a flush, a pipe's buffer): the unfinished line of each stream is kept and
+        continued by its next chunk."""
+        key = (rank, stream)
+        *complete, rest = (self._partial.pop(key, "") + text).split("\n")
+        if rest:
+            self._partial[key] = terminal_line(rest)[:PARTIAL_CHARS]
+        for line in (rest, *reversed(complete)):
+            shown = plain_text(terminal_line(line))
+            if shown.strip():
+                return shown[:LAST_LINE_CHARS]
+        return None
 
     def _call_started(self, ev: dict[str, Any]) -> bool:
         now = self._clock()
@@ -219,7 +251,7 @@ class MeshState:
         else:
             outcome = _AFTER_CALL.get(ev.get("kind") or "error", "error")
             if outcome == "error":
-                rec["error"] = first_line(ev.get("summary") or "", LAST_LINE_CHARS) or "failed"
+                rec["error"] = first_line(plain_text(ev.get("summary") or ""), LAST_LINE_CHARS) or "failed"
                 self._tracebacks[r] = ev.get("tb") or ""
         if calls:  # another call still runs here (the Python API can overlap calls)
             latest = self._calls.get(calls[-1])
