@@ -34,8 +34,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from viceroy.extension.output import terminal_line
 from viceroy.extension.session import MeshSession
-from viceroy.extension.state import Stream
+from viceroy.extension.state import Stream, plain_text
 
 TARGET = "viceroy.mesh"
 MIN_INTERVAL = 0.2  # seconds between messages to one front end: at most 5 per second
@@ -46,6 +47,12 @@ REQUESTS = ("snapshot", "logs", "traceback", "stacks", "interrupt", "restart_fai
 
 Send = Callable[[dict[str, Any]], None]
 _channels: weakref.WeakKeyDictionary[MeshSession, StateChannel] = weakref.WeakKeyDictionary()
+
+
+def plain_lines(text: str) -> str:
+    """Log text as a terminal shows it, for a view that shows text: each line's ``\\r``
+    rewrites resolved, colour and other escape sequences dropped."""
+    return "\n".join(plain_text(terminal_line(line)) for line in text.split("\n"))
 
 
 def route_by_header(c: Any) -> None:
@@ -253,11 +260,12 @@ class StateChannel:
         if req in ("logs", "traceback") and not isinstance(rank, int):
             return error(f"request {req!r} needs \"rank\": an int (one of ranks {mesh.ranks[0]}..{mesh.ranks[-1]})")
         if req == "logs":
-            return {"type": "logs", "rank": rank, "text": mesh.logs(rank, tail=int(data.get("tail", LOG_TAIL)))}
+            text = mesh.logs(rank, tail=int(data.get("tail", LOG_TAIL)))
+            return {"type": "logs", "rank": rank, "text": plain_lines(text)}
         if req == "traceback":
-            return {"type": "traceback", "rank": rank, "text": self.session.state.traceback(rank)}
+            return {"type": "traceback", "rank": rank, "text": plain_lines(self.session.state.traceback(rank))}
         if req == "stacks":
-            return {"type": "stacks", "stacks": {str(r): s for r, s in mesh.stacks().by_rank().items()}}
+            return {"type": "stacks", "stacks": {str(r): plain_lines(s) for r, s in mesh.stacks().by_rank().items()}}
         if req == "interrupt":
             running = sorted(r for r, s in self.session.state.states().items() if s == "running")
             mesh.interrupt()
