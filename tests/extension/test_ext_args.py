@@ -122,3 +122,11 @@ def test_push_takes_expressions_with_spaces_and_bare_names():
     cmd = parse_command("push lr=0.1 cfg=dict(a=1, b='x y') model")
     assert cmd.assignments == [("lr", "0.1"), ("cfg", "dict(a=1, b='x y')"), ("model", "model")]
     assert split_assignments("a = 1, b=[1, 2]") == ["a=1", "b=[1, 2]"]
+
+
+def test_help_is_a_command_not_a_mistake():
+    assert parse_command("--help").name == "help"
+    assert parse_command("up gpus=4 -h").name == "help"
+    assert parse_command("push help").assignments == [("help", "help")]  # a variable named help
+    with pytest.raises(UsageError, match=r"`%mesh --help` shows their options"):
+        parse_command("frob")

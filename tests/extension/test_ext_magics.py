@@ -121,3 +121,16 @@ def test_a_mesh_that_cannot_start_is_one_usage_error_naming_the_ranks(shell: Int
     with pytest.raises(UsageError, match=r"^%mesh up: the mesh did not start: ranks? [0-9,-]+ exited while starting \(exit code 7\)"):
         shell.run_line_magic("mesh", "up gpus=2 --preload ranks_exit")
     assert current_session(shell).mesh is None
+
+
+@pytest.mark.parametrize("line", ["--help", "-h", "help", "up --help", "logs -h"])
+def test_asking_for_help_prints_every_command_with_its_options(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str
+):
+    # `%mesh --help` said "unknown %mesh command '--help'", `%mesh up --help` "unknown option(s)"
+    shell.run_line_magic("mesh", line)
+    out = capsys.readouterr().out
+    for usage in ("%mesh up DIM=SIZE...", "--launcher local|ssh|slurm|attach", "--env NAME=VALUE",
+                  "%mesh logs RANK [--tail N]", "%mesh restart [--failed]", "%mesh auto on|off",
+                  "%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]"):
+        assert usage in out, (usage, out)

@@ -33,6 +33,7 @@ COMMANDS = (
     "auto",
     "sync",
 )
+HELP_WORDS = {"help", "-h", "--help"}
 RUN_OPTIONS_HELP = (
     "options: --where DIM=A:B (repeatable), --ranks 0,3, --no-fail-fast, --timeout SECONDS"
 )
@@ -279,10 +280,13 @@ def parse_command(line: str) -> Command:
     """Parse a ``%mesh`` line (``up gpus=4``, ``restart --failed``, ``logs 2``, ...)."""
     word, _, rest = line.strip().partition(" ")
     word = word or "status"
+    if word in HELP_WORDS or {"-h", "--help"}.intersection(rest.split()):
+        return Command("help")  # `%mesh --help`, `%mesh help`, `%mesh up -h`: the usage, not an error
     if word not in COMMANDS:
         raise UsageError(
-            f"unknown %mesh command {word!r}; commands: {', '.join(COMMANDS)}. "
-            "To run code on the ranks use %px CODE or a %%mesh cell"
+            f"unknown %mesh command {word!r}; commands: {', '.join(COMMANDS)} "
+            "(`%mesh --help` shows their options). To run code on the ranks use %px CODE or a "
+            "%%mesh cell"
         )
     prog = f"%mesh {word}"
     cmd = Command(word)

@@ -23,6 +23,20 @@ from viceroy.extension.errors import render_mesh_error
 from viceroy.extension.output import format_rank_set, terminal_line
 from viceroy.extension.session import MeshSession, describe_dims
 
+HELP = """\
+%mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] [--listen ADDR]
+    [--key-file FILE] [--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none]
+    [--env NAME=VALUE]...          start a mesh (gpus=4, hosts=2 gpus=8, dp=2 tp=2); binds `mesh`
+%mesh status | down | interrupt | stacks
+%mesh restart [--failed]           every rank (their state is lost), or only the dead ones
+%mesh logs RANK [--tail N]         a rank's recent output
+%mesh push NAME=EXPR... | pull NAME... | scatter NAME=EXPR... | gather NAME...
+%mesh auto on|off                  run every following cell on the ranks (%autopx toggles it)
+%mesh sync [DIR] [--to PATH] [--dry-run]   copy DIR to every host of an ssh mesh (rsync)
+%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]
+                                   the cell runs on the ranks; output streams live
+%px CODE · %%px · %autopx          the same, as in ipyparallel"""
+
 
 def _closed_mesh_guard(fn: Any) -> Any:
     """Turn runtime errors that mean "you asked for something impossible" into one line."""
@@ -64,7 +78,7 @@ class MeshMagics(Magics):
         Line: ``%mesh up gpus=4`` · ``down`` · ``status`` · ``restart [--failed]`` ·
         ``interrupt`` · ``logs RANK [--tail N]`` · ``stacks`` · ``push NAME=EXPR ...`` ·
         ``pull NAME ...`` · ``scatter NAME=EXPR ...`` · ``gather NAME ...`` · ``auto on|off`` ·
-        ``sync [DIR] [--to PATH]``.
+        ``sync [DIR] [--to PATH]``. ``%mesh --help`` lists every command with its options.
 
         Cell: ``%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]`` runs
         the cell on the ranks, streams their output, and returns the ranks' values of the
@@ -113,6 +127,9 @@ class MeshMagics(Magics):
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
         self.show_view()
+
+    def _cmd_help(self, cmd: Command) -> None:
+        print(HELP)
 
     def _cmd_sync(self, cmd: Command) -> None:
         for line in self.session.sync(cmd.sync_src, cmd.sync_dest, cmd.dry_run):
