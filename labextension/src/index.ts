@@ -20,7 +20,7 @@ import { Widget } from '@lumino/widgets';
 
 import { MeshClient } from './client';
 import { summaryText } from './view/format';
-import { MeshView } from './view/render';
+import { MeshView, deadCount } from './view/render';
 
 const PLUGIN_ID = 'viceroy-labextension:plugin';
 const PANEL_ID = 'viceroy-mesh-panel';
@@ -74,7 +74,16 @@ class MeshStatus extends Widget {
     super();
     this.addClass('viceroy-statusbar');
     this.node.title = 'Viceroy mesh: click to show the panel';
+    // A button for the keyboard and screen readers too.
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
     this.node.addEventListener('click', onClick);
+    this.node.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        event.preventDefault();
+        onClick();
+      }
+    });
   }
 
   setSummary(text: string, failed: number, running: number): void {
@@ -243,7 +252,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker.currentChanged.connect(() => attach());
     attach();
 
-    const requireClient = (): boolean => client !== null && client.connected;
+    // The commands act on the current notebook's mesh: none without one.
+    const requireClient = (): boolean =>
+      client !== null && client.connected && view.store.summary.total > 0;
     app.commands.addCommand(CommandIDs.openPanel, {
       label: 'Show the Viceroy Mesh Panel',
       caption: 'The ranks of the current notebook’s mesh',
@@ -258,8 +269,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     app.commands.addCommand(CommandIDs.restartFailed, {
       label: 'Restart Failed Ranks',
-      caption: 'Restart the dead and failed ranks; the others keep their state',
-      isEnabled: () => requireClient() && view.store.summary.failed > 0,
+      caption: 'Restart the dead ranks; the others keep their state',
+      isEnabled: () => requireClient() && deadCount(view.store.summary) > 0,
       execute: () => view.restartFailed()
     });
     app.commands.addCommand(CommandIDs.showStacks, {

@@ -31,9 +31,10 @@ export function render({ model, el }: IRenderProps): () => void {
   model.on('change:state', onState);
   model.on('msg:custom', onMessage);
   onState();
-  if (!view.store.hasState) {
-    model.send({ request: 'snapshot' });
-  }
+  // The trait holds the last full snapshot, which may be long past: the diffs since went
+  // as messages to the views open then. A view rendered now (a page reload, a second view of
+  // the output) asks for the state of now.
+  model.send({ request: 'snapshot' });
   return () => {
     model.off('change:state', onState);
     model.off('msg:custom', onMessage);

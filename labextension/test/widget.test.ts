@@ -16,7 +16,8 @@ describe('anywidget render()', () => {
     const cleanup = widget.render({ model, el });
     await frame();
     expect(el.querySelectorAll('.viceroy-tile')).toHaveLength(4);
-    expect(model.sent).toEqual([]);
+    expect(model.sent).toEqual([{ request: 'snapshot' }]);
+    model.sent = [];
 
     model.custom({ type: 'diff', seq: 2, ranks: { '2': { state: 'error', error: 'ZeroDivisionError' } } });
     await frame();
@@ -37,6 +38,20 @@ describe('anywidget render()', () => {
     cleanup();
     expect(model.listenerCount()).toBe(0);
     expect(el.querySelector('.viceroy-mesh')).toBeNull();
+  });
+
+  it('shows the state of now, not the trait left from an old snapshot, when rendered later', async () => {
+    // %mesh up set the trait; rank 1 died since (a diff to the views open then); the page
+    // is reloaded and the output renders again from the trait
+    const model = new FakeModel(snapshot({ gpus: 2 }, 1));
+    const el = document.createElement('div');
+    document.body.append(el);
+    const cleanup = widget.render({ model, el });
+    expect(model.sent).toEqual([{ request: 'snapshot' }]);
+    model.setState(snapshot({ gpus: 2 }, 7, { 1: 'dead' }));
+    await frame();
+    expect(el.querySelector<HTMLElement>('.viceroy-tile[data-rank="1"]')!.dataset.state).toBe('dead');
+    cleanup();
   });
 
   it('asks for a snapshot when the trait is still empty', () => {

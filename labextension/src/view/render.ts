@@ -10,10 +10,12 @@
 
 import { elapsedOf, formatBytes, formatDuration, summaryText, tileTitle } from './format';
 import { IChange, MeshStore } from './store';
-import { IRankRecord, IRequest, SendRequest, isObject } from './protocol';
+import { IRankRecord, IRequest, ISummary, SendRequest, isObject } from './protocol';
 
 /** Above this many ranks the tiles drop their metrics and last line (kept in the tooltip). */
 export const COMPACT_ABOVE = 64;
+/** A 2-d grid with more columns than this is drawn as one wrapped grid per row instead. */
+export const MAX_GRID_COLS = 16;
 export const LOG_TAIL = 200;
 const NOTICE_MS = 6000;
 
@@ -106,7 +108,7 @@ export function computeLayout(
   });
   if (!dims || names.length < 2 || !hasCoords) {
     return {
-      key: `flat|${ranks.join(',')}`,
+      key: `flat|${JSON.stringify(dims)}|${ranks.join(',')}`,
       rowDim: null,
       colDim: names.length === 1 ? names[0] : null,
       rows: 0,
@@ -114,9 +116,11 @@ export function computeLayout(
       facets: [{ title: '', ranks: [...ranks] }]
     };
   }
-  const rowDim = names[names.length - 2];
+  let rowDim: string | null = names[names.length - 2];
   const colDim = names[names.length - 1];
-  const leading = names.slice(0, -2);
+  // Too many columns to fit beside each other: each row wraps on its own, under its title.
+  const wide = dims[colDim] > MAX_GRID_COLS;
+  const leading = wide ? names.slice(0, -1) : names.slice(0, -2);
   const facets = new Map<string, number[]>();
   for (const r of ranks) {
     const c = coordsOf(r)!;
@@ -128,12 +132,15 @@ export function computeLayout(
     }
     list.push(r);
   }
+  if (wide) {
+    rowDim = null;
+  }
   return {
     key: `grid|${JSON.stringify(dims)}|${ranks.join(',')}`,
     rowDim,
     colDim,
-    rows: dims[rowDim],
-    cols: dims[colDim],
+    rows: rowDim ? dims[rowDim] : 0,
+    cols: rowDim ? dims[colDim] : 0,
     facets: [...facets].map(([title, list]) => ({ title, ranks: list }))
   };
 }
@@ -161,7 +168,7 @@ export class MeshView {
     this._restartButton = this._button(
       'viceroy-restart',
       'Restart failed',
-      'Restart the failed ranks',
+      'Restart the dead ranks; the others keep their state',
       () => this.restartFailed()
     );
     this._stacksButton = this._button('viceroy-stacks', 'Stacks', "Every rank's Python stack", () =>
@@ -171,6 +178,7 @@ export class MeshView {
     header.append(this._summary, this._calls, actions);
 
     this._notice = el(doc, 'div', 'viceroy-notice');
+    this._notice.setAttribute('role', 'status'); // read out when it changes
     this._notice.hidden = true;
     this._empty = el(doc, 'div', 'viceroy-empty', this._emptyText);
     this._body = el(doc, 'div', 'viceroy-body');
@@ -197,9 +205,11 @@ export class MeshView {
       }
     );
     const close = this._button('viceroy-detail-close', '×', 'Close', () => this.select(null));
+    close.setAttribute('aria-label', 'Close');
     detailHead.append(this._detailTitle, this._detailLogs, this._detailTraceback, close);
     this._detailText = el(doc, 'pre', 'viceroy-detail-text');
     this._detail.append(detailHead, this._detailText);
+    this._detail.addEventListener('keydown', this._onKey);
 
     root.append(header, this._notice, this._empty, this._body, this._detail);
     this.node = root;
@@ -254,12 +264,22 @@ export class MeshView {
       case 'stacks':
         this._onStacks(message.stacks);
         return;
-      case 'interrupted':
-        this._showNotice(`interrupted ranks ${formatRankSet(numbers(message.ranks))}`);
+      case 'interrupted': {
+        const ranks = numbers(message.ranks);
+        this._showNotice(
+          ranks.length ? `interrupted ranks ${formatRankSet(ranks)}` : 'no rank was running'
+        );
         return;
-      case 'restarted':
-        this._showNotice(`restarted ranks ${formatRankSet(numbers(message.ranks))}`);
+      }
+      case 'restarted': {
+        const ranks = numbers(message.ranks);
+        this._showNotice(
+          ranks.length
+            ? `restarted ranks ${formatRankSet(ranks)}`
+            : 'no rank is dead: nothing to restart (a rank that raised keeps running)'
+        );
         return;
+      }
       case 'error': {
         const text = typeof message.message === 'string' ? message.message : 'error';
         const request = typeof message.request === 'string' ? message.request : '';
@@ -348,6 +368,7 @@ export class MeshView {
     }
     this._body.removeEventListener('click', this._onClick);
     this._body.removeEventListener('keydown', this._onKey);
+    this._detail.removeEventListener('keydown', this._onKey);
     this.node.remove();
   }
 
@@ -450,7 +471,9 @@ export class MeshView {
     );
     const connected = this._send !== null && summary.total > 0;
     this._interruptButton.disabled = !connected;
-    this._restartButton.disabled = !connected || summary.failed === 0;
+    // Only dead ranks are restarted (`mesh.restart(failed_only=True)`): a rank whose call
+    // raised is alive and keeps its state.
+    this._restartButton.disabled = !connected || deadCount(summary) === 0;
     this._stacksButton.disabled = !connected;
   }
 
@@ -621,7 +644,12 @@ export class MeshView {
   private _onKey = (event: Event): void => {
     const key = (event as KeyboardEvent).key;
     if (key === 'Escape') {
+      // Back to the tile whose pane closes, so the keyboard user is not left on nothing.
+      const was = this._selected;
       this.select(null);
+      if (was !== null) {
+        this._tiles.get(was)?.el.focus();
+      }
       return;
     }
     if (key !== 'Enter' && key !== ' ') {
@@ -683,6 +711,11 @@ export class MeshView {
   private _lastTouched = 0;
   private _disposed = false;
   private _unsubscribe: () => void;
+}
+
+/** Ranks whose process is gone: those `Restart failed` brings back. */
+export function deadCount(summary: Readonly<ISummary>): number {
+  return Math.max(0, summary.total - summary.alive);
 }
 
 function setText(node: HTMLElement, text: string): void {

@@ -354,6 +354,7 @@ function normalizeDims(raw) {
 
 // src/view/render.ts
 var COMPACT_ABOVE = 64;
+var MAX_GRID_COLS = 16;
 var LOG_TAIL = 200;
 var NOTICE_MS = 6e3;
 function defaultSchedule(callback) {
@@ -394,7 +395,7 @@ function computeLayout(dims, ranks, coordsOf) {
   });
   if (!dims || names.length < 2 || !hasCoords) {
     return {
-      key: `flat|${ranks.join(",")}`,
+      key: `flat|${JSON.stringify(dims)}|${ranks.join(",")}`,
       rowDim: null,
       colDim: names.length === 1 ? names[0] : null,
       rows: 0,
@@ -402,9 +403,10 @@ function computeLayout(dims, ranks, coordsOf) {
       facets: [{ title: "", ranks: [...ranks] }]
     };
   }
-  const rowDim = names[names.length - 2];
+  let rowDim = names[names.length - 2];
   const colDim = names[names.length - 1];
-  const leading = names.slice(0, -2);
+  const wide = dims[colDim] > MAX_GRID_COLS;
+  const leading = wide ? names.slice(0, -1) : names.slice(0, -2);
   const facets = /* @__PURE__ */ new Map();
   for (const r of ranks) {
     const c = coordsOf(r);
@@ -416,12 +418,15 @@ function computeLayout(dims, ranks, coordsOf) {
     }
     list.push(r);
   }
+  if (wide) {
+    rowDim = null;
+  }
   return {
     key: `grid|${JSON.stringify(dims)}|${ranks.join(",")}`,
     rowDim,
     colDim,
-    rows: dims[rowDim],
-    cols: dims[colDim],
+    rows: rowDim ? dims[rowDim] : 0,
+    cols: rowDim ? dims[colDim] : 0,
     facets: [...facets].map(([title, list]) => ({ title, ranks: list }))
   };
 }
@@ -436,7 +441,11 @@ var MeshView = class {
     this._onKey = (event) => {
       const key = event.key;
       if (key === "Escape") {
+        const was = this._selected;
         this.select(null);
+        if (was !== null) {
+          this._tiles.get(was)?.el.focus();
+        }
         return;
       }
       if (key !== "Enter" && key !== " ") {
@@ -482,7 +491,7 @@ var MeshView = class {
     this._restartButton = this._button(
       "viceroy-restart",
       "Restart failed",
-      "Restart the failed ranks",
+      "Restart the dead ranks; the others keep their state",
       () => this.restartFailed()
     );
     this._stacksButton = this._button(
@@ -494,6 +503,7 @@ var MeshView = class {
     actions.append(this._interruptButton, this._restartButton, this._stacksButton);
     header.append(this._summary, this._calls, actions);
     this._notice = el(doc, "div", "viceroy-notice");
+    this._notice.setAttribute("role", "status");
     this._notice.hidden = true;
     this._empty = el(doc, "div", "viceroy-empty", this._emptyText);
     this._body = el(doc, "div", "viceroy-body");
@@ -519,9 +529,11 @@ var MeshView = class {
       }
     );
     const close = this._button("viceroy-detail-close", "\xD7", "Close", () => this.select(null));
+    close.setAttribute("aria-label", "Close");
     detailHead.append(this._detailTitle, this._detailLogs, this._detailTraceback, close);
     this._detailText = el(doc, "pre", "viceroy-detail-text");
     this._detail.append(detailHead, this._detailText);
+    this._detail.addEventListener("keydown", this._onKey);
     root.append(header, this._notice, this._empty, this._body, this._detail);
     this.node = root;
     this._unsubscribe = this.store.subscribe((change) => this._onChange(change));
@@ -570,12 +582,20 @@ var MeshView = class {
       case "stacks":
         this._onStacks(message.stacks);
         return;
-      case "interrupted":
-        this._showNotice(`interrupted ranks ${formatRankSet(numbers(message.ranks))}`);
+      case "interrupted": {
+        const ranks = numbers(message.ranks);
+        this._showNotice(
+          ranks.length ? `interrupted ranks ${formatRankSet(ranks)}` : "no rank was running"
+        );
         return;
-      case "restarted":
-        this._showNotice(`restarted ranks ${formatRankSet(numbers(message.ranks))}`);
+      }
+      case "restarted": {
+        const ranks = numbers(message.ranks);
+        this._showNotice(
+          ranks.length ? `restarted ranks ${formatRankSet(ranks)}` : "no rank is dead: nothing to restart (a rank that raised keeps running)"
+        );
         return;
+      }
       case "error": {
         const text = typeof message.message === "string" ? message.message : "error";
         const request = typeof message.request === "string" ? message.request : "";
@@ -657,6 +677,7 @@ var MeshView = class {
     }
     this._body.removeEventListener("click", this._onClick);
     this._body.removeEventListener("keydown", this._onKey);
+    this._detail.removeEventListener("keydown", this._onKey);
     this.node.remove();
   }
   // --- requests ---------------------------------------------------------------------------
@@ -743,7 +764,7 @@ ${typeof text === "string" ? text : ""}`);
     );
     const connected = this._send !== null && summary.total > 0;
     this._interruptButton.disabled = !connected;
-    this._restartButton.disabled = !connected || summary.failed === 0;
+    this._restartButton.disabled = !connected || deadCount(summary) === 0;
     this._stacksButton.disabled = !connected;
   }
   _renderAll() {
@@ -905,6 +926,9 @@ ${typeof text === "string" ? text : ""}`);
     return button;
   }
 };
+function deadCount(summary) {
+  return Math.max(0, summary.total - summary.alive);
+}
 function setText(node, text) {
   if (node.textContent !== text) {
     node.textContent = text;
@@ -934,9 +958,7 @@ function render({ model, el: el2 }) {
   model.on("change:state", onState);
   model.on("msg:custom", onMessage);
   onState();
-  if (!view.store.hasState) {
-    model.send({ request: "snapshot" });
-  }
+  model.send({ request: "snapshot" });
   return () => {
     model.off("change:state", onState);
     model.off("msg:custom", onMessage);
