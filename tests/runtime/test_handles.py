@@ -35,8 +35,18 @@ def test_plain_values_are_sent_only_when_asked(start_mesh):
 def test_a_handle_to_a_missing_name_says_which_rank(start_mesh):
     mesh = start_mesh(gpus=2)
     mesh.run("if rank == 0: only_on_zero = 1")
-    with pytest.raises(vr.MeshError, match=r"rank 1: NameError: handle 'only_on_zero': rank 1 has no variable"):
+    with pytest.raises(vr.MeshError, match=r"rank 1: NameError: handle 'only_on_zero': no variable 'only_on_zero' on this rank"):
         mesh.run("v = h", h=mesh.ref("only_on_zero"), fail_fast=False)
+
+
+def test_ranks_missing_a_handles_name_are_one_group(start_mesh):
+    # The message named each rank ("rank 0 has no variable"), so every rank was its own group.
+    mesh = start_mesh(gpus=3)
+    with pytest.raises(vr.MeshError) as e:
+        mesh.run("v = h", h=mesh.ref("nowhere"), fail_fast=False)
+    lines = [ln for ln in str(e.value).splitlines() if not ln.startswith(" ")]
+    assert lines[1:] == ["ranks 0-2: NameError: handle 'nowhere': no variable 'nowhere' on this rank "
+                         "(define it on the ranks first)"], str(e.value)
 
 
 def test_a_handle_from_another_mesh_is_refused_before_sending(start_mesh):

@@ -71,5 +71,6 @@ def _resolve(name: str, token: str, describe: str) -> Any:
         return ctx.namespace[name]
     except KeyError:
         raise NameError(
-            f"handle {name!r}: rank {ctx.rank} has no variable {name!r} (define it on the ranks first)"
+            # No rank number here: the MeshError names the ranks, and groups equal messages.
+            f"handle {name!r}: no variable {name!r} on this rank (define it on the ranks first)"
         ) from None
