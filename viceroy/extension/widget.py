@@ -29,6 +29,7 @@ _UNBUILT_ESM = """export default { render({ el }) {
   el.textContent = "viceroy: the mesh view is not built (viceroy/extension/static/mesh_view.js)";
 } };"""
 MAX_TEXT_ROWS = 64
+MAX_HTML_COLS = 16  # tiles side by side in the static grid; more wrap (as MAX_GRID_COLS live)
 
 # State -> tile colours (background, text) for the static HTML; the state is also written out.
 COLOURS = {
@@ -131,8 +132,9 @@ def _tile(r: dict[str, Any]) -> str:
 
 
 def _grid(ranks: list[dict[str, Any]], dims: list[str], sizes: dict[str, int]) -> str:
-    """Tiles in rows by the second-to-last dim, columns by the last (one row for one dim)."""
-    cols = sizes[dims[-1]] if dims else max(1, len(ranks))
+    """Tiles in rows by the second-to-last dim, columns by the last (one row for one dim);
+    at most MAX_HTML_COLS columns, more wrap."""
+    cols = min(sizes[dims[-1]] if dims else max(1, len(ranks)), MAX_HTML_COLS)
     style = f"display:inline-grid;grid-template-columns:repeat({cols},auto);gap:4px"
     return f'<div style="{style}">' + "".join(_tile(r) for r in ranks) + "</div>"
 
@@ -146,10 +148,12 @@ def render_html(snap: dict[str, Any]) -> str:
         return f'<div class="viceroy-mesh-static">{head}</div>'
     names = list(dims)
     ranks = snap["ranks"]
-    if len(names) <= 2:
+    # A last dim too wide to lay beside the others: one wrapped grid per row.
+    split = -1 if dims[names[-1]] > MAX_HTML_COLS else -2
+    if len(names) <= -split:
         body = _grid(ranks, names, dims)
     else:
-        outer, inner = names[:-2], names[-2:]
+        outer, inner = names[:split], names[split:]
         parts = []
         for key, group in itertools.groupby(ranks, key=lambda r: tuple(r["coords"][d] for d in outer)):
             label = " ".join(f"{d}={v}" for d, v in zip(outer, key, strict=True))
