@@ -1,0 +1,74 @@
+"""The mesh view in a real JupyterLab off the happy path: a page reloaded after a rank died,
+and the palette's commands in a Viceroy kernel with no mesh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import LabServer, kernel_idle_js, write_notebook
+from tests.browser.test_mesh_lab import command, run_cell
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+COMMANDS = ("viceroy:interrupt-mesh", "viceroy:show-rank-log", "viceroy:show-stacks", "viceroy:restart-failed")
+
+
+def enabled(page: Any) -> dict[str, bool]:
+    return page.evaluate(
+        "(ids) => Object.fromEntries(ids.map(id => [id, window.jupyterapp.commands.isEnabled(id)]))",
+        list(COMMANDS),
+    )
+
+
+def test_palette_commands_need_a_mesh_and_the_status_item_is_a_keyboard_button(lab: LabServer, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    write_notebook(lab.root / "nomesh.ipynb", ["%mesh up gpus=2"])
+    page.goto(lab.page_url("/lab/tree/nomesh.ipynb"), wait_until="domcontentloaded")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    panel = page.locator("#viceroy-mesh-panel")
+    status = page.locator(".viceroy-statusbar")
+    expect(status).to_have_text("no mesh", timeout=30_000)  # a Viceroy kernel, connected
+    assert enabled(page) == dict.fromkeys(COMMANDS, False)
+
+    status.focus()
+    page.keyboard.press("Enter")
+    expect(panel).to_be_visible()
+    run_cell(page, 0)
+    expect(panel.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)
+    page.wait_for_function(
+        "() => window.jupyterapp.commands.isEnabled('viceroy:interrupt-mesh')", timeout=10_000
+    )
+    now = enabled(page)
+    assert now["viceroy:show-stacks"] and now["viceroy:show-rank-log"]
+    assert not now["viceroy:restart-failed"], "no rank is dead"
+
+
+def test_a_reloaded_page_shows_the_mesh_as_it_is_now(lab: LabServer, page: Any, artifacts: Path) -> None:
+    from playwright.sync_api import expect
+
+    cells = ["%mesh up gpus=2", "%%mesh --ranks 1\nimport os\nos._exit(3)"]
+    write_notebook(lab.root / "reload.ipynb", cells)
+    page.goto(lab.page_url("/lab/tree/reload.ipynb"), wait_until="domcontentloaded")
+    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    run_cell(page, 0)
+    widget = page.locator(".jp-OutputArea .viceroy-mesh").first
+    expect(widget.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)
+    run_cell(page, 1)
+    expect(widget.locator(".viceroy-tile[data-rank='1']")).to_have_attribute("data-state", "dead", timeout=30_000)
+    page.wait_for_function(kernel_idle_js(), timeout=30_000)
+    command(page, "docmanager:save")
+    page.wait_for_function(
+        "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000
+    )
+
+    # the same notebook and kernel in a fresh page: the output's widget renders again
+    page.goto(lab.url + f"/lab/tree/reload.ipynb?token={lab.token}", wait_until="domcontentloaded")
+    widget = page.locator(".jp-OutputArea .viceroy-mesh").first
+    expect(widget.locator(".viceroy-tile")).to_have_count(2, timeout=60_000)
+    expect(widget.locator(".viceroy-tile[data-rank='1']")).to_have_attribute("data-state", "dead", timeout=3_000)
+    expect(widget.locator(".viceroy-summary")).to_have_text("mesh 1/2 · 1 failed")
+    widget.screenshot(path=str(artifacts / "mesh-view-after-reload.png"))
