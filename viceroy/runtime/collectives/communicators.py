@@ -106,7 +106,8 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
             if gone := call_peers.skipped(group.ranks):
                 raise _Skipped(gone)
     except _Skipped as exc:
-        reason = f"{_left_without(exc.ranks)} (rank {me} waited in it)"
+        # No "rank {me}" in it: the ranks that waited get one message, grouped as one.
+        reason = f"{_left_without(exc.ranks)}, while the others waited in it"
         _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
         raise CollectiveError(f"{what} over {group.label}: {reason}. Every rank of a group must "
                               "call its collectives, in the same order.") from None
@@ -322,9 +323,9 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
                                       f"{root_cause(records, None, records[0].reason)}")
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
         if gone := call_peers.skipped(missing):
-            raise CollectiveError(f"{what} over {group.label}: {_left_without(gone)} (rank "
-                                  f"{context().rank} waited for the group to form). Every rank of a "
-                                  "group must call its collectives, in the same order.")
+            raise CollectiveError(f"{what} over {group.label}: {_left_without(gone)}, while the "
+                                  "others waited for the group to form. Every rank of a group must "
+                                  "call its collectives, in the same order.")
         if now - began > timeout:
             raise CollectiveError(
                 f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
