@@ -17,6 +17,7 @@ from viceroy.extension import comm as vcomm
 from viceroy.extension.comm import MIN_INTERVAL, FrontEnd, StateChannel
 from viceroy.extension.session import MeshSession
 from viceroy.extension.widget import MeshView, StaticView, render_html, render_text
+from viceroy.extension.widget import view as widget_view
 
 
 class Clock:
@@ -317,3 +318,20 @@ def test_channel_for_reuses_the_registered_channel():
     other = vcomm.channel_for(session)
     assert other is not ch
     other.stop()
+
+
+def test_the_view_is_one_widget_per_session_however_often_it_is_shown(comms: list[RecordingComm]):
+    # Each %mesh status made a new widget, attached for the kernel's life: every change was
+    # sent once per widget ever shown, up to 5 times a second each.
+    session = session_with()
+    ch = StateChannel(session)
+    ch.start()
+    try:
+        first = widget_view(session)
+        assert widget_view(session) is first and ch.front_ends == 1
+        first.close()  # closed (its output cleared, say): the next display makes a new one
+        again = widget_view(session)
+        assert again is not first and ch.front_ends == 1
+        again.close()
+    finally:
+        ch.stop()

@@ -15,6 +15,7 @@ import html
 import importlib.util
 import itertools
 import pathlib
+import weakref
 from typing import Any
 
 from viceroy.extension.comm import FrontEnd, StateChannel, channel_for, route_by_header
@@ -233,12 +234,20 @@ if HAVE_ANYWIDGET:
             return data, metadata
 
 
+_VIEWS: weakref.WeakKeyDictionary[MeshSession, Any] = weakref.WeakKeyDictionary()
+
+
 def view(session: MeshSession) -> Any:
-    """Something to display for ``session``'s mesh: a live `MeshView` where anywidget is
-    installed, else a `StaticView` of the state now."""
-    if HAVE_ANYWIDGET:
-        return MeshView(session)
-    return StaticView(session.state.snapshot())
+    """Something to display for ``session``'s mesh: its live `MeshView` where anywidget is
+    installed (one per session: each display is another view of the same widget, so the
+    kernel sends each change once however often `%mesh status` ran), else a `StaticView` of
+    the state now."""
+    if not HAVE_ANYWIDGET:
+        return StaticView(session.state.snapshot())
+    widget = _VIEWS.get(session)
+    if widget is None or widget.comm is None:  # none yet, or closed
+        widget = _VIEWS[session] = MeshView(session)
+    return widget
 
 
 def mesh_bundle(mesh: Any) -> Any:
