@@ -373,6 +373,22 @@ def test_what_a_rank_wrote_just_before_it_died_still_arrives(start_mesh):
     assert "last words" in mesh.logs(1)
 
 
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_a_line_printed_with_flush_just_before_a_kill_still_arrives(start_mesh, dims):
+    # print(..., flush=True) only woke the sender thread; a SIGKILL right after took the line
+    # with it (it never reached the rank's pipes, which the agent reads out after a death).
+    mesh = start_mesh(**dims)
+    events = []
+    mesh.subscribe(events.append)
+    code = ("import os, signal\nif rank == 1:\n    print('last words', flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):
+        mesh.run(code, timeout=10)
+    said = "".join(e.get("text", "") for e in events if e.get("type") == "output" and e.get("rank") == 1)
+    assert "last words" in said, events
+    assert "last words" in mesh.logs(1)
+
+
 def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):
     mesh = start_mesh(gpus=2)
     with pytest.raises(vr.MeshError, match=r"rank 0: died \(SIGSEGV\)"):

@@ -12,7 +12,9 @@ Only the reader thread sends, never the thread that writes: that is often the ra
 thread, where an interrupt may land at any line, and must not land inside a message half sent.
 Lines go out within LINE_DELAY_S of being written (a burst of them as one message), an
 unfinished line as soon as it is flushed (a progress bar's "\r 42%"), and all of it before the
-call's result.
+call's result. An explicit flush (``print(..., flush=True)``, ``sys.stdout.flush()``) moves
+what is queued into the fd-level pipes, which outlive the process: the reader forwards it from
+there, or, when the rank is killed first, its agent reads it out.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class OutputCapture:
         self._sent = 0
         self._dropped = 0
         self._call: int | None = None
+        self._reader_ident: int | None = None
         self._fds: dict[int, str] = {}
         for target, name in ((1, "stdout"), (2, "stderr")):
             # Pipes made by the fork server, which gave their read ends to the agent too: what
@@ -111,14 +114,24 @@ class OutputCapture:
                 self._due = time.monotonic() + LINE_DELAY_S
                 self._wake()
 
-    def flush(self) -> None:
-        """Send what is queued now (the reader does it, right away)."""
+    def flush(self, durable: bool = False) -> None:
+        """Send what is queued now (the reader does it, right away). `durable` (an explicit
+        flush): write it into the pipes instead, which the agent reads out if this process is
+        killed before the reader has sent it; the reader forwards it from there."""
         if self._forked:
             return
         with self._queue_lock:
-            if self._queue:
+            if not self._queue:
+                return
+            if not durable or threading.get_ident() == self._reader_ident:
                 self._due = 0.0
                 self._wake()
+                return
+            batch, self._queue = self._queue, []
+            self._queued, self._due, self._line_start = 0, None, True
+            self._drained.notify_all()
+        for stream, data in batch:  # outside the lock: the reader drains a full pipe meanwhile
+            _write_all(1 if stream == "stdout" else 2, bytes(data))
 
     def _wake(self) -> None:
         try:
@@ -139,7 +152,7 @@ class OutputCapture:
         """Forward everything written so far (before the call's reply goes out)."""
         for stream in self._streams:  # an unfinished line, bytes written to .buffer
             try:
-                stream.flush()
+                io.TextIOWrapper.flush(stream)  # into the queue; sent just below
             except (OSError, ValueError):
                 pass
         with self._sending:
@@ -151,6 +164,7 @@ class OutputCapture:
     # --- the reader thread ---------------------------------------------------------------
 
     def _reader(self) -> None:
+        self._reader_ident = threading.get_ident()
         poller = select.poll()
         for fd in (*self._fds, self._wake_r):
             poller.register(fd, select.POLLIN)
@@ -287,11 +301,24 @@ class _Queued(io.RawIOBase):
         return True
 
 
+class _FlushedText(io.TextIOWrapper):
+    """sys.stdout / sys.stderr on a rank: an explicit flush() (print(..., flush=True), logging
+    after each record) puts the lines where a kill right after cannot take them."""
+
+    capture: OutputCapture
+
+    def flush(self) -> None:
+        super().flush()
+        self.capture.flush(durable=True)
+
+
 def _text_stream(capture: OutputCapture, stream: str, fd: int) -> io.TextIOWrapper:
-    return io.TextIOWrapper(
+    text = _FlushedText(
         io.BufferedWriter(_Queued(capture, stream, fd)), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )
+    text.capture = capture
+    return text
 
 
 def _nonblocking(fd: int) -> None:
