@@ -270,8 +270,8 @@ def test_stopped_actor_meshes_refuse_calls(start_mesh):
     mesh = start_mesh(gpus=2)
     counters = mesh.spawn(Counter, 0)
     counters.stop()
-    with pytest.raises(RuntimeError, match=r"actor mesh Counter \(gpus=2\) was stopped"):
-        counters.incr.call()
+    with pytest.raises(RuntimeError, match=r"actor mesh Counter \(gpus=2\) was stopped \(ranks 0-1\)"):
+        counters.incr.call()  # it said "(rank 0-1)"
     with pytest.raises(RuntimeError, match="was stopped"):
         counters.slice(gpus=0).incr.broadcast()
     again = mesh.spawn(Counter, 5)

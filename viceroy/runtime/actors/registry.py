@@ -80,7 +80,8 @@ class ActorRecord:
             stopped = [r for r in shape.ranks if self.status[r] == "stopped"]
         if stopped:
             raise RuntimeError(
-                f"actor mesh {self.label(shape)} was stopped (rank {format_rank_set(stopped)}); "
+                f"actor mesh {self.label(shape)} was stopped ({'rank' if len(stopped) == 1 else 'ranks'} "
+                f"{format_rank_set(stopped)}); "
                 f"spawn a new one with mesh.spawn({self.name}, ...)"
             )
 
@@ -104,7 +105,7 @@ class ActorRecord:
         if gone:
             n = len(shape)
             others = "" if len(gone) == n else (
-                f" (to none of its {n} actors; the others answer through a slice or select of it)")
+                f" to any of its {n} actors; the others answer through a slice or select of it")
             fut = failed_future(
                 what, {r: RankFailure("unavailable", f"its actor is gone: {why}") for r, why in gone.items()},
                 f"Nothing was sent{others}. restart() on the actor mesh respawns failed actors.", total=n,
