@@ -48,6 +48,14 @@ def test_context_is_only_available_on_ranks():
         vr.context()
 
 
+def test_a_collective_called_on_the_controller_says_collectives_run_on_ranks():
+    # It said only "viceroy.context() is only available on a rank", naming a call the user
+    # never made.
+    pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match=r"so are the collectives that use it \(vr.all_reduce"):
+        vr.barrier()
+
+
 def test_sub_meshes_run_only_on_their_ranks(start_mesh):
     mesh = start_mesh(gpus=4)
     mesh.run("y = -1")

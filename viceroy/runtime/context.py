@@ -53,8 +53,10 @@ def context() -> Context:
         return view
     if _current is None:
         raise RuntimeError(
-            "viceroy.context() is only available on a rank: call it inside code or a function "
-            "sent with mesh.run(...)"
+            "viceroy.context() is only available on a rank, and so are the collectives that use "
+            "it (vr.all_reduce, vr.barrier, ...): call them in code or a function sent with "
+            "mesh.run(...), or in a %%mesh cell. On the controller, vr.reduce(t, ...) combines a "
+            "MeshTensor's pieces"
         )
     return _current
 
