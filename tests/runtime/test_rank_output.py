@@ -64,6 +64,20 @@ def test_a_huge_line_without_newline_neither_hangs_nor_passes_the_limit(start_me
     assert len(tail) < (1 << 20) + 1000
 
 
+def test_the_limit_notices_are_lines_of_their_own_without_empty_lines(start_mesh):
+    # Each notice started with a newline, so after a whole line it made an empty one.
+    mesh = start_mesh(gpus=1, output_limit=100)
+    mesh.run("for i in range(50): print('line', i)")
+    lines = mesh.logs(0).splitlines()
+    assert "" not in lines, lines
+    assert lines[-4:-2] == ["line 11", "line 12"] and lines[-2].startswith("[viceroy] rank 0: output of this call passed")
+    assert lines[-1] == "[viceroy] rank 0: 296 more bytes of output dropped"
+    # A line left unfinished on stderr is ended before the notice.
+    mesh.run("import sys\nsys.stderr.write('x' * 50)\nsys.stderr.flush()\nsys.stderr.write('y' * 300)")
+    lines = mesh.logs(0).splitlines()
+    assert lines[-3].startswith("x" * 50) and set(lines[-3]) <= {"x", "y"} and lines[-2].startswith("[viceroy] rank 0: output of this call passed")
+
+
 def test_a_flushed_line_arrives_while_the_call_runs(start_mesh):
     mesh = start_mesh(gpus=1)
     fut = mesh.run("import sys, time\nsys.stderr.write('working')\nsys.stderr.flush()\ntime.sleep(30)", block=False)

@@ -66,6 +66,7 @@ class OutputCapture:
         self._due: float | None = None  # when the queued lines must go out
         self._sent = 0
         self._dropped = 0
+        self._unfinished: str | None = None  # the stream whose last forwarded line is unfinished
         self._call: int | None = None
         self._reader_ident: int | None = None
         self._fds: dict[int, str] = {}
@@ -252,7 +253,7 @@ class OutputCapture:
             cut = cut_at(data, room, first=self._sent == 0)
             self._dropped += len(data) - cut
             if cut:
-                self._send(stream, data[:cut], call)
+                self._sent_on(stream, data[:cut], call)
             self._sent = self._limit
             self._notice(
                 f"output of this call passed the limit of {self._limit} bytes; the rest is "
@@ -260,10 +261,18 @@ class OutputCapture:
             )
             return
         self._sent += len(data)
+        self._sent_on(stream, data, call)
+
+    def _sent_on(self, stream: str, data: bytes, call: int | None) -> None:
         self._send(stream, data, call)
+        self._unfinished = None if data.endswith(b"\n") else stream
 
     def _notice(self, text: str) -> None:
-        self._send("stderr", f"\n[viceroy] rank {self._rank}: {text}\n".encode(), self._call)
+        # On a line of its own: after a line the rank left unfinished on stderr, not after an
+        # empty one.
+        start = "\n" if self._unfinished == "stderr" else ""
+        self._unfinished = None
+        self._send("stderr", f"{start}[viceroy] rank {self._rank}: {text}\n".encode(), self._call)
 
 
 def cut_at(data: bytes, room: int, first: bool) -> int:
