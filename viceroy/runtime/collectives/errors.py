@@ -12,5 +12,8 @@ class CollectiveError(RuntimeError):
     """
 
 
+CollectiveError.__module__ = "viceroy"  # as tracebacks name it: viceroy.CollectiveError (exported there)
+
+
 class BackendUnavailable(CollectiveError):
     """The backend a tensor needs is not usable on this rank (e.g. nccl without CuPy or a GPU)."""
