@@ -1,4 +1,4 @@
-/** Text for the tiles, the header and the status bar. */
+/** Text for the tiles, the header, the notices and the status bar. */
 
 import { IRankRecord, ISummary } from './protocol';
 
@@ -81,4 +81,20 @@ export function tileTitle(record: Readonly<IRankRecord>): string {
   }
   lines.push(record.state === 'error' ? 'click for the traceback' : 'click for the log');
   return lines.join('\n');
+}
+
+/** [0, 1, 2, 5] -> "0-2,5". */
+export function formatRankSet(ranks: readonly number[]): string {
+  const sorted = [...new Set(ranks)].sort((a, b) => a - b);
+  const parts: string[] = [];
+  let i = 0;
+  while (i < sorted.length) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
+      j += 1;
+    }
+    parts.push(j > i ? `${sorted[i]}-${sorted[j]}` : `${sorted[i]}`);
+    i = j + 1;
+  }
+  return parts.join(',');
 }

@@ -1,6 +1,129 @@
 // Generated from labextension/src/widget.ts by labextension/scripts/build-widget.mjs;
 // do not edit. Rebuild with `make frontend` (or `jlpm build:widget` in labextension/).
 
+// src/view/dom.ts
+function el(doc, tag, className, text) {
+  const node = doc.createElement(tag);
+  node.className = className;
+  if (text !== void 0) {
+    node.textContent = text;
+  }
+  return node;
+}
+function button(doc, className, text, title, onClick) {
+  const node = el(doc, "button", `viceroy-button ${className}`, text);
+  node.type = "button";
+  node.title = title;
+  node.addEventListener("click", (event) => {
+    event.stopPropagation();
+    onClick();
+  });
+  return node;
+}
+function setText(node, text) {
+  if (node.textContent !== text) {
+    node.textContent = text;
+  }
+}
+
+// src/view/protocol.ts
+var RANK_STATES = [
+  "starting",
+  "idle",
+  "running",
+  "done",
+  "error",
+  "dead",
+  "interrupted"
+];
+function isObject(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+// src/view/detail.ts
+var DetailPane = class {
+  constructor(doc, actions) {
+    this._kind = null;
+    this.node = el(doc, "div", "viceroy-detail");
+    this.node.hidden = true;
+    const head = el(doc, "div", "viceroy-detail-head");
+    this._title = el(doc, "span", "viceroy-detail-title");
+    this._logs = button(
+      doc,
+      "viceroy-detail-logs",
+      "Log",
+      "Show the log tail",
+      () => actions.showLogs()
+    );
+    this._traceback = button(
+      doc,
+      "viceroy-detail-traceback",
+      "Traceback",
+      "Show the traceback",
+      () => actions.showTraceback()
+    );
+    const close = button(doc, "viceroy-detail-close", "\xD7", "Close", () => actions.close());
+    close.setAttribute("aria-label", "Close");
+    head.append(this._title, this._logs, this._traceback, close);
+    this._text = el(doc, "pre", "viceroy-detail-text");
+    this.node.append(head, this._text);
+  }
+  /** What the open pane shows or waits for; null while closed. */
+  get kind() {
+    return this._kind;
+  }
+  /**
+   * Show the pane loading `kind` under `title`: a rank's (with its Log and Traceback buttons)
+   * or, for a null rank, the whole mesh's.
+   */
+  open(kind, title, rank) {
+    this._kind = kind;
+    this.node.hidden = false;
+    this.node.dataset.kind = kind;
+    this.node.dataset.loading = "true";
+    this._title.textContent = title;
+    this._text.textContent = "loading\u2026";
+    if (rank !== null) {
+      this.node.dataset.rank = String(rank);
+    } else {
+      delete this.node.dataset.rank;
+    }
+    this._logs.hidden = rank === null;
+    this._traceback.hidden = rank === null;
+  }
+  close() {
+    this.node.hidden = true;
+    this._kind = null;
+  }
+  /** A log or traceback reply for the selected rank: shown if the pane is open on that kind. */
+  showText(kind, text) {
+    if (this.node.hidden || this._kind !== kind) {
+      return;
+    }
+    const body = typeof text === "string" ? text : "";
+    this._text.textContent = body || (kind === "logs" ? "(no output yet)" : "(no traceback: the rank did not fail)");
+    this.node.dataset.loading = "false";
+  }
+  showStacks(stacks) {
+    if (this.node.hidden || this._kind !== "stacks" || !isObject(stacks)) {
+      return;
+    }
+    const parts = Object.entries(stacks).sort(([a], [b]) => Number(a) - Number(b)).map(([rank, text]) => `\u2500\u2500 rank ${rank} \u2500\u2500
+${typeof text === "string" ? text : ""}`);
+    this._text.textContent = parts.join("\n") || "(no stacks)";
+    this.node.dataset.loading = "false";
+  }
+  /** An error reply: shown in the pane if it answers what the pane waits for; else false. */
+  showError(request, text) {
+    if (this.node.hidden || request !== this._kind) {
+      return false;
+    }
+    this._text.textContent = text;
+    this.node.dataset.loading = "false";
+    return true;
+  }
+};
+
 // src/view/format.ts
 function formatBytes(bytes) {
   if (bytes === null || !Number.isFinite(bytes) || bytes < 0) {
@@ -71,20 +194,327 @@ function tileTitle(record) {
   lines.push(record.state === "error" ? "click for the traceback" : "click for the log");
   return lines.join("\n");
 }
-
-// src/view/protocol.ts
-var RANK_STATES = [
-  "starting",
-  "idle",
-  "running",
-  "done",
-  "error",
-  "dead",
-  "interrupted"
-];
-function isObject(value) {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
+function formatRankSet(ranks) {
+  const sorted = [...new Set(ranks)].sort((a, b) => a - b);
+  const parts = [];
+  let i = 0;
+  while (i < sorted.length) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
+      j += 1;
+    }
+    parts.push(j > i ? `${sorted[i]}-${sorted[j]}` : `${sorted[i]}`);
+    i = j + 1;
+  }
+  return parts.join(",");
 }
+
+// src/view/tile.ts
+function makeTile(doc, record) {
+  const tile = el(doc, "div", "viceroy-tile");
+  tile.dataset.rank = String(record.rank);
+  tile.tabIndex = 0;
+  tile.setAttribute("role", "button");
+  const head = el(doc, "div", "viceroy-tile-head");
+  head.append(el(doc, "span", "viceroy-rank", String(record.rank)));
+  const state = el(doc, "span", "viceroy-state");
+  head.append(state);
+  const label = el(doc, "div", "viceroy-label");
+  const metrics = el(doc, "div", "viceroy-metrics");
+  const elapsed = el(doc, "span", "viceroy-elapsed");
+  const mem = el(doc, "span", "viceroy-mem");
+  const gpu = el(doc, "span", "viceroy-gpu");
+  metrics.append(elapsed, mem, gpu);
+  const last = el(doc, "div", "viceroy-last");
+  tile.append(head, label, metrics, last);
+  return { el: tile, state, label, elapsed, mem, gpu, last, shown: /* @__PURE__ */ new Map() };
+}
+function fillTile(tile, record, now) {
+  let changed = false;
+  const put = (key, apply, value) => {
+    if (tile.shown.get(key) !== value) {
+      tile.shown.set(key, value);
+      apply(value);
+      changed = true;
+    }
+  };
+  put("state", (v) => tile.el.dataset.state = v, record.state);
+  put("stateText", (v) => tile.state.textContent = v, record.state);
+  put("label", (v) => tile.label.textContent = v, record.label);
+  put("elapsed", (v) => tile.elapsed.textContent = v, elapsedText(record, now));
+  put("mem", (v) => tile.mem.textContent = v, record.rss !== null ? formatBytes(record.rss) : "");
+  put("gpu", (v) => tile.gpu.textContent = v, gpuText(record));
+  put(
+    "last",
+    (v) => tile.last.textContent = v,
+    record.state === "error" && record.error ? record.error : record.last_line
+  );
+  put("title", (v) => tile.el.title = v, tileTitle(record));
+  return changed;
+}
+function tickTile(tile, record, now) {
+  const text = elapsedText(record, now);
+  if (tile.shown.get("elapsed") !== text) {
+    tile.shown.set("elapsed", text);
+    tile.elapsed.textContent = text;
+  }
+}
+function elapsedText(record, now) {
+  const seconds = elapsedOf(record, now());
+  return seconds === null ? "" : formatDuration(seconds);
+}
+function gpuText(record) {
+  const parts = [];
+  if (record.gpu_mem !== null) {
+    parts.push(`GPU ${formatBytes(record.gpu_mem)}`);
+  }
+  if (record.gpu_util !== null) {
+    parts.push(`${Math.round(record.gpu_util)}%`);
+  }
+  return parts.join(" ");
+}
+
+// src/view/grid.ts
+var TileGrid = class {
+  /** `now`: seconds since the epoch. */
+  constructor(doc, store, now) {
+    this._tiles = /* @__PURE__ */ new Map();
+    this._running = /* @__PURE__ */ new Set();
+    this._layoutKey = "";
+    this._doc = doc;
+    this._store = store;
+    this._now = now;
+    this.node = el(doc, "div", "viceroy-body");
+  }
+  /** The key of the layout the tiles were last built for ('' before the first build). */
+  get layoutKey() {
+    return this._layoutKey;
+  }
+  /** Replace every tile with new ones placed by `layout`, the `selected` one marked so. */
+  build(layout, selected) {
+    const doc = this._doc;
+    this._layoutKey = layout.key;
+    this._tiles.clear();
+    this._running.clear();
+    const fragment = doc.createDocumentFragment();
+    const caption = el(doc, "div", "viceroy-axes");
+    if (layout.rowDim && layout.colDim) {
+      caption.textContent = `rows: ${layout.rowDim} \xB7 columns: ${layout.colDim}`;
+    } else if (layout.colDim) {
+      caption.textContent = `${layout.colDim} \u2192`;
+    }
+    fragment.append(caption);
+    const facets = el(doc, "div", "viceroy-facets");
+    for (const facet of layout.facets) {
+      const box = el(doc, "div", "viceroy-facet");
+      if (facet.title) {
+        box.append(el(doc, "div", "viceroy-facet-title", facet.title));
+      }
+      const grid = el(doc, "div", "viceroy-grid");
+      if (layout.rowDim && layout.colDim) {
+        grid.classList.add("viceroy-grid-2d");
+        grid.style.gridTemplateColumns = `repeat(${layout.cols}, minmax(var(--viceroy-tile-min, 7.5em), 1fr))`;
+      }
+      for (const r of facet.ranks) {
+        const record = this._store.rank(r);
+        const tile = makeTile(doc, record);
+        if (layout.rowDim && layout.colDim) {
+          tile.el.style.gridRow = String(record.coords[layout.rowDim] + 1);
+          tile.el.style.gridColumn = String(record.coords[layout.colDim] + 1);
+        }
+        this._tiles.set(r, tile);
+        this._fill(tile, record);
+        grid.append(tile.el);
+      }
+      box.append(grid);
+      facets.append(box);
+    }
+    fragment.append(facets);
+    this.node.replaceChildren(fragment);
+    if (selected !== null) {
+      this._tiles.get(selected)?.el.classList.add("viceroy-selected");
+    }
+  }
+  /** Bring these ranks' tiles up to date; returns how many of them had their DOM changed. */
+  renderRanks(ranks) {
+    let touched = 0;
+    for (const r of ranks) {
+      const tile = this._tiles.get(r);
+      const record = this._store.rank(r);
+      if (tile && record && this._fill(tile, record)) {
+        touched += 1;
+      }
+    }
+    return touched;
+  }
+  /** Advance the elapsed times of the running ranks. */
+  tick() {
+    for (const r of this._running) {
+      const tile = this._tiles.get(r);
+      const record = this._store.rank(r);
+      if (tile && record) {
+        tickTile(tile, record, this._now);
+      }
+    }
+  }
+  /** Mark `rank`'s tile as the selected one (none for null). */
+  highlight(rank) {
+    for (const tile of this._tiles.values()) {
+      tile.el.classList.remove("viceroy-selected");
+    }
+    if (rank !== null) {
+      this._tiles.get(rank)?.el.classList.add("viceroy-selected");
+    }
+  }
+  focus(rank) {
+    this._tiles.get(rank)?.el.focus();
+  }
+  /** The rank of the tile an event happened in, or null outside the tiles. */
+  rankAt(target) {
+    const node = target;
+    const tile = node?.closest?.(".viceroy-tile");
+    if (!tile || !this.node.contains(tile)) {
+      return null;
+    }
+    const rank = Number(tile.dataset.rank);
+    return Number.isInteger(rank) ? rank : null;
+  }
+  /** Fill a tile, and note whether its rank is running. */
+  _fill(tile, record) {
+    const changed = fillTile(tile, record, this._now);
+    if (record.state === "running" && record.started !== null) {
+      this._running.add(record.rank);
+    } else {
+      this._running.delete(record.rank);
+    }
+    return changed;
+  }
+};
+
+// src/view/header.ts
+function deadCount(summary) {
+  return Math.max(0, summary.total - summary.alive);
+}
+var Header = class {
+  constructor(doc, actions) {
+    this.node = el(doc, "div", "viceroy-header");
+    this._summary = el(doc, "span", "viceroy-summary", "no mesh");
+    this._calls = el(doc, "span", "viceroy-calls");
+    const buttons = el(doc, "span", "viceroy-actions");
+    this._interrupt = button(
+      doc,
+      "viceroy-interrupt",
+      "Interrupt",
+      "Interrupt the mesh",
+      () => actions.interrupt()
+    );
+    this._restart = button(
+      doc,
+      "viceroy-restart",
+      "Restart failed",
+      "Restart the dead ranks; the others keep their state",
+      () => actions.restartFailed()
+    );
+    this._stacks = button(
+      doc,
+      "viceroy-stacks",
+      "Stacks",
+      "Every rank's Python stack",
+      () => actions.showStacks()
+    );
+    buttons.append(this._interrupt, this._restart, this._stacks);
+    this.node.append(this._summary, this._calls, buttons);
+  }
+  /** Show the summary and calls; the buttons work only with ranks and a channel (`canSend`). */
+  update(summary, calls, canSend) {
+    setText(this._summary, summaryText(summary));
+    this._summary.dataset.failed = String(summary.failed);
+    this._summary.dataset.running = String(summary.running);
+    setText(
+      this._calls,
+      calls.map((c) => `${c.label || `call ${c.call}`} [ranks ${formatRankSet(c.ranks)}]`).join(" \xB7 ")
+    );
+    const connected = canSend && summary.total > 0;
+    this._interrupt.disabled = !connected;
+    this._restart.disabled = !connected || deadCount(summary) === 0;
+    this._stacks.disabled = !connected;
+  }
+};
+
+// src/view/layout.ts
+var MAX_GRID_COLS = 16;
+function computeLayout(dims, ranks, coordsOf) {
+  const names = dims ? Object.keys(dims) : [];
+  const hasCoords = ranks.every((r) => {
+    const c = coordsOf(r);
+    return c !== void 0 && names.every((n) => typeof c[n] === "number");
+  });
+  if (!dims || names.length < 2 || !hasCoords) {
+    return {
+      key: `flat|${JSON.stringify(dims)}|${ranks.join(",")}`,
+      rowDim: null,
+      colDim: names.length === 1 ? names[0] : null,
+      rows: 0,
+      cols: 0,
+      facets: [{ title: "", ranks: [...ranks] }]
+    };
+  }
+  let rowDim = names[names.length - 2];
+  const colDim = names[names.length - 1];
+  const wide = dims[colDim] > MAX_GRID_COLS;
+  const leading = wide ? names.slice(0, -1) : names.slice(0, -2);
+  const facets = /* @__PURE__ */ new Map();
+  for (const r of ranks) {
+    const c = coordsOf(r);
+    const title = leading.map((n) => `${n}=${c[n]}`).join(" \xB7 ");
+    let list = facets.get(title);
+    if (!list) {
+      list = [];
+      facets.set(title, list);
+    }
+    list.push(r);
+  }
+  if (wide) {
+    rowDim = null;
+  }
+  return {
+    key: `grid|${JSON.stringify(dims)}|${ranks.join(",")}`,
+    rowDim,
+    colDim,
+    rows: rowDim ? dims[rowDim] : 0,
+    cols: rowDim ? dims[colDim] : 0,
+    facets: [...facets].map(([title, list]) => ({ title, ranks: list }))
+  };
+}
+
+// src/view/notice.ts
+var NOTICE_MS = 6e3;
+var Notice = class {
+  constructor(doc) {
+    this._timer = null;
+    this.node = el(doc, "div", "viceroy-notice");
+    this.node.setAttribute("role", "status");
+    this.node.hidden = true;
+  }
+  show(text, isError = false) {
+    this.node.textContent = text;
+    this.node.hidden = false;
+    this.node.classList.toggle("viceroy-notice-error", isError);
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+    }
+    this._timer = setTimeout(() => {
+      this.node.hidden = true;
+      this._timer = null;
+    }, NOTICE_MS);
+  }
+  /** Stop the pending hide. */
+  dispose() {
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+    }
+  }
+};
 
 // src/view/store.ts
 var NUMBER_FIELDS = ["started", "elapsed", "rss", "gpu_mem", "gpu_util", "pid", "call"];
@@ -354,9 +784,7 @@ function normalizeDims(raw) {
 
 // src/view/render.ts
 var COMPACT_ABOVE = 64;
-var MAX_GRID_COLS = 16;
 var LOG_TAIL = 200;
-var NOTICE_MS = 6e3;
 function defaultSchedule(callback) {
   if (typeof requestAnimationFrame === "function") {
     const id2 = requestAnimationFrame(() => callback());
@@ -365,75 +793,11 @@ function defaultSchedule(callback) {
   const id = setTimeout(callback, 16);
   return () => clearTimeout(id);
 }
-function el(doc, tag, className, text) {
-  const node = doc.createElement(tag);
-  node.className = className;
-  if (text !== void 0) {
-    node.textContent = text;
-  }
-  return node;
-}
-function formatRankSet(ranks) {
-  const sorted = [...new Set(ranks)].sort((a, b) => a - b);
-  const parts = [];
-  let i = 0;
-  while (i < sorted.length) {
-    let j = i;
-    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
-      j += 1;
-    }
-    parts.push(j > i ? `${sorted[i]}-${sorted[j]}` : `${sorted[i]}`);
-    i = j + 1;
-  }
-  return parts.join(",");
-}
-function computeLayout(dims, ranks, coordsOf) {
-  const names = dims ? Object.keys(dims) : [];
-  const hasCoords = ranks.every((r) => {
-    const c = coordsOf(r);
-    return c !== void 0 && names.every((n) => typeof c[n] === "number");
-  });
-  if (!dims || names.length < 2 || !hasCoords) {
-    return {
-      key: `flat|${JSON.stringify(dims)}|${ranks.join(",")}`,
-      rowDim: null,
-      colDim: names.length === 1 ? names[0] : null,
-      rows: 0,
-      cols: 0,
-      facets: [{ title: "", ranks: [...ranks] }]
-    };
-  }
-  let rowDim = names[names.length - 2];
-  const colDim = names[names.length - 1];
-  const wide = dims[colDim] > MAX_GRID_COLS;
-  const leading = wide ? names.slice(0, -1) : names.slice(0, -2);
-  const facets = /* @__PURE__ */ new Map();
-  for (const r of ranks) {
-    const c = coordsOf(r);
-    const title = leading.map((n) => `${n}=${c[n]}`).join(" \xB7 ");
-    let list = facets.get(title);
-    if (!list) {
-      list = [];
-      facets.set(title, list);
-    }
-    list.push(r);
-  }
-  if (wide) {
-    rowDim = null;
-  }
-  return {
-    key: `grid|${JSON.stringify(dims)}|${ranks.join(",")}`,
-    rowDim,
-    colDim,
-    rows: rowDim ? dims[rowDim] : 0,
-    cols: rowDim ? dims[colDim] : 0,
-    facets: [...facets].map(([title, list]) => ({ title, ranks: list }))
-  };
-}
 var MeshView = class {
   constructor(options = {}, doc = document) {
+    // --- events -----------------------------------------------------------------------------
     this._onClick = (event) => {
-      const rank = this._tileRank(event.target);
+      const rank = this._grid.rankAt(event.target);
       if (rank !== null) {
         this.select(rank);
       }
@@ -444,102 +808,70 @@ var MeshView = class {
         const was = this._selected;
         this.select(null);
         if (was !== null) {
-          this._tiles.get(was)?.el.focus();
+          this._grid.focus(was);
         }
         return;
       }
       if (key !== "Enter" && key !== " ") {
         return;
       }
-      const rank = this._tileRank(event.target);
+      const rank = this._grid.rankAt(event.target);
       if (rank !== null) {
         event.preventDefault();
         this.select(rank);
       }
     };
-    this._detailKind = null;
     this._selected = null;
-    this._tiles = /* @__PURE__ */ new Map();
-    this._running = /* @__PURE__ */ new Set();
-    this._layoutKey = "";
     this._dirty = /* @__PURE__ */ new Set();
     this._fullPending = false;
     this._cancelFrame = null;
     this._tick = null;
-    this._noticeTimer = null;
     this._awaitingSnapshot = false;
     this._snapshotAskedAt = 0;
     this._lastTouched = 0;
     this._disposed = false;
-    this._doc = doc;
     this._send = options.send ?? null;
     this._now = options.now ?? (() => Date.now() / 1e3);
     this._schedule = options.schedule ?? defaultSchedule;
     this._emptyText = options.emptyText ?? "No mesh is up. Run %mesh up gpus=4 to start one.";
     this.store = new MeshStore();
     const root = el(doc, "div", "viceroy-mesh");
-    const header = el(doc, "div", "viceroy-header");
-    this._summary = el(doc, "span", "viceroy-summary", "no mesh");
-    this._calls = el(doc, "span", "viceroy-calls");
-    const actions = el(doc, "span", "viceroy-actions");
-    this._interruptButton = this._button(
-      "viceroy-interrupt",
-      "Interrupt",
-      "Interrupt the mesh",
-      () => this.interrupt()
-    );
-    this._restartButton = this._button(
-      "viceroy-restart",
-      "Restart failed",
-      "Restart the dead ranks; the others keep their state",
-      () => this.restartFailed()
-    );
-    this._stacksButton = this._button(
-      "viceroy-stacks",
-      "Stacks",
-      "Every rank's Python stack",
-      () => this.showStacks()
-    );
-    actions.append(this._interruptButton, this._restartButton, this._stacksButton);
-    header.append(this._summary, this._calls, actions);
-    this._notice = el(doc, "div", "viceroy-notice");
-    this._notice.setAttribute("role", "status");
-    this._notice.hidden = true;
-    this._empty = el(doc, "div", "viceroy-empty", this._emptyText);
-    this._body = el(doc, "div", "viceroy-body");
-    this._body.addEventListener("click", this._onClick);
-    this._body.addEventListener("keydown", this._onKey);
-    this._detail = el(doc, "div", "viceroy-detail");
-    this._detail.hidden = true;
-    const detailHead = el(doc, "div", "viceroy-detail-head");
-    this._detailTitle = el(doc, "span", "viceroy-detail-title");
-    this._detailLogs = this._button("viceroy-detail-logs", "Log", "Show the log tail", () => {
-      if (this._selected !== null) {
-        this.select(this._selected, "logs");
-      }
+    this._header = new Header(doc, {
+      interrupt: () => this.interrupt(),
+      restartFailed: () => this.restartFailed(),
+      showStacks: () => this.showStacks()
     });
-    this._detailTraceback = this._button(
-      "viceroy-detail-traceback",
-      "Traceback",
-      "Show the traceback",
-      () => {
+    this._notice = new Notice(doc);
+    this._empty = el(doc, "div", "viceroy-empty", this._emptyText);
+    this._grid = new TileGrid(doc, this.store, this._now);
+    this._grid.node.addEventListener("click", this._onClick);
+    this._grid.node.addEventListener("keydown", this._onKey);
+    this._detail = new DetailPane(doc, {
+      showLogs: () => {
+        if (this._selected !== null) {
+          this.select(this._selected, "logs");
+        }
+      },
+      showTraceback: () => {
         if (this._selected !== null) {
           this.select(this._selected, "traceback");
         }
-      }
+      },
+      close: () => this.select(null)
+    });
+    this._detail.node.addEventListener("keydown", this._onKey);
+    root.append(
+      this._header.node,
+      this._notice.node,
+      this._empty,
+      this._grid.node,
+      this._detail.node
     );
-    const close = this._button("viceroy-detail-close", "\xD7", "Close", () => this.select(null));
-    close.setAttribute("aria-label", "Close");
-    detailHead.append(this._detailTitle, this._detailLogs, this._detailTraceback, close);
-    this._detailText = el(doc, "pre", "viceroy-detail-text");
-    this._detail.append(detailHead, this._detailText);
-    this._detail.addEventListener("keydown", this._onKey);
-    root.append(header, this._notice, this._empty, this._body, this._detail);
     this.node = root;
     this._unsubscribe = this.store.subscribe((change) => this._onChange(change));
     const tickMs = options.tickMs ?? 1e3;
     if (tickMs > 0) {
-      this._tick = setInterval(() => this._tickElapsed(), tickMs);
+      this._tick = setInterval(() => this._grid.tick(), tickMs);
     }
     this._renderAll();
   }
@@ -577,21 +909,23 @@ var MeshView = class {
       }
       case "logs":
       case "traceback":
-        this._onText(message.type, message.rank, message.text);
+        if (message.rank === this._selected) {
+          this._detail.showText(message.type, message.text);
+        }
         return;
       case "stacks":
-        this._onStacks(message.stacks);
+        this._detail.showStacks(message.stacks);
         return;
       case "interrupted": {
         const ranks = numbers(message.ranks);
-        this._showNotice(
+        this._notice.show(
           ranks.length ? `interrupted ranks ${formatRankSet(ranks)}` : "no rank was running"
         );
         return;
       }
       case "restarted": {
         const ranks = numbers(message.ranks);
-        this._showNotice(
+        this._notice.show(
           ranks.length ? `restarted ranks ${formatRankSet(ranks)}` : "no rank is dead: nothing to restart (a rank that raised keeps running)"
         );
         return;
@@ -599,11 +933,8 @@ var MeshView = class {
       case "error": {
         const text = typeof message.message === "string" ? message.message : "error";
         const request = typeof message.request === "string" ? message.request : "";
-        if (!this._detail.hidden && request === this._detailKind) {
-          this._detailText.textContent = text;
-          this._detail.dataset.loading = "false";
-        } else {
-          this._showNotice(request ? `${request}: ${text}` : text, true);
+        if (!this._detail.showError(request, text)) {
+          this._notice.show(request ? `${request}: ${text}` : text, true);
         }
         return;
       }
@@ -617,31 +948,21 @@ var MeshView = class {
   /** Open the detail pane for a rank (its traceback if it failed, else its log), or close it. */
   select(rank, kind) {
     this._selected = rank;
-    for (const tile of this._tiles.values()) {
-      tile.el.classList.remove("viceroy-selected");
-    }
+    this._grid.highlight(rank);
     if (rank === null) {
-      this._detail.hidden = true;
-      this._detailKind = null;
+      this._detail.close();
       return;
     }
     const record = this.store.rank(rank);
     const what = kind ?? (record?.state === "error" ? "traceback" : "logs");
-    this._tiles.get(rank)?.el.classList.add("viceroy-selected");
-    this._openDetail(what, `rank ${rank} \xB7 ${what === "logs" ? "log" : "traceback"}`);
-    this._detail.dataset.rank = String(rank);
-    this._detailLogs.hidden = false;
-    this._detailTraceback.hidden = false;
+    this._detail.open(what, `rank ${rank} \xB7 ${what === "logs" ? "log" : "traceback"}`, rank);
     this._request(
       what === "logs" ? { request: "logs", rank, tail: LOG_TAIL } : { request: "traceback", rank }
     );
   }
   showStacks() {
     this._selected = null;
-    this._openDetail("stacks", "stacks");
-    delete this._detail.dataset.rank;
-    this._detailLogs.hidden = true;
-    this._detailTraceback.hidden = true;
+    this._detail.open("stacks", "stacks", null);
     this._request({ request: "stacks" });
   }
   interrupt() {
@@ -657,7 +978,7 @@ var MeshView = class {
     if (this._fullPending) {
       this._renderAll();
     } else if (this._dirty.size > 0) {
-      this._renderRanks(this._dirty);
+      this._lastTouched = this._grid.renderRanks(this._dirty);
     }
     this._fullPending = false;
     this._dirty.clear();
@@ -672,12 +993,10 @@ var MeshView = class {
     if (this._tick !== null) {
       clearInterval(this._tick);
     }
-    if (this._noticeTimer !== null) {
-      clearTimeout(this._noticeTimer);
-    }
-    this._body.removeEventListener("click", this._onClick);
-    this._body.removeEventListener("keydown", this._onKey);
-    this._detail.removeEventListener("keydown", this._onKey);
+    this._notice.dispose();
+    this._grid.node.removeEventListener("click", this._onClick);
+    this._grid.node.removeEventListener("keydown", this._onKey);
+    this._detail.node.removeEventListener("keydown", this._onKey);
     this.node.remove();
   }
   // --- requests ---------------------------------------------------------------------------
@@ -685,7 +1004,7 @@ var MeshView = class {
     if (this._send) {
       this._send(request);
     } else if (request.request !== "snapshot") {
-      this._showNotice("not connected to a Viceroy kernel", true);
+      this._notice.show("not connected to a Viceroy kernel", true);
     }
   }
   _requestSnapshot() {
@@ -696,44 +1015,6 @@ var MeshView = class {
     this._awaitingSnapshot = true;
     this._snapshotAskedAt = now;
     this._request({ request: "snapshot" });
-  }
-  // --- replies ----------------------------------------------------------------------------
-  _openDetail(kind, title) {
-    this._detailKind = kind;
-    this._detail.hidden = false;
-    this._detail.dataset.kind = kind;
-    this._detail.dataset.loading = "true";
-    this._detailTitle.textContent = title;
-    this._detailText.textContent = "loading\u2026";
-  }
-  _onText(kind, rank, text) {
-    if (this._detail.hidden || this._detailKind !== kind || rank !== this._selected) {
-      return;
-    }
-    const body = typeof text === "string" ? text : "";
-    this._detailText.textContent = body || (kind === "logs" ? "(no output yet)" : "(no traceback: the rank did not fail)");
-    this._detail.dataset.loading = "false";
-  }
-  _onStacks(stacks) {
-    if (this._detail.hidden || this._detailKind !== "stacks" || !isObject(stacks)) {
-      return;
-    }
-    const parts = Object.entries(stacks).sort(([a], [b]) => Number(a) - Number(b)).map(([rank, text]) => `\u2500\u2500 rank ${rank} \u2500\u2500
-${typeof text === "string" ? text : ""}`);
-    this._detailText.textContent = parts.join("\n") || "(no stacks)";
-    this._detail.dataset.loading = "false";
-  }
-  _showNotice(text, isError = false) {
-    this._notice.textContent = text;
-    this._notice.hidden = false;
-    this._notice.classList.toggle("viceroy-notice-error", isError);
-    if (this._noticeTimer !== null) {
-      clearTimeout(this._noticeTimer);
-    }
-    this._noticeTimer = setTimeout(() => {
-      this._notice.hidden = true;
-      this._noticeTimer = null;
-    }, NOTICE_MS);
   }
   // --- rendering --------------------------------------------------------------------------
   _onChange(change) {
@@ -753,199 +1034,28 @@ ${typeof text === "string" ? text : ""}`);
     }
   }
   _updateHeader() {
-    const summary = this.store.summary;
-    setText(this._summary, summaryText(summary));
-    this._summary.dataset.failed = String(summary.failed);
-    this._summary.dataset.running = String(summary.running);
-    const calls = this.store.calls;
-    setText(
-      this._calls,
-      calls.map((c) => `${c.label || `call ${c.call}`} [ranks ${formatRankSet(c.ranks)}]`).join(" \xB7 ")
-    );
-    const connected = this._send !== null && summary.total > 0;
-    this._interruptButton.disabled = !connected;
-    this._restartButton.disabled = !connected || deadCount(summary) === 0;
-    this._stacksButton.disabled = !connected;
+    this._header.update(this.store.summary, this.store.calls, this._send !== null);
   }
   _renderAll() {
     const store = this.store;
     const layout = computeLayout(store.dims, store.ranks, (r) => store.rank(r)?.coords);
     this._empty.hidden = store.ranks.length > 0;
-    this._body.hidden = store.ranks.length === 0;
+    this._grid.node.hidden = store.ranks.length === 0;
     this.node.classList.toggle("viceroy-compact", store.ranks.length > COMPACT_ABOVE);
-    if (layout.key !== this._layoutKey) {
-      this._build(layout);
+    if (layout.key !== this._grid.layoutKey) {
+      this._grid.build(layout, this._selected);
       this._lastTouched = store.ranks.length;
     } else {
-      this._renderRanks(store.ranks);
+      this._lastTouched = this._grid.renderRanks(store.ranks);
     }
     if (this._selected !== null && !store.rank(this._selected)) {
       this.select(null);
     }
     this._updateHeader();
   }
-  _build(layout) {
-    const doc = this._doc;
-    this._layoutKey = layout.key;
-    this._tiles.clear();
-    this._running.clear();
-    const fragment = doc.createDocumentFragment();
-    const caption = el(doc, "div", "viceroy-axes");
-    if (layout.rowDim && layout.colDim) {
-      caption.textContent = `rows: ${layout.rowDim} \xB7 columns: ${layout.colDim}`;
-    } else if (layout.colDim) {
-      caption.textContent = `${layout.colDim} \u2192`;
-    }
-    fragment.append(caption);
-    const facets = el(doc, "div", "viceroy-facets");
-    for (const facet of layout.facets) {
-      const box = el(doc, "div", "viceroy-facet");
-      if (facet.title) {
-        box.append(el(doc, "div", "viceroy-facet-title", facet.title));
-      }
-      const grid = el(doc, "div", "viceroy-grid");
-      if (layout.rowDim && layout.colDim) {
-        grid.classList.add("viceroy-grid-2d");
-        grid.style.gridTemplateColumns = `repeat(${layout.cols}, minmax(var(--viceroy-tile-min, 7.5em), 1fr))`;
-      }
-      for (const r of facet.ranks) {
-        const record = this.store.rank(r);
-        const tile = this._makeTile(record);
-        if (layout.rowDim && layout.colDim) {
-          tile.el.style.gridRow = String(record.coords[layout.rowDim] + 1);
-          tile.el.style.gridColumn = String(record.coords[layout.colDim] + 1);
-        }
-        this._tiles.set(r, tile);
-        this._fill(tile, record);
-        grid.append(tile.el);
-      }
-      box.append(grid);
-      facets.append(box);
-    }
-    fragment.append(facets);
-    this._body.replaceChildren(fragment);
-    if (this._selected !== null) {
-      this._tiles.get(this._selected)?.el.classList.add("viceroy-selected");
-    }
-  }
-  _makeTile(record) {
-    const doc = this._doc;
-    const tile = el(doc, "div", "viceroy-tile");
-    tile.dataset.rank = String(record.rank);
-    tile.tabIndex = 0;
-    tile.setAttribute("role", "button");
-    const head = el(doc, "div", "viceroy-tile-head");
-    head.append(el(doc, "span", "viceroy-rank", String(record.rank)));
-    const state = el(doc, "span", "viceroy-state");
-    head.append(state);
-    const label = el(doc, "div", "viceroy-label");
-    const metrics = el(doc, "div", "viceroy-metrics");
-    const elapsed = el(doc, "span", "viceroy-elapsed");
-    const mem = el(doc, "span", "viceroy-mem");
-    const gpu = el(doc, "span", "viceroy-gpu");
-    metrics.append(elapsed, mem, gpu);
-    const last = el(doc, "div", "viceroy-last");
-    tile.append(head, label, metrics, last);
-    return { el: tile, state, label, elapsed, mem, gpu, last, shown: /* @__PURE__ */ new Map() };
-  }
-  _renderRanks(ranks) {
-    let touched = 0;
-    for (const r of ranks) {
-      const tile = this._tiles.get(r);
-      const record = this.store.rank(r);
-      if (tile && record && this._fill(tile, record)) {
-        touched += 1;
-      }
-    }
-    this._lastTouched = touched;
-  }
-  /** Bring a tile up to date; true if any of its DOM changed. */
-  _fill(tile, record) {
-    let changed = false;
-    const put = (key, apply, value) => {
-      if (tile.shown.get(key) !== value) {
-        tile.shown.set(key, value);
-        apply(value);
-        changed = true;
-      }
-    };
-    put("state", (v) => tile.el.dataset.state = v, record.state);
-    put("stateText", (v) => tile.state.textContent = v, record.state);
-    put("label", (v) => tile.label.textContent = v, record.label);
-    put("elapsed", (v) => tile.elapsed.textContent = v, this._elapsedText(record));
-    put("mem", (v) => tile.mem.textContent = v, record.rss !== null ? formatBytes(record.rss) : "");
-    put("gpu", (v) => tile.gpu.textContent = v, gpuText(record));
-    put(
-      "last",
-      (v) => tile.last.textContent = v,
-      record.state === "error" && record.error ? record.error : record.last_line
-    );
-    put("title", (v) => tile.el.title = v, tileTitle(record));
-    if (record.state === "running" && record.started !== null) {
-      this._running.add(record.rank);
-    } else {
-      this._running.delete(record.rank);
-    }
-    return changed;
-  }
-  _elapsedText(record) {
-    const seconds = elapsedOf(record, this._now());
-    return seconds === null ? "" : formatDuration(seconds);
-  }
-  _tickElapsed() {
-    for (const r of this._running) {
-      const tile = this._tiles.get(r);
-      const record = this.store.rank(r);
-      if (tile && record) {
-        const text = this._elapsedText(record);
-        if (tile.shown.get("elapsed") !== text) {
-          tile.shown.set("elapsed", text);
-          tile.elapsed.textContent = text;
-        }
-      }
-    }
-  }
-  // --- events -----------------------------------------------------------------------------
-  _tileRank(target) {
-    const node = target;
-    const tile = node?.closest?.(".viceroy-tile");
-    if (!tile || !this._body.contains(tile)) {
-      return null;
-    }
-    const rank = Number(tile.dataset.rank);
-    return Number.isInteger(rank) ? rank : null;
-  }
-  _button(className, text, title, onClick) {
-    const button = el(this._doc, "button", `viceroy-button ${className}`, text);
-    button.type = "button";
-    button.title = title;
-    button.addEventListener("click", (event) => {
-      event.stopPropagation();
-      onClick();
-    });
-    return button;
-  }
 };
-function deadCount(summary) {
-  return Math.max(0, summary.total - summary.alive);
-}
-function setText(node, text) {
-  if (node.textContent !== text) {
-    node.textContent = text;
-  }
-}
 function numbers(value) {
   return Array.isArray(value) ? value.filter((v) => typeof v === "number") : [];
-}
-function gpuText(record) {
-  const parts = [];
-  if (record.gpu_mem !== null) {
-    parts.push(`GPU ${formatBytes(record.gpu_mem)}`);
-  }
-  if (record.gpu_util !== null) {
-    parts.push(`${Math.round(record.gpu_util)}%`);
-  }
-  return parts.join(" ");
 }
 
 // src/widget.ts
