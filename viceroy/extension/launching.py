@@ -82,7 +82,8 @@ def _start_ssh(dims: dict[str, int], kwargs: dict[str, Any], hostfile: str, list
 
 
 def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str]:
-    """``%mesh sync``: rsync `src` to every host of the ssh mesh that is up."""
+    """``%mesh sync``: rsync `src` to every host of the ssh mesh that is up (lost hosts are
+    skipped, saying so)."""
     from viceroy.runtime.ssh import SshLauncher
 
     launcher = getattr(getattr(mesh, "_controller", None), "launcher", None)
@@ -92,7 +93,8 @@ def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str
             "Slurm clusters and attached hosts usually share a filesystem"
             + ("" if mesh is None else f" (this mesh's launcher: {getattr(launcher, 'name', '?')})")
         )
+    lost = frozenset(mesh._controller.lost_hosts())
     try:
-        return launcher.sync(src, dest, dry_run)
+        return launcher.sync(src, dest, dry_run, lost)
     except (OSError, RuntimeError) as e:
         raise UsageError(f"%mesh sync: {e}") from None

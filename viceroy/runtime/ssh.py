@@ -95,27 +95,52 @@ class SshLauncher(Launcher):
             "-e", shlex.join(self.ssh_base()), src.rstrip("/") + "/", f"{host.address}:{dest.rstrip('/')}/",
         ]
 
-    def sync(self, src: str, dest: str | None = None, dry_run: bool = False) -> list[str]:
+    def sync(self, src: str, dest: str | None = None, dry_run: bool = False, lost: frozenset[int] = frozenset()) -> list[str]:
         """Copy the directory `src` to every host (at `dest`, by default the same absolute path,
-        where the ranks look for the controller's working directory). One line per host."""
+        where the ranks look for the controller's working directory). One line per host; hosts
+        in `lost` (indices) are skipped, saying so. A host that fails does not stop the others:
+        the error, raised at the end, names each one at fault and what was synced."""
+        import shutil
         import subprocess
 
         src = os.path.abspath(src)
         if not os.path.isdir(src):
             raise NotADirectoryError(f"{src} is not a directory")
+        if shutil.which("rsync") is None:
+            raise FileNotFoundError("rsync is not installed on this machine (the controller's); install it "
+                                    "here and on every host, e.g. `apt-get install rsync`")
         dest = dest or src
-        lines = []
-        for host in dict.fromkeys(self.hosts):  # each distinct host once
+        indices: dict[str, list[int]] = {}
+        for i, h in enumerate(self.hosts):
+            assert isinstance(h, SshHost)
+            indices.setdefault(h.address, []).append(i)
+        lines, failed = [], []
+        for address, idx in indices.items():  # each distinct host once
+            host = self.hosts[idx[0]]
             assert isinstance(host, SshHost)
+            if all(i in lost for i in idx):
+                which = ", ".join(map(str, idx))
+                lines.append(f"{address}: skipped (host {which} is lost; sync again after mesh.restart(failed_only=True))")
+                continue
             proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run), capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(
-                    f"rsync to {host.address}:{dest} failed (exit code {proc.returncode}): {proc.stderr.strip()} "
-                    "(is rsync installed on that host?)"
-                )
+                failed.append(f"rsync to {address}:{dest} failed (exit code {proc.returncode}): "
+                              f"{proc.stderr.strip()}\n{self._rsync_advice(host, proc.returncode, proc.stderr)}")
+                continue
             files = sum(1 for ln in proc.stdout.splitlines() if ln[1:2] == "f")  # itemized: ">f+++++++++ path"
-            lines.append(f"{host.address}:{dest}" + (f" (would copy {files} file(s))" if dry_run else ""))
+            lines.append(f"{address}:{dest}" + (f" (would copy {files} file(s))" if dry_run else ""))
+        if failed:
+            done = "; ".join(lines) if lines else "nothing"
+            raise RuntimeError("\n".join(failed) + f"\nsynced: {done}")
         return lines
+
+    def _rsync_advice(self, host: SshHost, code: int, stderr: str) -> str:
+        if code == 255:  # ssh itself failed
+            port = f"-p {self.port} " if self.port is not None else ""
+            return f"(ssh could not reach {host.address}: make `ssh {port}{host.address} true` work, then sync again)"
+        if "not found" in stderr or code in (12, 127):
+            return f"(is rsync installed on {host.address}? e.g. `apt-get install rsync` there)"
+        return f"(check that {host.address} can write the destination; --to PATH picks another)"
 
     def real_hostname(self, host: SshHost) -> str:
         """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
