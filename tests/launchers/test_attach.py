@@ -162,3 +162,58 @@ def test_controller_death_leaves_no_attached_agent_or_rank(tmp_path):
             ctrl.kill()
             ctrl.wait()
         _reap(procs)
+
+
+def test_cli_mistakes_name_the_value_at_fault_and_what_to_do(tmp_path):
+    p = _agent("127.0.0.1:9", "--key-file", str(tmp_path / "mesh.key"))
+    assert p.wait(timeout=30) == 1
+    assert f"no key file {tmp_path / 'mesh.key'}: copy the mesh's key file from the controller's machine" in p.stderr.read()
+    p = _agent("127.0.0.1:9", "--key-file", str(tmp_path))
+    assert p.wait(timeout=30) == 1
+    assert f"{tmp_path} is a directory; --key-file names the mesh's key file" in p.stderr.read()
+    p = _agent("nosuchhost.invalid:7777", "--wait", "1", env={"VICEROY_MESH_KEY": os.urandom(32).hex()})
+    assert p.wait(timeout=30) == 1
+    assert "cannot look up the controller's host 'nosuchhost.invalid'" in p.stderr.read()
+
+
+def test_listening_on_every_interface_prints_a_name_other_hosts_can_use(tmp_path):
+    from viceroy.runtime.attach import AttachLauncher
+
+    port = _port()
+    launcher = AttachLauncher(f"0.0.0.0:{port}", str(tmp_path / "mesh.key"))
+    try:
+        assert launcher.command().startswith(f"viceroy agent --connect {socket.gethostname()}:{port} --key-file ")
+    finally:
+        launcher.close()
+
+
+def test_a_lost_hosts_new_agent_waits_for_restart_and_a_timed_out_restart_can_be_retried(tmp_path):
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    addr = f"127.0.0.1:{port}"
+    procs, t = _attach_later(addr, 2, "--key-file", key_file)
+    mesh = vr.Mesh.attach(hosts=2, gpus=1, listen=addr, key_file=key_file, preload=[], echo=False)
+    t.join()
+    try:
+        by_pid = {p.pid: p for p in procs}
+        host1 = by_pid[psutil.Process(mesh.pids()[1]).parent().pid]
+        taken = _agent(addr, "--key-file", key_file, "--host", "1")
+        assert taken.wait(timeout=30) == 1
+        assert f"host 1 is not waiting for an agent (it has one: {socket.gethostname()}, pid {host1.pid})" in taken.stderr.read()
+        host1.kill()
+        wait_until(lambda: 1 in mesh._controller.lost_hosts(), 15, "host 1 to be given up")
+        # nobody attaches in time: the host is given up again, saying how to attach one
+        with pytest.raises(RuntimeError, match=r"(?s)ranks 1 did not come back within 2 s.*host 1 .*no agent "
+                           rf"came back within 2 s of mesh.restart.*start one with `viceroy agent --connect {addr}"):
+            mesh.restart(failed_only=True, timeout=2)
+        assert mesh.states()[1] == "dead"
+        # an agent started (say, by Kubernetes) before the user restarts waits for the restart
+        procs.append(_agent(addr, "--key-file", key_file))
+        assert procs[-1].stderr is not None
+        assert "waiting: host 1 was lost and waits for mesh.restart(failed_only=True)" in procs[-1].stderr.readline()
+        mesh.restart(failed_only=True, timeout=30)
+        assert mesh.run("rank").values() == [0, 1]
+        assert psutil.Process(mesh.pids()[1]).parent().pid == procs[-1].pid
+    finally:
+        mesh.shutdown()
+        codes = _reap(procs)
+    assert codes[-1] == 0 and host1.returncode == -signal.SIGKILL

@@ -23,6 +23,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -44,7 +45,15 @@ def read_key(path: str | None) -> bytes:
             raise ValueError(f"no mesh key: pass --key-file FILE (a 0600 file) or set ${KEY_ENV}")
         where = f"${KEY_ENV}"
     else:
-        mode = os.stat(path).st_mode
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no key file {path}: copy the mesh's key file from the controller's machine (Mesh.attach "
+                f"writes it there, mode 0600) to {path} here, or set ${KEY_ENV} to its contents"
+            ) from None
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{path} is a directory; --key-file names the mesh's key file (e.g. mesh.key)")
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise PermissionError(
                 f"{path} is readable by others (mode {stat.S_IMODE(mode):o}); the mesh key must be "
@@ -95,11 +104,12 @@ class AttachedAgent(AgentProcess):
     """A host whose agent someone else starts: waiting until one attaches, then live until the
     controller gives it up (heartbeats) or it says goodbye."""
 
-    def __init__(self, host: int, hint: str) -> None:
+    def __init__(self, host: int, hint: str, on_kill: Callable[[AttachedAgent], None] | None = None) -> None:
         self.host = host
         self.label = f"host {host} (waiting for an agent to attach)"
         self._hint = hint
         self._gone = threading.Event()
+        self._on_kill = on_kill
         self.attached_from: str | None = None
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -107,6 +117,8 @@ class AttachedAgent(AgentProcess):
 
     def kill(self) -> None:
         self._gone.set()  # it hears no more heartbeats and stops by itself
+        if self._on_kill:
+            self._on_kill(self)  # not waiting for an agent any more
 
     def log_tail(self, n: int = 40) -> str:
         return "" if self.attached_from else f"host {self.host}: no agent attached; {self._hint}"
@@ -127,6 +139,8 @@ class AttachLauncher(Launcher):
         self.mesh_key, self.key_file = key_for_controller(key_file, self.port)
         self._signer = Signer(self.mesh_key)
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
+        self._given_up: set[int] = set()  # lost hosts not restarted yet: their new agents wait
+        self._holder: dict[int, str] = {}  # host -> the agent that has it
         self._answered: dict[tuple[Any, Any], list[Any]] = {}
         self._master: str | None = None  # host 0's address, as its agent reached us
         self._lock = threading.Lock()
@@ -148,7 +162,8 @@ class AttachLauncher(Launcher):
         return self.host_addr
 
     def command(self) -> str:
-        where = "localhost" if self.host_addr in ("0.0.0.0", "::") else self.host_addr
+        # on every interface: this machine's name (what other hosts can look up), not localhost
+        where = socket.gethostname() if self.host_addr in ("0.0.0.0", "::", "*") else self.host_addr
         key = f"--key-file {self.key_file}" if self.key_file else f"${KEY_ENV} set to the key"
         return f"viceroy agent --connect {where}:{self.port} {key}"
 
@@ -158,10 +173,21 @@ class AttachLauncher(Launcher):
         return plan_by_hosts(dims)
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
-        agent = AttachedAgent(host.index, f"start one with `{self.command()}`")
+        agent = AttachedAgent(host.index, f"start one with `{self.command()}`", self._withdraw)
         with self._lock:
             self._pending[host.index] = (config, agent)
+            self._given_up.discard(host.index)
+            self._holder.pop(host.index, None)
         return agent
+
+    def _withdraw(self, agent: AttachedAgent) -> None:
+        """`agent`'s host was given up: an agent attaching now must not get its (old) config;
+        it waits for `restart`."""
+        with self._lock:
+            if self._pending.get(agent.host, (None, None))[1] is agent:
+                del self._pending[agent.host]
+            if not self._closed:
+                self._given_up.add(agent.host)
 
     def waiting(self) -> list[int]:
         with self._lock:
@@ -197,8 +223,16 @@ class AttachLauncher(Launcher):
             if who in self._answered:  # a retry whose first answer is still on its way
                 return self._answered[who]
             want = req.get("want")
+            lost = sorted(self._given_up) if want is None else [want] if want in self._given_up else []
+            no_host = not self._pending if want is None else want not in self._pending
+            if no_host and lost:
+                why = (f"host {', '.join(map(str, lost))} was lost and waits for mesh.restart(failed_only=True) "
+                       "on the controller")
+                return self._signer.pack({"op": "wait", "why": why})
             if want is not None and want not in self._pending:
-                why = f"host {want} is not waiting for an agent (waiting: {sorted(self._pending) or 'none'})"
+                has = f" (it has one: {self._holder[want]})" if want in self._holder else ""
+                why = (f"host {want} is not waiting for an agent{has}; waiting: "
+                       f"{sorted(self._pending) or 'none'} (leave out --host to take any)")
                 return self._signer.pack({"op": "refused", "why": why})
             if not self._pending:
                 return self._signer.pack({"op": "refused", "why": "every host of this mesh has an agent already"})
@@ -206,11 +240,13 @@ class AttachLauncher(Launcher):
             if h != 0 and 0 in self._pending and self._master is None:
                 # torch.distributed's rendezvous is on rank 0: other hosts learn its address
                 # from host 0's agent, so they wait for it (they ask again)
-                return self._signer.pack({"op": "wait"})
+                return self._signer.pack({"op": "wait", "why": "host 0's agent attaches first (its address is the "
+                                          "rendezvous); start it"})
             config, agent = self._pending.pop(h)
             if h == 0 and peer:
                 self._master = peer
-        agent.attached_from = f"{req.get('hostname', '?')}, pid {req.get('pid', '?')}"
+            self._holder[h] = f"{req.get('hostname', '?')}, pid {req.get('pid', '?')}"
+        agent.attached_from = self._holder[h]
         agent.label = f"host {h} ({agent.attached_from}, attached)"
         cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
         if self._master:
@@ -251,6 +287,11 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
     """Ask the controller at `addr` for this agent's configuration, retrying until it answers or
     `wait` seconds pass (the controller may start after the agent)."""
     host, port = split_address(addr)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"cannot look up the controller's host {host!r} ({e.strerror}); give its address "
+                         f"instead, e.g. --connect 10.0.0.1:{port}") from None
     signer = Signer(key)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -258,6 +299,7 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
     sock.setsockopt(zmq.IMMEDIATE, 1)  # no requests queued up while connecting: one per try
     sock.connect(f"tcp://{host}:{port}")
     deadline = time.monotonic() + wait
+    said = ""
     try:
         while True:
             req = {"op": "attach", "hostname": socket.gethostname(), "pid": os.getpid(), "want": want}
@@ -270,12 +312,16 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
                 header, signed, _ = signer.unpack(sock.recv_multipart())
                 if header.get("op") == "refused":
                     raise RuntimeError(f"the controller at {host}:{port} refused this agent: {header['why']}")
-                if header.get("op") == "wait" and time.monotonic() < deadline:  # host 0 first
+                if header.get("op") == "wait":
+                    why = str(header.get("why", "it asked this agent to wait"))
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"the controller at {host}:{port} still had no host for this agent "
+                                           f"after {wait:.0f} s: {why}; --wait SECONDS waits longer")
+                    if why != said:  # say once what it waits for
+                        print(f"viceroy agent: waiting: {why}", file=sys.stderr, flush=True)
+                        said = why
                     time.sleep(0.2)
                     continue
-                if header.get("op") == "wait":
-                    raise TimeoutError(f"the controller at {host}:{port} is still waiting for host 0's agent "
-                                       f"after {wait:.0f} s (host 0 attaches first: its address is the rendezvous)")
                 cfg: dict[str, Any] = json.loads(bytes(signed[0]))
                 break
             if time.monotonic() > deadline:

@@ -131,8 +131,21 @@ class HostLifecycle:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
-                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s")
+                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s"
+                                       + self._give_up_late({self._host_of[r] for r in late} & lost, timeout))
                 self._changed.wait(left)
+
+    def _give_up_late(self, hosts: set[int], timeout: float) -> str:
+        """Under `_changed`: the relaunched `hosts` whose agent did not come back in time are lost
+        again (their ranks dead, their launch stopped), so a later `restart(failed_only=True)`
+        tries them again; returns why, with each host's last words (or how to attach one)."""
+        why = f"no agent came back within {timeout} s of mesh.restart"
+        for h in hosts:
+            self.call_soon(functools.partial(self._host_lost, h, self._gen[h], why))
+        give = time.monotonic() + 10
+        while any(h not in self._lost for h in hosts) and time.monotonic() < give:
+            self._changed.wait(0.1)
+        return "".join(f"\n{self._lost[h]}" for h in sorted(hosts) if h in self._lost)
 
     # --- one host's agent -------------------------------------------------------------------
 
