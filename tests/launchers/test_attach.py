@@ -217,3 +217,29 @@ def test_a_lost_hosts_new_agent_waits_for_restart_and_a_timed_out_restart_can_be
         mesh.shutdown()
         codes = _reap(procs)
     assert codes[-1] == 0 and host1.returncode == -signal.SIGKILL
+
+
+WAITING_CONTROLLER = textwrap.dedent("""
+    import sys, viceroy as vr
+    vr.Mesh.attach(hosts=2, gpus=1, listen=sys.argv[1], key_file=sys.argv[2], preload=[], echo=False)
+""")
+
+
+def test_an_agent_told_to_wait_says_when_its_controller_goes_away(tmp_path):
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    addr = f"127.0.0.1:{port}"
+    ctrl = subprocess.Popen([sys.executable, "-c", WAITING_CONTROLLER, addr, key_file], stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: os.path.exists(key_file), 30, "the controller to write the key file")
+        agent = _agent(addr, "--key-file", key_file, "--host", "1", "--wait", "3")
+        assert agent.stderr is not None
+        assert "waiting: host 0's agent attaches first" in agent.stderr.readline()  # host 0 is the rendezvous
+        os.kill(ctrl.pid, signal.SIGKILL)
+        ctrl.wait()
+        assert agent.wait(timeout=30) == 1
+        assert (f"the controller at {addr} stopped answering while this agent waited (host 0's agent attaches "
+                "first") in agent.stderr.read()
+    finally:
+        if ctrl.poll() is None:
+            ctrl.kill()
+            ctrl.wait()

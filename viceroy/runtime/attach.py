@@ -324,6 +324,11 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
                     continue
                 cfg: dict[str, Any] = json.loads(bytes(signed[0]))
                 break
+            if time.monotonic() > deadline and said:  # it answered, then went quiet
+                raise TimeoutError(
+                    f"the controller at {host}:{port} stopped answering while this agent waited ({said}): its "
+                    "mesh shut down or its process died; start the agent again once a mesh waits there"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"no answer from a controller at {host}:{port} within {wait:.0f} s: is a mesh "
