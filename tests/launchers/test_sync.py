@@ -69,3 +69,18 @@ def test_sync_without_rsync_here_says_to_install_it(tmp_path, monkeypatch):
 def test_sync_of_a_missing_directory_names_it(tmp_path):
     with pytest.raises(UsageError, match=r"%mesh sync: .*nope is not a directory"):
         sync_hosts(_Mesh(SshLauncher(["node1"])), str(tmp_path / "nope"), None, False)
+
+
+def test_sync_leaves_out_python_environments_whatever_their_name(sshd, tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    for env, marker in (("py311", "pyvenv.cfg"), ("conda-env", "conda-meta/history")):
+        (src / env / marker).parent.mkdir(parents=True, exist_ok=True)
+        (src / env / marker).write_text("")
+        (src / env / "lib.py").write_text("big\n")
+    (src / "env.py").write_text("1\n")  # a file named like one is still copied
+    (src / "sub" / "py311").mkdir(parents=True)
+    (src / "sub" / "py311" / "data.txt").write_text("kept\n")  # not an environment: kept
+    mesh = _Mesh(_launcher(sshd, tmp_path, monkeypatch, ["127.0.0.1"]))
+    assert sync_hosts(mesh, str(src), str(dest), True) == [f"127.0.0.1:{dest} (would copy 2 file(s))"]
+    sync_hosts(mesh, str(src), str(dest), False)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["env.py", "sub/py311/data.txt"]

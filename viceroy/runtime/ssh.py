@@ -33,6 +33,17 @@ from viceroy.runtime.launcher import (
 SYNC_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules")
 
 
+def python_envs(src: str) -> tuple[str, ...]:
+    """The folders of `src` that are Python environments, whatever their name (a venv has
+    pyvenv.cfg, a conda environment conda-meta/): machine-specific, never worth copying."""
+    try:
+        entries = list(os.scandir(src))
+    except OSError:
+        return ()
+    return tuple(sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and (
+        os.path.exists(os.path.join(e.path, "pyvenv.cfg")) or os.path.isdir(os.path.join(e.path, "conda-meta")))))
+
+
 @dataclass(frozen=True)
 class SshHost:
     address: str  # what ssh connects to: "node1", "user@10.0.0.2"
@@ -87,11 +98,12 @@ class SshLauncher(Launcher):
         remote = f'"$HOME"/{shlex.quote(python[2:])}' if python.startswith("~/") else shlex.quote(python)
         return [*self.ssh_base(), host.address, f"exec {remote} -m viceroy.runtime.agent"]
 
-    def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False) -> list[str]:
-        """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing)."""
+    def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False, envs: tuple[str, ...] = ()) -> list[str]:
+        """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing);
+        `envs` are more folders of `src` to leave out (Python environments by any name)."""
         return [
             "rsync", "-az", "--mkpath", *(["--dry-run", "--itemize-changes"] if dry_run else []),
-            *(f"--exclude={p}" for p in SYNC_EXCLUDES),
+            *(f"--exclude={p}" for p in SYNC_EXCLUDES), *(f"--exclude=/{e}/" for e in envs),
             "-e", shlex.join(self.ssh_base()), src.rstrip("/") + "/", f"{host.address}:{dest.rstrip('/')}/",
         ]
 
@@ -110,6 +122,7 @@ class SshLauncher(Launcher):
             raise FileNotFoundError("rsync is not installed on this machine (the controller's); install it "
                                     "here and on every host, e.g. `apt-get install rsync`")
         dest = dest or src
+        envs = python_envs(src)
         indices: dict[str, list[int]] = {}
         for i, h in enumerate(self.hosts):
             assert isinstance(h, SshHost)
@@ -122,7 +135,7 @@ class SshLauncher(Launcher):
                 which = ", ".join(map(str, idx))
                 lines.append(f"{address}: skipped (host {which} is lost; sync again after mesh.restart(failed_only=True))")
                 continue
-            proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run), capture_output=True, text=True)
+            proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run, envs), capture_output=True, text=True)
             if proc.returncode != 0:
                 failed.append(f"rsync to {address}:{dest} failed (exit code {proc.returncode}): "
                               f"{proc.stderr.strip()}\n{self._rsync_advice(host, proc.returncode, proc.stderr)}")
