@@ -21,6 +21,9 @@ from typing import Any
 from ipykernel import iostream
 
 HISTORY_WRITE_INTERVAL_S = 1.0
+OUTPUT_HISTORY_CELLS = 200  # cells whose captured output IPython's history keeps
+OUTPUT_HISTORY_CHARS = 64 * 1024  # of each captured stream run, the first kept
+_CUT = "\n[viceroy: output history cut here; the notebook shows it all]\n"
 
 
 class OutStream(iostream.OutStream):
@@ -77,3 +80,26 @@ def _write_out(hm: Any) -> None:
         flag.set()
     else:
         hm.writeout_cache()
+
+
+def bound_output_history(
+    shell: Any, cells: int = OUTPUT_HISTORY_CELLS, chars: int = OUTPUT_HISTORY_CHARS
+) -> None:
+    """After each cell, cut the stream output IPython captured for it to ``chars`` characters
+    per stream run, and drop what it captured for cells before the last ``cells``."""
+    hm = shell.history_manager
+    outputs = getattr(hm, "outputs", None) if hm is not None else None
+    if not isinstance(outputs, dict):  # IPython < 9 keeps no copy
+        return
+
+    def trim(result: Any = None) -> None:
+        count = getattr(result, "execution_count", None)  # None: a cell not stored in history
+        for entry in outputs.get(shell.execution_count if count is None else count, ()):
+            stream = getattr(entry, "bundle", {}).get("stream")
+            if isinstance(stream, list) and (len(stream) > 1 or (stream and len(stream[0]) > chars)):
+                text = "".join(stream)
+                stream[:] = [text if len(text) <= chars else text[:chars] + _CUT]
+        while len(outputs) > cells:  # counts go in in order: the first key is the oldest
+            del outputs[next(iter(outputs))]
+
+    shell.events.register("post_run_cell", trim)

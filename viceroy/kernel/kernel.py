@@ -22,7 +22,7 @@ from traitlets import Float
 import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
-from viceroy.kernel.iostream import batch_history_writes
+from viceroy.kernel.iostream import batch_history_writes, bound_output_history
 from viceroy.kernel.tracebacks import install_mesh_error_rendering
 
 
@@ -64,6 +64,7 @@ class ViceroyKernel(IPythonKernel):
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
         batch_history_writes(self.shell)
+        bound_output_history(self.shell)
         atexit.register(self._close_mesh)
 
     @property

@@ -1,0 +1,45 @@
+"""A long notebook session: what the kernel keeps per cell stays bounded by a number of cells,
+not by how many cells ran (see also tests/faults/test_soak.py for the runtime alone)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kernel_harness import Kernel
+
+from viceroy.kernel.iostream import OUTPUT_HISTORY_CELLS, OUTPUT_HISTORY_CHARS
+
+pytestmark = pytest.mark.timeout(120)
+
+CAPTURED = (
+    "import json\nouts = get_ipython().history_manager.outputs\n"
+    "print(json.dumps([len(outs), sum(len(s) for o in outs.values() for e in o "
+    "for s in e.bundle.get('stream', ()))]))"
+)
+
+
+def _captured(kernel: Kernel) -> tuple[int, int]:
+    """(cells with captured output, characters captured) in IPython's output history."""
+    cells, chars = json.loads(kernel.ok(CAPTURED).stream().strip().splitlines()[-1])
+    return cells, chars
+
+
+def test_output_of_mesh_cells_is_not_kept_for_every_cell(mesh_kernel: Kernel):
+    """IPython 9 keeps a copy of each cell's stdout/stderr in its history; every rank's lines
+    of a `%%mesh` cell went there, for the whole session (30 MB per 1000 cells of 30 kB)."""
+    cell = "%%mesh\nfor j in range(40): print('line', j, rank, 'x' * 40)"  # ~4 kB per cell, 2 ranks
+    printed = len(mesh_kernel.ok(cell).stream())
+    assert printed > 3000
+    cells = OUTPUT_HISTORY_CELLS + 60
+    for _ in range(cells):
+        mesh_kernel.execute(cell)
+    kept_cells, kept_chars = _captured(mesh_kernel)
+    assert kept_cells <= OUTPUT_HISTORY_CELLS + 1, kept_cells
+    assert kept_chars <= (OUTPUT_HISTORY_CELLS + 1) * printed * 1.1, (kept_chars, printed)
+
+    # One cell printing far more than the cap keeps only the cap's worth.
+    big = mesh_kernel.ok("%%mesh\nfor j in range(4000): print('line', j, rank, 'x' * 60)")
+    assert len(big.stream()) > 4 * OUTPUT_HISTORY_CHARS  # the notebook still shows it all
+    _, after = _captured(mesh_kernel)
+    assert after - kept_chars < OUTPUT_HISTORY_CHARS + 1000, after - kept_chars
