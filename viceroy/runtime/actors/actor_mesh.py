@@ -8,6 +8,7 @@ the controller to send.
 
 from __future__ import annotations
 
+import functools
 import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,14 @@ class Client(Protocol):
         """The controller's record of this actor mesh (stop, restart, failures)."""
         ...
 
+    def mesh(self, info: ActorMeshInfo, shape: Shape) -> ActorMesh:
+        """A handle on (part of) this actor mesh."""
+        ...
+
+    def shared(self, info: ActorMeshInfo) -> None:
+        """The actor mesh is being pickled: sent to ranks, or kept somewhere else."""
+        ...
+
 
 class ActorMesh(ShapeOps):
     """One actor per rank. Endpoints are attributes: ``counters.incr.call(by=2)``.
@@ -62,7 +71,7 @@ class ActorMesh(ShapeOps):
         self._client = client
 
     def _reshaped(self, shape: Shape) -> ActorMesh:
-        return ActorMesh(self._info, shape, self._client)
+        return self._client.mesh(self._info, shape)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("__"):
@@ -81,6 +90,8 @@ class ActorMesh(ShapeOps):
 
     def __reduce__(self) -> tuple[Any, ...]:
         from viceroy.runtime.actors.rank_client import _actor_mesh_from_wire
+
+        self._client.shared(self._info)  # others may hold it now: never stopped for being dropped
 
         return _actor_mesh_from_wire, (self._info, self._shape.dims, self._shape.ranks)
 
@@ -136,7 +147,10 @@ class Endpoint:
               shape: Shape | None = None, on_result: OnResult | None = None) -> Future[Any]:
         self._spec.check(args, kwargs)
         m = self._mesh
-        return m._client.invoke(m._info, shape or m._shape, self._spec.name, adverb, args, kwargs, on_result)
+        fut = m._client.invoke(m._info, shape or m._shape, self._spec.name, adverb, args, kwargs, on_result)
+        if not fut.done():  # the handle lives until its calls end: dropping it stops the actors
+            fut.add_done_callback(functools.partial(_keep, m))
+        return fut
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
         """Every actor runs the endpoint; the future resolves to a ValueMesh of their results
@@ -175,6 +189,10 @@ class Endpoint:
         fut = self._send("stream", args, kwargs, on_result=on_result)
         fut.add_done_callback(lambda f: q.put((False, f)))
         return _drain(q, fut)
+
+
+def _keep(_handle: ActorMesh, _fut: Future[Any]) -> None:
+    """A done callback that only holds `_handle` (until the future is done)."""
 
 
 def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator[Any]:

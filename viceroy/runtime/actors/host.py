@@ -170,6 +170,7 @@ class ActorHost:
                     task.add_done_callback(functools.partial(self._task_done, call_id))
                 else:
                     self._run(call_id, fn, signed, data, oneway)
+        self.loop.close()  # its selector and self-pipe: 3 fds, else held until a full collection
 
     def _task_done(self, call_id: int, task: asyncio.Future[Any]) -> None:
         self.tasks.discard(task)

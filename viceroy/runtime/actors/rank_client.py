@@ -30,6 +30,12 @@ class RankClient:
 
     _ids = itertools.count(1)
 
+    def mesh(self, info: ActorMeshInfo, shape: Shape) -> ActorMesh:
+        return ActorMesh(info, shape, self)
+
+    def shared(self, info: ActorMeshInfo) -> None:
+        pass  # the controller's handles decide
+
     def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
         payload, bufs = plain.dumps((args, kwargs))

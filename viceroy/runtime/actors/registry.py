@@ -4,6 +4,7 @@ flight (for `choose`), and relay the requests ranks send for actor meshes they w
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import weakref
@@ -205,6 +206,20 @@ class ActorRecord:
             except MeshError:
                 pass  # dead or stuck ranks: the actor is unreachable either way
 
+    def drop(self) -> None:
+        """No handle is left: stop every live actor without waiting (on the IO thread). Calls
+        sent before are answered first (each actor handles its messages in order)."""
+        with self._lock:
+            live = [r for r in self.shape.ranks if self.status[r] == "live"]
+            for r in self.shape.ranks:
+                self.status[r] = "stopped"
+        try:
+            self.oneway.flush()
+            if live:
+                self.controller.send_oneway("actor", live, {"a": "stop", "actor": self.info.id})
+        except Exception:  # the mesh closed meanwhile: its ranks are gone with their actors
+            pass
+
     def restart(self, shape: Shape, timeout: float) -> None:
         with self._lock:
             failed = [r for r in shape.ranks if self.status[r] == "failed"]
@@ -253,6 +268,12 @@ class Registry:
         self.records: dict[str, ActorRecord] = {}
         self._ids = itertools.count(1)
         self._unsubscribe: Callable[[], None] = controller.subscribe(self._on_event)
+        # Controller-side handles alive per actor mesh. An actor mesh whose last handle is
+        # garbage, and that was never pickled (sent to ranks, given as an owner), is stopped:
+        # rerunning `a = mesh.spawn(A)` cost every rank a thread and 3 fds per run, forever.
+        self._handles: dict[str, int] = {}
+        self._shared: set[str] = set()
+        self._handles_lock = threading.Lock()
 
     def new_id(self, name: str) -> str:
         return f"{name}-{next(self._ids)}"
@@ -271,7 +292,32 @@ class Registry:
         return self.records[info.id]
 
     def mesh(self, info: ActorMeshInfo, shape: Shape) -> ActorMesh:
-        return ActorMesh(info, shape, self)
+        m = ActorMesh(info, shape, self)
+        with self._handles_lock:
+            self._handles[info.id] = self._handles.get(info.id, 0) + 1
+        # The callback only queues (it may run in the middle of anything, locks held).
+        fin = weakref.finalize(m, self.controller.call_soon, functools.partial(self._dropped, info.id))
+        fin.atexit = False
+        return m
+
+    def shared(self, info: ActorMeshInfo) -> None:
+        with self._handles_lock:
+            self._shared.add(info.id)
+
+    def _dropped(self, actor_id: str) -> None:
+        """A controller-side handle is gone (on the IO thread): after the last one, stop the
+        actors and forget them, unless the mesh may be held elsewhere."""
+        with self._handles_lock:
+            left = self._handles.get(actor_id, 1) - 1
+            if left > 0:
+                self._handles[actor_id] = left
+                return
+            self._handles.pop(actor_id, None)
+            if actor_id in self._shared:
+                return
+            record = self.records.pop(actor_id, None)
+        if record is not None and not self.controller.closed:
+            record.drop()
 
     # --- events (controller IO thread) -------------------------------------------------------
 
