@@ -23,7 +23,7 @@ import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
 from viceroy.kernel.iostream import batch_history_writes, bound_output_history
-from viceroy.kernel.tracebacks import install_mesh_error_rendering
+from viceroy.kernel.tracebacks import install_mesh_error_rendering, release_failed_cells
 
 
 def _skip_debug_records(log: Any) -> None:
@@ -63,6 +63,7 @@ class ViceroyKernel(IPythonKernel):
         self.shell.transform_cell = self._transform_once(self.shell.transform_cell)
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
+        release_failed_cells(self.shell)
         batch_history_writes(self.shell)
         bound_output_history(self.shell)
         atexit.register(self._close_mesh)

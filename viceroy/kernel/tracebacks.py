@@ -8,9 +8,12 @@ import os
 import types
 from typing import Any
 
+import IPython.core.interactiveshell
+
 import viceroy
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(viceroy.__file__)) + os.sep
+_IPYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(IPython.core.interactiveshell.__file__))) + os.sep
 
 
 def user_frames_only(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -48,3 +51,30 @@ def install_mesh_error_rendering(shell: Any) -> None:
     # KeyboardInterrupt / CancelledError: an interrupted wait on the mesh ends inside our
     # Future; show the user's frames only.
     shell.set_custom_exc((viceroy.MeshError, KeyboardInterrupt, asyncio.CancelledError), handler)
+
+
+def release_failed_cells(shell: Any) -> None:
+    """Free what a failed cell's frames hold as soon as the next failure replaces it.
+
+    IPython's ``run_code`` keeps the cell's ExecutionResult in a local; the result holds the
+    exception, whose traceback starts at that very frame: a reference cycle per failed cell,
+    freed only by a full garbage collection (rare in a kernel with torch imported). Until then
+    every MeshTensor in the failed frames stays alive, and so does its tensor on every rank
+    (and any other object those frames hold): one set per failed cell.
+    The finished ``run_code`` frame's locals are IPython's, not the user's: clearing them
+    breaks the cycle; the user's frames stay whole for ``%debug`` (sys.last_traceback)."""
+
+    def release(result: Any = None) -> None:
+        exc = getattr(result, "error_in_exec", None)
+        tb = getattr(exc, "__traceback__", None)
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(_IPYTHON_DIR):
+            tb = tb.tb_next
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_IPYTHON_DIR):
+            if tb.tb_frame.f_code.co_name == "run_code":
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # still executing (a nested run_cell): leave it
+                    pass
+            tb = tb.tb_next
+
+    shell.events.register("post_run_cell", release)
