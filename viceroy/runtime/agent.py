@@ -32,6 +32,7 @@ from viceroy.runtime.procs import (
     HEARTBEAT_S,
     agent_timeout,
     become_subreaper,
+    clean_after_dead_parent,
     describe_exit,
     die_now,
     hold_lifeline,
@@ -71,6 +72,7 @@ class Agent:
         self.signer = Signer(bytes.fromhex(cfg["key"]))
         self.silence_limit = agent_timeout(cfg.get("host_timeout", 3.0))
         self.last_from_ctrl = time.monotonic()
+        self.parent = os.getppid()  # the controller, when a local launcher started us
         become_subreaper()
         self.exits = ChildExits()
         self.lifeline_r, self.lifeline_w = os.pipe()
@@ -144,6 +146,7 @@ class Agent:
         self.zygote.kill()
         shutil.rmtree(self.rundir, ignore_errors=True)
         shm.discard_mesh(self.cfg["token"])
+        clean_after_dead_parent(self.parent, str(self.cfg.get("controller_in", "")))
         die_now(0)
 
     # --- messages ------------------------------------------------------------------------------

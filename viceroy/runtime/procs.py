@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -19,6 +22,28 @@ def become_subreaper() -> bool:
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) -> bool:
+    """An agent whose parent, the controller, died (any signal: it cleaned up nothing) removes
+    what that controller left on this host: its socket directory (``ipc://`` addresses only)
+    and the agent's own log file (the stdout the launcher gave it). Nothing is touched while
+    `parent` is still our parent: a live controller may only have closed our lifeline.
+    (The lifeline's EOF may come a moment before the orphan is re-parented: wait a little.)"""
+    deadline = time.monotonic() + wait
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    if controller_in.startswith("ipc://"):
+        rundir = os.path.dirname(controller_in[len("ipc://"):])
+        if os.path.basename(rundir).startswith("viceroy-"):
+            shutil.rmtree(rundir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        log = os.readlink("/proc/self/fd/1")
+        if os.path.basename(log).startswith("viceroy-agent") and log.endswith(".log"):
+            os.unlink(log)
+    return True
 
 
 def hold_lifeline(fd: int, on_cut: Callable[[], None]) -> threading.Thread:
