@@ -63,3 +63,11 @@ def test_tensors_of_failed_cells_are_freed_on_the_ranks_without_waiting_for_a_fu
         "engine = next(iter(mesh._controller.engines.values()))\nprint(len(engine._refs))\ngc.enable()"
     ).stream()
     assert int(live.strip()) <= 4, live  # before: one per failed cell
+
+
+def test_tracebacks_of_failed_cells_are_not_kept_for_every_cell(mesh_kernel: Kernel):
+    """IPython 9 also keeps each failed cell's formatted traceback (2 MB per 1000 cells)."""
+    for _ in range(OUTPUT_HISTORY_CELLS + 30):
+        assert mesh_kernel.execute("%%mesh\n1/0").status == "error"
+    kept = mesh_kernel.ok("print(len(get_ipython().history_manager.exceptions))").stream()
+    assert int(kept.strip()) <= OUTPUT_HISTORY_CELLS, kept

@@ -86,11 +86,15 @@ def bound_output_history(
     shell: Any, cells: int = OUTPUT_HISTORY_CELLS, chars: int = OUTPUT_HISTORY_CHARS
 ) -> None:
     """After each cell, cut the stream output IPython captured for it to ``chars`` characters
-    per stream run, and drop what it captured for cells before the last ``cells``."""
+    per stream run, and drop what it captured (output, formatted tracebacks) for cells before
+    the last ``cells``."""
     hm = shell.history_manager
     outputs = getattr(hm, "outputs", None) if hm is not None else None
     if not isinstance(outputs, dict):  # IPython < 9 keeps no copy
         return
+    exceptions = getattr(hm, "exceptions", None)
+    if not isinstance(exceptions, dict):
+        exceptions = {}
 
     def trim(result: Any = None) -> None:
         count = getattr(result, "execution_count", None)  # None: a cell not stored in history
@@ -99,7 +103,8 @@ def bound_output_history(
             if isinstance(stream, list) and (len(stream) > 1 or (stream and len(stream[0]) > chars)):
                 text = "".join(stream)
                 stream[:] = [text if len(text) <= chars else text[:chars] + _CUT]
-        while len(outputs) > cells:  # counts go in in order: the first key is the oldest
-            del outputs[next(iter(outputs))]
+        for kept in (outputs, exceptions):  # counts go in in order: the first key is the oldest
+            while len(kept) > cells:
+                del kept[next(iter(kept))]
 
     shell.events.register("post_run_cell", trim)
