@@ -20,6 +20,9 @@ export class MeshClient {
     // A kernel without the target closes the comm at once: not a Viceroy kernel (yet).
     this._comm.onClose = () => this._finish();
     this._comm.open({ request: 'snapshot' });
+    // A page that goes away (a reload, a closed tab) says so: the kernel cannot tell a comm
+    // whose page is gone from a live one, and would send it every change for good.
+    window.addEventListener('pagehide', this._onPageHide);
   }
 
   readonly kernel: Kernel.IKernelConnection;
@@ -67,11 +70,13 @@ export class MeshClient {
       return;
     }
     this._disposed = true;
+    window.removeEventListener('pagehide', this._onPageHide);
     this._connected = false;
     this._connectedChanged.emit(false);
     Signal.clearData(this);
   }
 
+  private _onPageHide = (): void => this.dispose();
   private _comm: Kernel.IComm;
   private _connected = false;
   private _disposed = false;

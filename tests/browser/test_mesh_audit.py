@@ -50,7 +50,7 @@ def test_palette_commands_need_a_mesh_and_the_status_item_is_a_keyboard_button(l
 def test_a_reloaded_page_shows_the_mesh_as_it_is_now(lab: LabServer, page: Any, artifacts: Path) -> None:
     from playwright.sync_api import expect
 
-    cells = ["%mesh up gpus=2", "%%mesh --ranks 1\nimport os\nos._exit(3)"]
+    cells = ["%mesh up gpus=2", "%%mesh --ranks 1\nimport os\nos._exit(3)", FRONT_ENDS]
     write_notebook(lab.root / "reload.ipynb", cells)
     page.goto(lab.page_url("/lab/tree/reload.ipynb"), wait_until="domcontentloaded")
     page.wait_for_function(kernel_idle_js(), timeout=60_000)
@@ -60,6 +60,7 @@ def test_a_reloaded_page_shows_the_mesh_as_it_is_now(lab: LabServer, page: Any, 
     run_cell(page, 1)
     expect(widget.locator(".viceroy-tile[data-rank='1']")).to_have_attribute("data-state", "dead", timeout=30_000)
     page.wait_for_function(kernel_idle_js(), timeout=30_000)
+    before = front_ends(page)
     command(page, "docmanager:save")
     page.wait_for_function(
         "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000
@@ -72,3 +73,22 @@ def test_a_reloaded_page_shows_the_mesh_as_it_is_now(lab: LabServer, page: Any, 
     expect(widget.locator(".viceroy-tile[data-rank='1']")).to_have_attribute("data-state", "dead", timeout=3_000)
     expect(widget.locator(".viceroy-summary")).to_have_text("mesh 1/2 · 1 failed")
     widget.screenshot(path=str(artifacts / "mesh-view-after-reload.png"))
+    # The old page closed its comm as it went: the kernel streams to no more front ends than
+    # before (it streamed to every page ever loaded, for good).
+    page.wait_for_function(kernel_idle_js(), timeout=30_000)
+    assert front_ends(page) == before
+
+
+FRONT_ENDS = ("from viceroy.extension import current_session\n"
+              "from viceroy.extension.comm import channel_for\n"
+              "print('front ends:', channel_for(current_session(get_ipython())).front_ends)")
+
+
+def front_ends(page: Any) -> int:
+    """Run the notebook's third cell: how many front ends the kernel streams the mesh to."""
+    from playwright.sync_api import expect
+
+    run_cell(page, 2)
+    out = page.locator(".jp-Cell").nth(2).locator(".jp-OutputArea-output")
+    expect(out.last).to_contain_text("front ends:", timeout=30_000)
+    return int(out.last.inner_text().split("front ends:")[1].split()[0])
