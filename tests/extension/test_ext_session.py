@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,16 +31,6 @@ class Sink:
 
     def text(self, stream: str) -> str:
         return "".join(t for s, t in self.writes if s == stream)
-
-
-@pytest.fixture
-def session() -> Iterator[MeshSession]:
-    s = MeshSession(None)
-    try:
-        s.up({"gpus": 2}, preload=[])
-        yield s
-    finally:
-        s.close()
 
 
 def run(session: MeshSession, code: str, **opts: Any) -> Sink:

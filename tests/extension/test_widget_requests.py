@@ -3,8 +3,6 @@ browser can show."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.extension.test_ext_session import kill_rank, run
@@ -12,16 +10,6 @@ from viceroy.extension.comm import StateChannel
 from viceroy.extension.session import MeshSession
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def session() -> Iterator[MeshSession]:
-    s = MeshSession(None)
-    try:
-        s.up({"gpus": 2}, preload=[])
-        yield s
-    finally:
-        s.close()
 
 
 def test_a_log_tail_is_plain_text_as_a_terminal_shows_it(session: MeshSession):
