@@ -5,27 +5,9 @@
 
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { MeshView, computeLayout } from '../src/view/render';
-import { IRequest } from '../src/view/protocol';
-import { rank, snapshot } from './fixtures';
+import { Views, rank, snapshot, text } from './fixtures';
 
-let sent: IRequest[] = [];
-let views: MeshView[] = [];
-
-function makeView(): MeshView {
-  const view = new MeshView({
-    send: r => sent.push(r),
-    now: () => 1000,
-    schedule: () => () => undefined, // render only on flush()
-    tickMs: 0
-  });
-  document.body.append(view.node);
-  views.push(view);
-  return view;
-}
-
-function text(view: MeshView, selector: string): string {
-  return view.node.querySelector(selector)?.textContent ?? '';
-}
+const views = new Views(0);
 
 function button(view: MeshView, selector: string): HTMLButtonElement {
   return view.node.querySelector<HTMLButtonElement>(selector)!;
@@ -33,21 +15,16 @@ function button(view: MeshView, selector: string): HTMLButtonElement {
 
 beforeEach(() => {
   vi.useFakeTimers();
-  sent = [];
 });
 
 afterEach(() => {
-  for (const v of views) {
-    v.dispose();
-  }
-  views = [];
+  views.done();
   vi.useRealTimers();
-  document.body.replaceChildren();
 });
 
 describe('a mesh brought up again', () => {
   it('names the new dim after %mesh down; %mesh up with another dim of the same size', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 4 }, 1));
     view.flush();
     expect(text(view, '.viceroy-axes')).toBe('gpus →');
@@ -73,7 +50,7 @@ describe('a wide mesh', () => {
       ['hosts=0', 64],
       ['hosts=1', 64]
     ]);
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot(dims, 1));
     view.flush();
     const grids = view.node.querySelectorAll<HTMLElement>('.viceroy-grid');
@@ -94,7 +71,7 @@ describe('a wide mesh', () => {
 
 describe('actions with nothing to act on', () => {
   it('offers Restart failed only when a rank is dead: a rank that raised is alive', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 4 }, 1, { 2: 'error' }));
     view.flush();
     expect(text(view, '.viceroy-summary')).toBe('mesh 4/4 · 1 failed');
@@ -105,7 +82,7 @@ describe('actions with nothing to act on', () => {
   });
 
   it('says so when an interrupt or a restart found nothing to do', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.handle({ type: 'interrupted', ranks: [] });
     expect(text(view, '.viceroy-notice')).toBe('no rank was running');
@@ -120,7 +97,7 @@ describe('actions with nothing to act on', () => {
 
 describe('accessibility', () => {
   it('names its buttons and announces its notices', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.flush();
     for (const b of view.node.querySelectorAll<HTMLButtonElement>('button')) {
@@ -132,7 +109,7 @@ describe('accessibility', () => {
   });
 
   it('closes the pane with Escape from inside it and gives focus back to the tile', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.flush();
     const tile = view.node.querySelector<HTMLElement>('.viceroy-tile[data-rank="1"]')!;

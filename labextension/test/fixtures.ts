@@ -1,5 +1,6 @@
 /** Fake mesh states and a fake anywidget model for the tests. */
 
+import { MeshView } from '../src/view/render';
 import { IRankRecord, IRequest, IStateMessage, RankState } from '../src/view/protocol';
 
 export function rank(r: number, dims: Record<string, number>, extra: Partial<IRankRecord> = {}): IRankRecord {
@@ -120,4 +121,50 @@ export class FakeModel {
 
   private _state: unknown;
   private _handlers = new Map<string, Set<Callback>>();
+}
+
+/**
+ * The MeshViews of a test: attached to the document, rendering only on flush(), on a clock
+ * the test moves, their requests kept in `sent`. `done()` (after each test) disposes them
+ * and starts afresh.
+ */
+export class Views {
+  sent: IRequest[] = [];
+  clock = 1000;
+
+  constructor(private readonly tickMs: number) {}
+
+  make(): MeshView {
+    const view = new MeshView({
+      send: r => this.sent.push(r),
+      now: () => this.clock,
+      schedule: () => () => undefined, // render only on flush()
+      tickMs: this.tickMs
+    });
+    document.body.append(view.node);
+    return this.keep(view);
+  }
+
+  /** A view the test made itself, disposed with the others. */
+  keep(view: MeshView): MeshView {
+    this._made.push(view);
+    return view;
+  }
+
+  done(): void {
+    for (const v of this._made) {
+      v.dispose();
+    }
+    this._made = [];
+    this.sent = [];
+    this.clock = 1000;
+    document.body.replaceChildren();
+  }
+
+  private _made: MeshView[] = [];
+}
+
+/** The text of the first element under `view` that `selector` matches ("" if none). */
+export function text(view: MeshView, selector: string): string {
+  return view.node.querySelector(selector)?.textContent ?? '';
 }

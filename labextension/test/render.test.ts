@@ -1,45 +1,20 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { MeshView, computeLayout } from '../src/view/render';
-import { IRequest } from '../src/view/protocol';
-import { rank, snapshot } from './fixtures';
+import { Views, rank, snapshot, text } from './fixtures';
 
-let clock = 1000;
-let sent: IRequest[] = [];
-let views: MeshView[] = [];
-
-function makeView(): MeshView {
-  const view = new MeshView({
-    send: r => sent.push(r),
-    now: () => clock,
-    schedule: () => () => undefined, // render only on flush()
-    tickMs: 1000
-  });
-  document.body.append(view.node);
-  views.push(view);
-  return view;
-}
+const views = new Views(1000);
 
 function tile(view: MeshView, r: number): HTMLElement {
   return view.node.querySelector(`.viceroy-tile[data-rank="${r}"]`) as HTMLElement;
 }
 
-function text(view: MeshView, selector: string): string {
-  return view.node.querySelector(selector)?.textContent ?? '';
-}
-
 beforeEach(() => {
   vi.useFakeTimers();
-  clock = 1000;
-  sent = [];
 });
 
 afterEach(() => {
-  for (const v of views) {
-    v.dispose();
-  }
-  views = [];
+  views.done();
   vi.useRealTimers();
-  document.body.replaceChildren();
 });
 
 describe('layout', () => {
@@ -76,14 +51,14 @@ describe('layout', () => {
 
 describe('MeshView', () => {
   it('says when there is no mesh', () => {
-    const view = makeView();
+    const view = views.make();
     expect(view.node.querySelector<HTMLElement>('.viceroy-empty')!.hidden).toBe(false);
     expect(text(view, '.viceroy-summary')).toBe('no mesh');
     expect(view.node.querySelectorAll('.viceroy-tile')).toHaveLength(0);
   });
 
   it('draws one tile per rank with state in colour and words', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 4 }, 1, { 2: 'error' }));
     view.flush();
     expect(view.node.querySelectorAll('.viceroy-tile')).toHaveLength(4);
@@ -95,7 +70,7 @@ describe('MeshView', () => {
   });
 
   it('places a 2-d mesh by its coords', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ hosts: 2, gpus: 4 }, 1));
     view.flush();
     const grid = view.node.querySelector<HTMLElement>('.viceroy-grid')!;
@@ -106,7 +81,7 @@ describe('MeshView', () => {
   });
 
   it('shows small multiples for three dims', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ pods: 3, hosts: 2, gpus: 2 }, 1));
     view.flush();
     expect(view.node.querySelectorAll('.viceroy-facet')).toHaveLength(3);
@@ -118,12 +93,12 @@ describe('MeshView', () => {
   });
 
   it('shows the call, the ticking elapsed time, GPU use and the last line', () => {
-    const view = makeView();
+    const view = views.make();
     const snap = snapshot({ gpus: 2 }, 1);
     snap.ranks[1] = rank(1, { gpus: 2 }, {
       state: 'running',
       label: 'cell [3]',
-      started: clock - 5,
+      started: views.clock - 5,
       gpu_mem: 2 * 1024 ** 3,
       gpu_util: 87,
       last_line: 'step 10 loss 0.5'
@@ -135,19 +110,19 @@ describe('MeshView', () => {
     expect(t.querySelector('.viceroy-elapsed')!.textContent).toBe('5.0s');
     expect(t.querySelector('.viceroy-gpu')!.textContent).toBe('GPU 2.00 GiB 87%');
     expect(t.querySelector('.viceroy-last')!.textContent).toBe('step 10 loss 0.5');
-    clock += 70;
+    views.clock += 70;
     vi.advanceTimersByTime(1000);
     expect(t.querySelector('.viceroy-elapsed')!.textContent).toBe('1:15');
     // done: the kernel's elapsed replaces the ticking one
     view.handle({ type: 'diff', seq: 2, ranks: { '1': { state: 'done', elapsed: 80 } } });
     view.flush();
-    clock += 100;
+    views.clock += 100;
     vi.advanceTimersByTime(1000);
     expect(t.querySelector('.viceroy-elapsed')!.textContent).toBe('1:20');
   });
 
   it('shows an error summary in place of the last line', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.handle({
       type: 'diff',
@@ -161,27 +136,27 @@ describe('MeshView', () => {
   });
 
   it('asks for a snapshot once on a gap, and again if none comes', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.handle({ type: 'diff', seq: 3, ranks: { '0': { state: 'done' } } });
     view.handle({ type: 'diff', seq: 4, ranks: { '0': { state: 'done' } } });
-    expect(sent).toEqual([{ request: 'snapshot' }]);
+    expect(views.sent).toEqual([{ request: 'snapshot' }]);
     vi.setSystemTime(Date.now() + 2500);
     view.handle({ type: 'diff', seq: 5, ranks: {} });
-    expect(sent).toHaveLength(2);
+    expect(views.sent).toHaveLength(2);
     view.handle(snapshot({ gpus: 2 }, 5, { 0: 'done' }));
     view.handle({ type: 'diff', seq: 6, ranks: { '1': { state: 'done' } } });
     view.flush();
-    expect(sent).toHaveLength(2);
+    expect(views.sent).toHaveLength(2);
     expect(tile(view, 1).dataset.state).toBe('done');
   });
 
   it('opens the traceback of a failed rank on click', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 4 }, 1, { 2: 'error' }));
     view.flush();
     tile(view, 2).querySelector<HTMLElement>('.viceroy-last')!.click();
-    expect(sent).toEqual([{ request: 'traceback', rank: 2 }]);
+    expect(views.sent).toEqual([{ request: 'traceback', rank: 2 }]);
     const detail = view.node.querySelector<HTMLElement>('.viceroy-detail')!;
     expect(detail.hidden).toBe(false);
     expect(detail.dataset.loading).toBe('true');
@@ -195,7 +170,7 @@ describe('MeshView', () => {
     expect(detail.dataset.loading).toBe('false');
     // the log of the same rank
     view.node.querySelector<HTMLElement>('.viceroy-detail-logs')!.click();
-    expect(sent[1]).toEqual({ request: 'logs', rank: 2, tail: 200 });
+    expect(views.sent[1]).toEqual({ request: 'logs', rank: 2, tail: 200 });
     view.handle({ type: 'logs', rank: 2, text: '' });
     expect(text(view, '.viceroy-detail-text')).toBe('(no output yet)');
     view.node.querySelector<HTMLElement>('.viceroy-detail-close')!.click();
@@ -204,11 +179,11 @@ describe('MeshView', () => {
   });
 
   it('opens the log of a healthy rank, also by keyboard', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.flush();
     tile(view, 1).dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));
-    expect(sent).toEqual([{ request: 'logs', rank: 1, tail: 200 }]);
+    expect(views.sent).toEqual([{ request: 'logs', rank: 1, tail: 200 }]);
     view.handle({ type: 'logs', rank: 1, text: 'hello\n' });
     expect(text(view, '.viceroy-detail-text')).toBe('hello\n');
     tile(view, 1).dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape', bubbles: true }));
@@ -216,7 +191,7 @@ describe('MeshView', () => {
   });
 
   it('shows an error reply in the open pane, else as a notice', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.flush();
     tile(view, 0).click();
@@ -231,7 +206,7 @@ describe('MeshView', () => {
   });
 
   it('sends interrupt, restart and stacks from its buttons', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 3 }, 1, { 1: 'dead' }));
     view.flush();
     const button = (c: string) => view.node.querySelector<HTMLButtonElement>(c)!;
@@ -239,7 +214,7 @@ describe('MeshView', () => {
     button('.viceroy-interrupt').click();
     button('.viceroy-restart').click();
     button('.viceroy-stacks').click();
-    expect(sent.map(r => r.request)).toEqual(['interrupt', 'restart_failed', 'stacks']);
+    expect(views.sent.map(r => r.request)).toEqual(['interrupt', 'restart_failed', 'stacks']);
     view.handle({ type: 'stacks', stacks: { '1': 'frame b', '0': 'frame a' } });
     expect(text(view, '.viceroy-detail-text')).toBe('── rank 0 ──\nframe a\n── rank 1 ──\nframe b');
     view.handle({ type: 'interrupted', ranks: [0, 1, 2] });
@@ -249,7 +224,7 @@ describe('MeshView', () => {
   });
 
   it('disables its buttons while disconnected', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1, { 0: 'error' }));
     view.setSend(null);
     expect(view.node.querySelector<HTMLButtonElement>('.viceroy-interrupt')!.disabled).toBe(true);
@@ -257,7 +232,7 @@ describe('MeshView', () => {
   });
 
   it('lists the running calls', () => {
-    const view = makeView();
+    const view = views.make();
     const snap = snapshot({ gpus: 4 }, 1);
     snap.calls = [{ call: 3, label: 'cell [7]', ranks: [0, 1, 2, 3], started: 1 }];
     view.handle(snap);
@@ -265,7 +240,7 @@ describe('MeshView', () => {
   });
 
   it('updates only the tiles a diff touches', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 8 }, 1));
     view.flush();
     const before = [...view.node.querySelectorAll('.viceroy-tile')];
@@ -306,13 +281,13 @@ describe('MeshView', () => {
   it('renders at the next frame without flush()', () => {
     const frames: (() => void)[] = [];
     const view = new MeshView({
-      send: r => sent.push(r),
+      send: r => views.sent.push(r),
       schedule: cb => {
         frames.push(cb);
         return () => undefined;
       }
     });
-    views.push(view);
+    views.keep(view);
     view.handle(snapshot({ gpus: 2 }, 1));
     view.handle({ type: 'diff', seq: 2, ranks: { '0': { state: 'done' } } });
     expect(frames).toHaveLength(1); // coalesced
@@ -324,7 +299,7 @@ describe('MeshView', () => {
   });
 
   it('stops its timers and listeners on dispose', () => {
-    const view = makeView();
+    const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1));
     view.flush();
     view.node.querySelector<HTMLElement>('.viceroy-interrupt')!.click();
