@@ -144,7 +144,7 @@ class HostLifecycle:
             self.call_soon(functools.partial(self._host_lost, h, self._gen[h], why))
         give = time.monotonic() + 10
         while any(h not in self._lost for h in hosts) and time.monotonic() < give:
-            self._changed.wait(0.1)
+            self._changed.wait(give - time.monotonic())  # `_host_lost` notifies
         return "".join(f"\n{self._lost[h]}" for h in sorted(hosts) if h in self._lost)
 
     # --- one host's agent -------------------------------------------------------------------
