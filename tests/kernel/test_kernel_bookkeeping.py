@@ -97,3 +97,19 @@ def test_history_is_still_written_after_a_shell_escape_forks_the_kernel(kernel: 
     # nothing was printed by a dying thread, into a cell or outside one
     printed = [m["content"].get("text", "") for m in kernel.stray if m["msg_type"] == "stream"]
     assert not any("Exception in thread" in t for t in printed), printed
+
+
+def test_top_level_await_still_runs_async_and_other_cells_skip_the_check(kernel: Kernel):
+    """Only cells that say ``await`` or ``async`` are compiled to learn whether they await at
+    top level (ViceroyKernel: _answer_sync_cells_without_compiling); the others run as before."""
+    ex = kernel.ok("import asyncio\nawait asyncio.sleep(0)\nprint('awaited_1')")
+    assert ex.stream().strip() == "awaited_1"
+    ex = kernel.ok("async def gen_2():\n    yield 2\nprint([x async for x in gen_2()])")
+    assert ex.stream().strip() == "[2]"
+    ex = kernel.ok("print('no await here, but the word: async')")  # compiled, and sync
+    assert ex.stream().strip() == "no await here, but the word: async"
+    ex = kernel.ok(
+        "sh = get_ipython()\n"
+        "print([sh.should_run_async(c, transformed_cell=c) for c in ('x = 1', 'await asyncio.sleep(0)', 's = \"await\"')])"
+    )
+    assert ex.stream().strip() == "[False, True, False]"

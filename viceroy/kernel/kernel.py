@@ -35,6 +35,40 @@ def _skip_debug_records(log: Any) -> None:
         log.setLevel(min(h.level for h in handlers))
 
 
+def _answer_sync_cells_without_compiling(shell: Any) -> None:
+    """IPython compiles every cell once only to learn whether it awaits at top level, then
+    again to run it. Only a cell whose text says ``await`` or ``async`` can: any other is
+    answered at once, the rest as IPython would."""
+    should_run_async = shell.should_run_async
+
+    def fast_should_run_async(raw_cell: str, *, transformed_cell: str | None = None, preprocessing_exc_tuple: Any = None) -> bool:
+        if transformed_cell is not None and "await" not in transformed_cell and "async" not in transformed_cell:
+            return False
+        return bool(should_run_async(raw_cell, transformed_cell=transformed_cell, preprocessing_exc_tuple=preprocessing_exc_tuple))
+
+    shell.should_run_async = fast_should_run_async
+
+
+def _memoize_signature_checks() -> None:
+    """ipykernel asks ``inspect.signature`` which parameters ``run_cell_async`` takes on every
+    cell (tens of microseconds); the answer only changes with the function, so remember it."""
+    from ipykernel import ipkernel
+
+    inspect_params = ipkernel._accepts_parameters
+    if getattr(inspect_params, "memoized", False):
+        return
+    memo: dict[tuple[Any, tuple[str, ...]], dict[str, bool]] = {}
+
+    def accepts_parameters(meth: Any, param_names: list[str]) -> dict[str, bool]:
+        key = (getattr(meth, "__func__", meth), tuple(param_names))
+        if key not in memo:
+            memo[key] = inspect_params(meth, param_names)
+        return dict(memo[key])
+
+    accepts_parameters.memoized = True  # type: ignore[attr-defined]
+    ipkernel._accepts_parameters = accepts_parameters
+
+
 async def _maybe_await(x: Any) -> Any:
     return await x if inspect.isawaitable(x) else x
 
@@ -61,6 +95,8 @@ class ViceroyKernel(IPythonKernel):
         _skip_debug_records(self.log)
         self._transform_memo = threading.local()
         self.shell.transform_cell = self._transform_once(self.shell.transform_cell)
+        _answer_sync_cells_without_compiling(self.shell)
+        _memoize_signature_checks()
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
         release_failed_cells(self.shell)
