@@ -4,6 +4,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 
 import psutil
 import pytest
@@ -124,25 +125,37 @@ def test_an_interrupt_never_cuts_a_message_in_half(start_mesh):
 def test_an_interrupt_on_the_controller_never_cuts_a_message_in_half(start_mesh, monkeypatch, dims):
     # The kernel's stop button raises KeyboardInterrupt wherever the controller's main thread
     # is, inside sending a call too. Half a message sent would garble the next one. Here the
-    # button is pressed (SIGINT) on the main thread right after the first frame of a message.
-    from viceroy.runtime import multipart
+    # button is pressed (SIGINT) on the main thread right after the first frame of a message
+    # (ZeroMQ, to agents) or the first buffer of it (a local link, straight to the ranks).
+    from viceroy.runtime import links, multipart
 
     mesh = start_mesh(**dims)
-    send_frame, pressed = multipart._send, []
+    send_frame, write, pressed = multipart._send, links.write, []
 
-    def send_frame_then_sigint(sock, frame, flags, copy, track):
-        send_frame(sock, frame, flags, copy, track)
-        if flags & zmq.SNDMORE and threading.current_thread() is threading.main_thread() and not pressed:
+    def press() -> None:
+        if threading.current_thread() is threading.main_thread() and not pressed:
             pressed.append(1)
             signal.raise_signal(signal.SIGINT)
 
+    def send_frame_then_sigint(sock, frame, flags, copy, track):
+        send_frame(sock, frame, flags, copy, track)
+        if flags & zmq.SNDMORE:
+            press()
+
+    def write_head_then_sigint(sock, bufs):
+        write(sock, deque([bufs.popleft()]))
+        press()
+        write(sock, bufs)
+
     monkeypatch.setattr(multipart, "_send", send_frame_then_sigint)
+    monkeypatch.setattr(links, "write", write_head_then_sigint)
     for _ in range(3):
         pressed.clear()
         with pytest.raises(KeyboardInterrupt):
             mesh.run("x = 1", block=False)
         assert pressed
     monkeypatch.setattr(multipart, "_send", send_frame)
+    monkeypatch.setattr(links, "write", write)
     assert mesh.run("rank", timeout=5).values() == [0, 1]
     wait_until(lambda: not mesh._controller._calls, 10, f"calls left: {list(mesh._controller._calls)}")
     stats = mesh.stats()

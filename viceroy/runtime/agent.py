@@ -118,6 +118,7 @@ class Agent:
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
                 "outbox": cfg["controller_out"] if self.direct else f"ipc://{self.rundir}/out",
                 "direct": self.direct,
+                "links": cfg.get("controller_links") if self.direct else None,
                 "env": {**cfg.get("env", {}), **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])

@@ -30,6 +30,7 @@ from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.hosts import HostLifecycle
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, check_env, rendezvous_env
+from viceroy.runtime.links import Link
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
@@ -100,6 +101,7 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
             "token": self.token,
             "controller_in": self._sockets.address_in,
             "controller_out": self._sockets.address_out,
+            "controller_links": self._sockets.address_links,
             "dims": self.shape.dims,
             "world_size": len(self.shape),
             "cwd": os.getcwd(),
@@ -331,14 +333,14 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
         if self._sockets.wait(self._next_deadline()):
             while self._tasks:
                 self._tasks.popleft()()
-        for frames in self._sockets.received():
+        for frames, link in self._sockets.received():
             try:
-                self._handle(frames)
+                self._handle(frames, link)
             except BadMessage:
                 pass  # dropped unread; the signer counted it
         self._check_deadlines()
 
-    def _handle(self, frames: list[Any]) -> None:
+    def _handle(self, frames: list[Any], link: Link | None = None) -> None:
         header, signed, data = self.signer.unpack(frames)
         op = header.get("op")
         if "gen" in header and header["gen"] != self._gen.get(header.get("host", -1)):
@@ -365,6 +367,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
                     if set(q.replies) >= q.expected:
                         q.done.set()
         elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
+            if link is not None and self._sockets.links is not None:  # its work goes there now
+                self._sockets.links.bind(header["r"], link)
             self._on_rank_ready(header["r"], header["pid"])
         elif op == "rank_exit":
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))

@@ -62,7 +62,7 @@ class HostLifecycle:
     def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
         raise NotImplementedError
 
-    def _handle(self, frames: list[Any]) -> None:
+    def _handle(self, frames: list[Any], link: Any = None) -> None:
         raise NotImplementedError
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
@@ -185,9 +185,9 @@ class HostLifecycle:
     def _host_silent(self, h: int, gen: int) -> None:
         """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
         and give the host up only if it is still silent."""
-        for frames in self._sockets.received():
+        for frames, link in self._sockets.received():
             with contextlib.suppress(BadMessage):
-                self._handle(frames)
+                self._handle(frames, link)
         seen = self._last_seen.get(h)
         silent = time.monotonic() - seen if seen is not None else 0.0
         if silent > self._host_timeout:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -29,6 +31,7 @@ from viceroy.runtime.execution import (
     restore_filename,
     user_location,
 )
+from viceroy.runtime.links import RankLink
 from viceroy.runtime.output import OutputCapture
 from viceroy.runtime.procs import die_now, hold_lifeline
 from viceroy.runtime.wire import BadMessage, Signer
@@ -45,17 +48,24 @@ class Rank:
         self.ctx = zmq.Context()
         # Work (run, push) is read by the main thread itself, control (cancel, stacks) by the
         # IO thread, so a busy rank still answers control and an idle one starts work at once.
-        self.work = self._dealer(f"w{self.rank}", cfg["inbox"])
-        self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
+        # Results, output and replies: to the controller itself when it is on this host and
+        # alone (one hop less), else to the agent, which aggregates per host. On the
+        # controller's host, work and everything sent go on a local link, not ZeroMQ.
         self.direct = bool(cfg.get("direct"))
+        self.link = RankLink(cfg["links"]) if self.direct and cfg.get("links") else None
+        self.work = None if self.link else self._dealer(f"w{self.rank}", cfg["inbox"])
+        self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
         self.token: str = cfg["token"]
         # Big results go back through shared-memory files the controller hands back for reuse.
         self.segments = shm.Segments(self.token) if self.direct and shm.available() else None
-        self.outbox = self.ctx.socket(zmq.PUSH)
-        self.outbox.setsockopt(zmq.LINGER, 2000)
-        # Results, output and replies: to the controller itself when it is on this host and
-        # alone (one hop less), else to the agent, which aggregates per host.
-        self.outbox.connect(cfg["outbox"])
+        self._deliver: Callable[[list[Any]], None]
+        if self.link is None:
+            self.outbox = self.ctx.socket(zmq.PUSH)
+            self.outbox.setsockopt(zmq.LINGER, 2000)
+            self.outbox.connect(cfg["outbox"])
+            self._deliver = functools.partial(multipart.send, self.outbox)
+        else:
+            self._deliver = self._send_on_link
         self.send_lock = threading.Lock()
         self.sender: int | None = None  # the thread sending a message now
         self.interrupt_deferred = False
@@ -113,12 +123,18 @@ class Rank:
             # garbles the next one, the call's result perhaps. Not in the middle of one.
             self.sender = threading.get_ident()
             try:
-                multipart.send(self.outbox, frames)
+                self._deliver(frames)
             finally:
                 self.sender = None
         if self.interrupt_deferred and threading.get_ident() == self.main_ident:
             self.interrupt_deferred = False
             self._on_sigint(signal.SIGINT, None)
+
+    def _send_on_link(self, frames: list[Any]) -> None:
+        try:
+            self.link.send(frames)  # type: ignore[union-attr]
+        except OSError:  # the controller is gone: nobody is left to answer
+            die_now(0)
 
     def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
         """One rank's answer to a call, in the same shape as an agent's aggregate."""
@@ -149,17 +165,23 @@ class Rank:
         else:  # the agent learns both identities from their hellos
             hello = self.signer.pack({"op": "hello", "r": self.rank, "pid": os.getpid()})
             self.control.send_multipart(hello)
-            self.work.send_multipart(hello)
+            self.work.send_multipart(hello)  # type: ignore[union-attr]
         threading.Thread(target=self._control_loop, name="viceroy-io", daemon=True).start()
         self._work()
 
-    def _receive(self, sock: zmq.Socket[Any]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    def _receive(self, sock: zmq.Socket[Any] | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
         while True:
-            frames = sock.recv_multipart(copy=False)
+            frames = sock.recv_multipart(copy=False) if sock is not None else self._receive_on_link()
             try:
                 return self.signer.unpack(frames)
             except BadMessage:
                 continue  # dropped before anything was parsed; counted by the signer
+
+    def _receive_on_link(self) -> list[Any]:
+        frames = self.link.recv()  # type: ignore[union-attr]
+        if frames is None:  # the controller is gone: nobody is left to answer
+            die_now(0)
+        return frames  # type: ignore[return-value]
 
     def _control_loop(self) -> None:
         while True:

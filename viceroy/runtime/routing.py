@@ -35,9 +35,10 @@ class Routing:
     def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
         """Work (or control) for some ranks: straight to them in direct mode, else one copy per
         host to its agent, which fans out."""
-        if self._direct:
-            kind = "c" if control else "w"
-            self._send([f"{kind}{r}".encode() for r in ranks], frames)
+        if self._direct and control:
+            self._send([f"c{r}".encode() for r in ranks], frames)
+        elif self._direct:  # work: on the ranks' local links, read by their main threads
+            self._sockets.send_links(ranks, frames)
         else:
             self._send([self._agent_ident(h) for h in self._hosts_of(ranks)], frames)
 

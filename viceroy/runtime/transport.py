@@ -1,5 +1,6 @@
 """The controller's sockets: a ROUTER that sends to agents (or, on one local host, straight to
-ranks) and a PULL that receives from them; plus a wake-up pipe for the IO thread.
+ranks) and a PULL that receives from them; on its own host, the ranks' local links
+(`viceroy.runtime.links`); plus a wake-up pipe for the IO thread.
 
 Sending happens on callers' threads under a lock; receiving only on the IO thread. A message
 goes out whole: on the main thread an interrupt (the kernel's stop button) that lands while
@@ -16,12 +17,13 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
 
 from viceroy.runtime import multipart
+from viceroy.runtime.links import Link, LinkServer
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum built per check
 
@@ -88,6 +90,7 @@ class ControllerSockets:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._rundir: str | None = None
+        self.links: LinkServer | None = None
         if same_host:
             # Unix sockets in a private directory: faster than loopback TCP, and only this
             # user can connect at all.
@@ -95,6 +98,7 @@ class ControllerSockets:
             self.address_in, self.address_out = f"ipc://{self._rundir}/in", f"ipc://{self._rundir}/out"
             self._router.bind(self.address_in)
             self._pull.bind(self.address_out)
+            self.links = LinkServer(f"{self._rundir}/links")
         else:
             self.address_in = f"tcp://{interface}:{self._router.bind_to_random_port(f'tcp://{interface}')}"
             self.address_out = f"tcp://{interface}:{self._pull.bind_to_random_port(f'tcp://{interface}')}"
@@ -102,6 +106,13 @@ class ControllerSockets:
         self._poller = zmq.Poller()
         self._poller.register(self._pull, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        if self.links is not None:
+            self._poller.register(self.links.fd, zmq.POLLIN)
+        self._ready: dict[Any, int] = {}
+
+    @property
+    def address_links(self) -> str | None:
+        return self.links.path if self.links is not None else None
 
     def send_once(self, ident: bytes, frames: list[Any]) -> None:
         """One try, never blocking nor retrying (heartbeats: a lost peer must not stall them)."""
@@ -123,27 +134,44 @@ class ControllerSockets:
                             break
                         time.sleep(0.005)
 
+    def send_links(self, ranks: Sequence[int], frames: list[Any]) -> None:
+        """One copy of `frames` to each rank, on its local link."""
+        assert self.links is not None
+        flush = False
+        with whole_messages:
+            for r in ranks:
+                flush |= self.links.send(r, frames)
+        if flush:
+            self.wake()
+
     # --- the IO thread -------------------------------------------------------------------------
 
     def wait(self, timeout: float | None) -> bool:
         """Block until a message or a wake-up (or `timeout` seconds); True if woken."""
+        if self.links is not None:
+            self.links.watch(self._poller)
         try:
             # At most an hour per wait: poll takes a C int of milliseconds (24 days at most).
             events = dict(self._poller.poll(None if timeout is None else max(0, int(min(timeout, 3600) * 1000) + 1)))
         except zmq.ZMQError:
             return False
+        self._ready = events
         if self._wake_r in events:
             with contextlib.suppress(OSError):
                 os.read(self._wake_r, 4096)
             return True
         return False
 
-    def received(self, limit: int = 1000) -> Iterator[list[Any]]:
-        """Messages already queued, without blocking (bounded, so deadlines still get checked)."""
+    def received(self, limit: int = 1000) -> Iterator[tuple[list[Any], Link | None]]:
+        """Messages already there, without blocking (bounded, so deadlines still get checked),
+        each with the local link it came on (None: ZeroMQ)."""
         for _ in range(limit):
             if not self._pull.get(_EVENTS) & _POLLIN:  # type: ignore[operator]
-                return
-            yield self._pull.recv_multipart(copy=False)
+                break
+            yield self._pull.recv_multipart(copy=False), None
+        if self.links is not None and self._ready:
+            ready, self._ready = self._ready, {}
+            yield from self.links.service(ready, self._poller)
 
     def wake(self) -> None:
         """Make `wait` return at once (any thread)."""
@@ -151,6 +179,8 @@ class ControllerSockets:
             os.write(self._wake_w, b"x")
 
     def close(self) -> None:
+        if self.links is not None:
+            self.links.close()
         self._router.close()
         self._pull.close()
         self._ctx.term()
