@@ -1,7 +1,8 @@
 """Runtime benchmarks (issue: runtime core), each against a baseline measured in the same run.
 
   call latency   mesh.run("a=1") on N local ranks  vs  raw pyzmq ROUTER/DEALER broadcast to N
-                 processes + gather of N replies (the floor any Python mesh pays)
+                 processes + gather of N replies (the floor any Python mesh pays), and vs the
+                 same over plain Unix stream sockets (the floor of our local links)
   startup        Mesh.local(gpus=4) until every rank answers + `import torch` on every rank
                  vs  one `python -c "import torch"`
   shutdown       mesh.shutdown() (absolute; the goal is <= 1 s)
@@ -71,6 +72,54 @@ def child_zmq(n: str, gap_ms: str = "0") -> None:
         p.join()
 
 
+def _unix_worker(path: str) -> None:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    while True:
+        msg = s.recv(65536)
+        if not msg or msg == b"q":
+            break
+        s.sendall(msg)
+
+
+def child_unix(n: str, gap_ms: str = "0") -> None:
+    import multiprocessing as mp
+    import select
+    import socket
+    import tempfile
+
+    n_ = int(n)
+    path = os.path.join(tempfile.mkdtemp(), "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(n_)
+    procs = [mp.get_context("fork").Process(target=_unix_worker, args=(path,)) for _ in range(n_)]
+    for p in procs:
+        p.start()
+    conns = [listener.accept()[0] for _ in range(n_)]
+    poller = select.poll()
+    for c in conns:
+        poller.register(c, select.POLLIN)
+
+    def bcast() -> None:
+        for c in conns:
+            c.sendall(b"x")
+        left = n_
+        while left:
+            for fd, _ in poller.poll():
+                left -= len(os.read(fd, 4096))
+
+    emit("unix_bcast_gather", median(timeit(bcast, 200, REPS, BUDGET_S, float(gap_ms) / 1000)))
+    for c in conns:
+        c.sendall(b"q")
+    for p in procs:
+        p.join()
+    os.unlink(path)
+    os.rmdir(os.path.dirname(path))
+
+
 def child_viceroy_calls(n: str, gap_ms: str = "0") -> None:
     import viceroy as vr
 
@@ -120,6 +169,7 @@ def main() -> None:
     for rnd in range(args.rounds):
         for n in ns:
             add(run_child("bench_runtime", "child_zmq", str(n), str(args.gap_ms)), f"@{n}")
+            add(run_child("bench_runtime", "child_unix", str(n), str(args.gap_ms)), f"@{n}")
             add(run_child("bench_runtime", "child_viceroy_calls", str(n), str(args.gap_ms)), f"@{n}")
         if not args.skip_startup:
             add(run_child("bench_runtime", "child_torch_import"))
@@ -135,6 +185,9 @@ def main() -> None:
                      "<= 3x" if n == 4 else ""))
         rows.append((f"mesh.run(fn), {n} ranks", fmt_time(m[f"viceroy_run_fn@{n}"]),
                      f"raw zmq bcast+gather {n}: {fmt_time(base)}", f"{m[f'viceroy_run_fn@{n}'] / base:.2f}x", ""))
+        unix = m[f"unix_bcast_gather@{n}"]
+        rows.append((f"mesh.run('a=1'), {n} ranks", fmt_time(m[f"viceroy_run_a1@{n}"]),
+                     f"raw unix bcast+gather {n}: {fmt_time(unix)}", f"{m[f'viceroy_run_a1@{n}'] / unix:.2f}x", ""))
     if not args.skip_startup:
         base = m["python_import_torch"]
         rows.append(("Mesh.local(gpus=4) + import torch on every rank", fmt_time(m["viceroy_startup_torch"]),
