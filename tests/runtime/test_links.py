@@ -139,3 +139,17 @@ def test_a_rank_sees_the_end_when_the_controller_goes(controller):
     with pytest.raises(OSError):
         for _ in range(100):  # the first write may still land in the socket's buffer
             rank.send([b"x" * 65536])
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_ranks_wait_for_calls_in_batch_policy_and_run_them_in_the_users(start_mesh):
+    """A call wakes its ranks without preempting the controller (see RankLink.recv); the code
+    runs under SCHED_OTHER as usual, and a policy the user set stays theirs."""
+    mesh = start_mesh(gpus=2)
+    pids = mesh.pids()
+    wait_until(lambda: all(os.sched_getscheduler(p) == os.SCHED_BATCH for p in pids.values()), 10,
+               "idle ranks' main threads to be SCHED_BATCH")
+    assert mesh.run("import os\nos.sched_getscheduler(0)").values() == [os.SCHED_OTHER] * 2
+    mesh.run("os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))")
+    assert mesh.run("os.sched_getscheduler(0)").values() == [os.SCHED_IDLE] * 2
+    assert [os.sched_getscheduler(p) for p in pids.values()] == [os.SCHED_IDLE] * 2
