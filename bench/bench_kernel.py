@@ -1,16 +1,18 @@
 """Kernel benchmarks (issue: the Viceroy kernel), through real kernels driven by jupyter_client:
 execute_request until the kernel is idle again.
 
+  a=1 (Viceroy kernel)                     vs   a=1 in a stock ipykernel
   %%mesh a=1 on 4 ranks (Viceroy kernel)   vs   a=1 in the same kernel   (overhead, goal <= 2 ms)
                                             vs   %px a=1 on 4 ipyparallel engines in a stock
                                                  ipykernel (goal: <= 1/5 of it), when ipyparallel
                                                  is installed (pip install ipyparallel)
 
-The two Viceroy cells run in turn, rep after rep, so load falls on both alike. %px runs in
-blocks of its own between theirs, in --rounds rounds: its controller and engines keep working
-after each %px (storing results), and run cell by cell that work would land on the Viceroy
-cells; rounds keep a slow drift of the machine's speed (this VM's moves by 2x within an hour)
-from landing on one side only.
+The two Viceroy cells run in turn, rep after rep, so load falls on both alike. %px and the
+stock kernel's a=1 run in blocks of their own between theirs, in --rounds rounds: ipyparallel's
+controller and engines keep working after each %px (storing results), and run cell by cell that
+work would land on the Viceroy cells (a third kernel woken in every turn would leave the others'
+caches colder too); rounds keep a slow drift of the machine's speed (this VM's moves by 2x
+within an hour) from landing on one side only.
 
 Usage: python bench/bench_kernel.py [--reps 300] [--rounds 3]
 """
@@ -73,6 +75,7 @@ def main() -> None:
     have_ipp = importlib.util.find_spec("ipyparallel") is not None
     kernels: list[tuple[object, object, str]] = []
     ours: list[list[float]] = [[], []]
+    stock_a1: list[float] = []
     px: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         from viceroy.kernel.kernelspec import write_kernel_spec
@@ -83,10 +86,12 @@ def main() -> None:
             km, kc = _start("viceroy")
             kernels.append((km, kc, "%mesh down"))
             _execute(kc, "%mesh up gpus=4 --preload none")
+            from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+
+            skm, skc = _start(NATIVE_KERNEL_NAME)
+            kernels.append((skm, skc, "pass"))
             viceroy_runs = [(kc, "a=1"), (kc, "%%mesh\na=1")]
             if have_ipp:
-                from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
-
                 pkm, pkc = _start(NATIVE_KERNEL_NAME)
                 kernels.append((pkm, pkc, "cluster.stop_cluster_sync()"))
                 _execute(pkc, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=4, log_level=40)\n"
@@ -97,6 +102,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for i, t in enumerate(_in_turn(viceroy_runs, args.reps // args.rounds)):
                     ours[i] += t
+                stock_a1 += _in_turn([(skc, "a=1")], args.reps // args.rounds)[0]
                 if have_ipp:
                     px += _in_turn([(pkc, "%px a=1")], max(20, args.reps // (3 * args.rounds)))[0]
         finally:
@@ -106,9 +112,10 @@ def main() -> None:
                 finally:
                     kc.stop_channels()
                     km.shutdown_kernel(now=False)
-    plain, mesh = statistics.median(ours[0]), statistics.median(ours[1])
+    plain, mesh, stock = statistics.median(ours[0]), statistics.median(ours[1]), statistics.median(stock_a1)
     rows = [
-        ("a=1 (Viceroy kernel, controller)", fmt_time(plain), "-", "-", ""),
+        ("a=1 (Viceroy kernel, controller)", fmt_time(plain), f"a=1, stock ipykernel: {fmt_time(stock)}",
+         f"{plain / stock:.2f}x", ""),
         ("%%mesh a=1, 4 ranks", fmt_time(mesh), f"a=1 in the same kernel: {fmt_time(plain)}",
          f"+{fmt_time(mesh - plain)}", "overhead <= 2 ms"),
     ]
