@@ -109,6 +109,9 @@ def test_a_rank_that_is_not_reading_never_blocks_the_sender_and_gets_everything_
 
 def test_a_rank_just_starting_is_waited_for_and_one_that_never_comes_gets_nothing(controller):
     assert controller.links.send(7, [b"lost"]) is False  # nobody: given up after a moment
+    started = time.monotonic()  # ranks of one call share one deadline: a past one waits no more
+    assert controller.links.send(8, [b"lost"], deadline=started) is False
+    assert time.monotonic() - started < links.CONNECT_WAIT_S / 2
     later = threading.Timer(0.2, lambda: box.append(_hello(controller, 5)))
     box: list[RankLink] = []
     later.start()

@@ -22,6 +22,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -200,14 +201,16 @@ class LinkServer:
 
     # --- any thread ----------------------------------------------------------------------------
 
-    def send(self, rank: int, frames: Sequence[Any]) -> bool:
+    def send(self, rank: int, frames: Sequence[Any], deadline: float | None = None) -> bool:
         """Send `frames` to `rank`; True when output was left for the IO thread to flush (then
-        wake it). A rank with no link yet (just started) is waited for a little; one whose
-        link is gone gets nothing: its death is reported by its agent, as on ZeroMQ."""
+        wake it). A rank with no link yet (just started) is waited for until `deadline`
+        (monotonic; default CONNECT_WAIT_S from now); one whose link is gone gets nothing:
+        its death is reported by its agent, as on ZeroMQ."""
         with self._cond:
             link = self._by_rank.get(rank)
             if link is None:
-                self._cond.wait_for(lambda: rank in self._by_rank, CONNECT_WAIT_S)
+                wait = (deadline if deadline is not None else time.monotonic() + CONNECT_WAIT_S) - time.monotonic()
+                self._cond.wait_for(lambda: rank in self._by_rank, max(0.0, wait))
                 link = self._by_rank.get(rank)
                 if link is None:
                     return False

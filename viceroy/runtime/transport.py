@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import multipart
-from viceroy.runtime.links import Link, LinkServer
+from viceroy.runtime.links import CONNECT_WAIT_S, Link, LinkServer
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum built per check
 
@@ -135,12 +135,13 @@ class ControllerSockets:
                         time.sleep(0.005)
 
     def send_links(self, ranks: Sequence[int], frames: list[Any]) -> None:
-        """One copy of `frames` to each rank, on its local link."""
+        """One copy of `frames` to each rank, on its local link (ranks not connected yet are
+        waited for a second, all together)."""
         assert self.links is not None
-        flush = False
+        flush, deadline = False, time.monotonic() + CONNECT_WAIT_S
         with whole_messages:
             for r in ranks:
-                flush |= self.links.send(r, frames)
+                flush |= self.links.send(r, frames, deadline)
         if flush:
             self.wake()
 
