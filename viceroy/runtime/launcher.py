@@ -216,6 +216,9 @@ def start_child_agent(
         argv, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True, cwd=cwd or None, env=env
     )
     assert proc.stdin is not None
-    proc.stdin.write((json.dumps(config) + "\n").encode())
-    proc.stdin.flush()
+    try:
+        proc.stdin.write((json.dumps(config) + "\n").encode())
+        proc.stdin.flush()
+    except BrokenPipeError:  # it exited before reading (ssh found no route): its exit says why
+        pass
     return ChildAgent(host, proc, log, log_path, f"host {host} (pid {proc.pid})")
