@@ -12,6 +12,7 @@ Each subcommand is one entry in `COMMANDS`: ``name: (help, add_arguments, run)``
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 
@@ -68,7 +69,18 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", help="the mesh key, hex, in a file only you can read (chmod 600); "
                    "or set $VICEROY_MESH_KEY")
     p.add_argument("--host", type=int, help="ask for this host index (default: the lowest still waiting)")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to keep trying to reach the controller")
+    p.add_argument("--wait", type=_seconds, default=60.0, help="seconds to keep trying to reach the controller")
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds, e.g. --wait 120")
+    return value
 
 
 def _agent(ns: argparse.Namespace) -> int:

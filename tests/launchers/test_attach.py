@@ -174,6 +174,10 @@ def test_cli_mistakes_name_the_value_at_fault_and_what_to_do(tmp_path):
     p = _agent("nosuchhost.invalid:7777", "--wait", "1", env={"VICEROY_MESH_KEY": os.urandom(32).hex()})
     assert p.wait(timeout=30) == 1
     assert "cannot look up the controller's host 'nosuchhost.invalid'" in p.stderr.read()
+    for wait in ("-1", "nan", "soon"):
+        p = _agent("127.0.0.1:9", "--wait", wait)
+        assert p.wait(timeout=30) == 2
+        assert f"argument --wait: {wait!r}: give a positive number of seconds, e.g. --wait 120" in p.stderr.read()
 
 
 def test_listening_on_every_interface_prints_a_name_other_hosts_can_use(tmp_path):
