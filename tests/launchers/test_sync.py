@@ -7,7 +7,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from tests.launchers.conftest import _free_port
-from viceroy.extension.launching import sync_hosts
+from viceroy.extension.launching import sync_hosts, sync_report
 from viceroy.runtime.ssh import SshLauncher
 
 
@@ -56,6 +56,10 @@ def test_sync_skips_a_lost_host_saying_so(sshd, tmp_path, monkeypatch):
     mesh = _Mesh(_launcher(sshd, tmp_path, monkeypatch, ["closed", "127.0.0.1"]), lost={0: "host 0 (closed, via ssh) lost: …"})
     lines = sync_hosts(mesh, str(src), str(dest), False)
     assert lines == ["closed: skipped (host 0 is lost; sync again after mesh.restart(failed_only=True))", f"127.0.0.1:{dest}"]
+    assert sync_report(str(src), lines).splitlines() == [  # what %mesh sync prints
+        "not synced to closed: skipped (host 0 is lost; sync again after mesh.restart(failed_only=True))",
+        f"synced {src} -> 127.0.0.1:{dest}",
+    ]
 
 
 def test_sync_without_rsync_here_says_to_install_it(tmp_path, monkeypatch):

@@ -98,3 +98,9 @@ def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str
         return launcher.sync(src, dest, dry_run, lost)
     except (OSError, RuntimeError) as e:
         raise UsageError(f"%mesh sync: {e}") from None
+
+
+def sync_report(src: str, lines: list[str]) -> str:
+    """What `%mesh sync` prints: one line per host, from `sync_hosts`' lines ("HOST:DEST" for a
+    host synced, "HOST: skipped (why)" for a lost one)."""
+    return "\n".join(f"not synced to {line}" if ": skipped (" in line else f"synced {src} -> {line}" for line in lines)

@@ -20,6 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from viceroy.extension.args import Command, RunOptions, parse_command, parse_run_options
 from viceroy.extension.args import split_line_code as _split_line_code
 from viceroy.extension.errors import render_mesh_error
+from viceroy.extension.launching import sync_report
 from viceroy.extension.output import format_rank_set, terminal_line
 from viceroy.extension.session import MeshSession, describe_dims
 
@@ -132,8 +133,7 @@ class MeshMagics(Magics):
         print(HELP)
 
     def _cmd_sync(self, cmd: Command) -> None:
-        for line in self.session.sync(cmd.sync_src, cmd.sync_dest, cmd.dry_run):
-            print(f"synced {cmd.sync_src} -> {line}")
+        print(sync_report(cmd.sync_src, self.session.sync(cmd.sync_src, cmd.sync_dest, cmd.dry_run)))
 
     def _cmd_down(self, cmd: Command) -> None:
         stopped = self.session.down()
