@@ -30,6 +30,8 @@ describe('format', () => {
     expect(summaryText({ total: 4, alive: 4, running: 2, failed: 0 })).toBe('mesh 4/4 · running');
     expect(summaryText({ total: 4, alive: 4, running: 0, failed: 1 })).toBe('mesh 4/4 · 1 failed');
     expect(summaryText({ total: 4, alive: 4, running: 0, failed: 0 })).toBe('mesh 4/4 · idle');
+    // a restart in progress is not idle
+    expect(summaryText({ total: 4, alive: 4, running: 0, starting: 2, failed: 0 })).toBe('mesh 4/4 · 2 starting');
   });
 
   it('compresses rank sets', () => {

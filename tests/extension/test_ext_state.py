@@ -52,7 +52,7 @@ def test_a_call_leaves_ranks_done_error_or_interrupted_until_the_next_starts():
     assert [r["state"] for r in snap["ranks"]] == ["running"] * 3
     assert snap["ranks"][0]["label"] == "%%mesh" and snap["ranks"][0]["started"] == 1000.0
     assert snap["calls"] == [{"call": 4, "label": "%%mesh", "ranks": [0, 1, 2], "started": 1000.0}]
-    assert snap["summary"] == {"total": 3, "alive": 3, "running": 3, "failed": 0}
+    assert snap["summary"] == {"total": 3, "alive": 3, "running": 3, "starting": 0, "failed": 0}
     clock.t += 1.5
     s.apply(done(4, 0))
     s.apply(done(4, 1, ok=False, kind="error", summary="ZeroDivisionError: division by zero",
@@ -94,7 +94,7 @@ def test_death_and_restart():
     assert by_rank(s)[1]["last_line"] == " step 4"
     s.apply({"type": "rank_exit", "rank": 1, "reason": "SIGKILL"})
     assert (by_rank(s)[1]["state"], by_rank(s)[1]["exit"], by_rank(s)[1]["pid"]) == ("dead", "SIGKILL", None)
-    assert s.snapshot()["summary"] == {"total": 2, "alive": 1, "running": 1, "failed": 1}
+    assert s.snapshot()["summary"] == {"total": 2, "alive": 1, "running": 1, "starting": 0, "failed": 1}
     s.starting([1])
     assert by_rank(s)[1]["state"] == "starting"
     s.apply({"type": "rank_ready", "rank": 1, "pid": 555})
@@ -218,3 +218,15 @@ def test_the_last_line_and_error_are_plain_text_without_terminal_escapes():
     s.apply(started(2, [0]))
     s.apply(done(2, 0, ok=False, kind="error", summary="\x1b[0;31mValueError\x1b[0m: bad"))
     assert by_rank(s)[0]["error"] == "ValueError: bad"
+
+
+def test_ranks_coming_back_are_counted_as_starting_not_idle():
+    from viceroy.extension.widget import headline
+
+    s = fresh(4)
+    assert s.set_states({0: "idle", 1: "starting", 2: "starting", 3: "idle"})
+    snap = s.snapshot()
+    assert snap["summary"] == {"total": 4, "alive": 4, "running": 0, "starting": 2, "failed": 0}
+    assert headline(snap) == "mesh gpus=4 · 4/4 alive · 0 running · 0 failed · 2 starting"
+    s.set_states(dict.fromkeys(range(4), "idle"))
+    assert headline(s.snapshot()) == "mesh gpus=4 · 4/4 alive · 0 running · 0 failed"

@@ -284,7 +284,7 @@ def test_mesh_view_opens_with_a_snapshot_then_sends_diffs_and_answers_requests(c
     assert custom == [{"type": "diff", "seq": 2, "ranks": {"2": {"state": "running", "call": 1, "label": "%%mesh",
                                                                      "started": custom[0]["ranks"]["2"]["started"]}},
                        "calls": custom[0]["calls"], "auto": False,
-                       "summary": {"total": 4, "alive": 4, "running": 1, "failed": 0}}]
+                       "summary": {"total": 4, "alive": 4, "running": 1, "starting": 0, "failed": 0}}]
 
     # a request from the browser: a snapshot comes back as the synced trait
     c.handle_msg({"content": {"data": {"method": "custom", "content": {"request": "snapshot"}}}, "buffers": []})

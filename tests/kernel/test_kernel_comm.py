@@ -119,7 +119,7 @@ def test_the_panel_sees_a_mesh_come_up_fail_on_one_rank_lose_a_rank_and_restart_
     assert [r["error"] for r in ranks if r["rank"] != 2] == [None] * 3
     assert all(r["label"] == "%%mesh print('step', rank)" and r["elapsed"] is not None for r in ranks)
     assert ranks[3]["last_line"] == "step 3"
-    assert model.state["summary"] == {"total": 4, "alive": 4, "running": 0, "failed": 1}  # type: ignore[index]
+    assert model.state["summary"] == {"total": 4, "alive": 4, "running": 0, "starting": 0, "failed": 1}  # type: ignore[index]
     assert model.state["calls"] == []  # type: ignore[index]
 
     panel.send({"request": "traceback", "rank": 2})

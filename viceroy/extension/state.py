@@ -63,12 +63,14 @@ def first_line(text: str, limit: int = LABEL_CHARS) -> str:
 
 
 def summarize(ranks: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """``{"total", "alive", "running", "failed"}``; failed counts ranks in error or dead."""
+    """``{"total", "alive", "running", "starting", "failed"}``; failed counts ranks in error or
+    dead; starting, ranks not up yet (a mesh coming up, a restart)."""
     states = [r["state"] for r in ranks]
     return {
         "total": len(states),
         "alive": sum(s != "dead" for s in states),
         "running": states.count("running"),
+        "starting": states.count("starting"),
         "failed": sum(s in FAILED_STATES for s in states),
     }
 

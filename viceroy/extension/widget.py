@@ -65,13 +65,15 @@ def fmt_seconds(s: float | None) -> str:
 
 
 def headline(snap: dict[str, Any]) -> str:
-    """``mesh gpus=4 · 4/4 alive · 1 running · 1 failed``"""
+    """``mesh gpus=4 · 4/4 alive · 1 running · 1 failed`` (`` · 2 starting`` while some are)"""
     if snap.get("dims") is None:
         return "no mesh is up; start one with `%mesh up gpus=4`"
     s = snap.get("summary") or summarize(snap["ranks"])
     return (
         f"mesh {describe_dims(snap['dims'])} · {s['alive']}/{s['total']} alive · "
-        f"{s['running']} running · {s['failed']} failed" + (" · auto on" if snap.get("auto") else "")
+        f"{s['running']} running · {s['failed']} failed"
+        + (f" · {s['starting']} starting" if s.get("starting") else "")
+        + (" · auto on" if snap.get("auto") else "")
     )
 
 

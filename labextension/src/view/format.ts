@@ -43,7 +43,10 @@ export function elapsedOf(record: Readonly<IRankRecord>, nowSeconds: number): nu
   return record.elapsed;
 }
 
-/** "mesh 4/4 · running", "mesh 3/4 · 1 failed", "mesh 4/4 · idle"; "no mesh" without ranks. */
+/**
+ * "mesh 4/4 · running", "mesh 3/4 · 1 failed", "mesh 4/4 · 2 starting", "mesh 4/4 · idle";
+ * "no mesh" without ranks.
+ */
 export function summaryText(summary: ISummary): string {
   if (summary.total === 0) {
     return 'no mesh';
@@ -53,6 +56,8 @@ export function summaryText(summary: ISummary): string {
     what = `${summary.failed} failed`;
   } else if (summary.running > 0) {
     what = 'running';
+  } else if ((summary.starting ?? 0) > 0) {
+    what = `${summary.starting} starting`;
   } else {
     what = 'idle';
   }

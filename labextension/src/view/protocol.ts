@@ -56,6 +56,8 @@ export interface ISummary {
   total: number;
   alive: number;
   running: number;
+  /** Ranks not up yet (a kernel of an older Viceroy leaves it out: none). */
+  starting?: number;
   failed: number;
 }
 

@@ -169,6 +169,8 @@ function summaryText(summary) {
     what = `${summary.failed} failed`;
   } else if (summary.running > 0) {
     what = "running";
+  } else if ((summary.starting ?? 0) > 0) {
+    what = `${summary.starting} starting`;
   } else {
     what = "idle";
   }
