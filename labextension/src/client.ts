@@ -5,6 +5,8 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { IRequest } from './view/protocol';
 
 export const COMM_TARGET = 'viceroy.mesh';
+/** How often the panel tells the kernel it is still there (viceroy/extension/comm.py). */
+export const ALIVE_MS = 30_000;
 
 export class MeshClient {
   constructor(kernel: Kernel.IKernelConnection) {
@@ -21,8 +23,12 @@ export class MeshClient {
     this._comm.onClose = () => this._finish();
     this._comm.open({ request: 'snapshot' });
     // A page that goes away (a reload, a closed tab) says so: the kernel cannot tell a comm
-    // whose page is gone from a live one, and would send it every change for good.
+    // whose page is gone from a live one, and would send it every change for good. One that
+    // dies cannot: it stops saying it is alive, and the kernel closes its comm after a while.
     window.addEventListener('pagehide', this._onPageHide);
+    document.addEventListener('visibilitychange', this._onVisible);
+    this.send({ request: 'alive' });
+    this._alive = window.setInterval(() => this.send({ request: 'alive' }), ALIVE_MS);
   }
 
   readonly kernel: Kernel.IKernelConnection;
@@ -71,12 +77,21 @@ export class MeshClient {
     }
     this._disposed = true;
     window.removeEventListener('pagehide', this._onPageHide);
+    document.removeEventListener('visibilitychange', this._onVisible);
+    window.clearInterval(this._alive);
     this._connected = false;
     this._connectedChanged.emit(false);
     Signal.clearData(this);
   }
 
   private _onPageHide = (): void => this.dispose();
+  // A hidden tab's timers may run once a minute: say it at once when the tab is back.
+  private _onVisible = (): void => {
+    if (document.visibilityState === 'visible') {
+      this.send({ request: 'alive' });
+    }
+  };
+  private _alive: number;
   private _comm: Kernel.IComm;
   private _connected = false;
   private _disposed = false;

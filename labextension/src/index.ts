@@ -212,18 +212,28 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       const c = new MeshClient(kernel);
       client = c;
+      let served = false;
       c.message.connect((_, msg) => view.handle(msg));
       c.connectedChanged.connect((_, connected) => {
         if (client !== c) {
           return;
         }
         if (connected) {
+          served = true;
           view.setSend(request => c.send(request));
         } else {
-          // Closed: no target in this kernel (yet), or the kernel went away.
+          // Closed: no target in this kernel (yet), or the kernel went away, or it took this
+          // page for gone (no word from it for minutes: a laptop asleep). Then connect again.
           client = null;
           view.setSend(null);
           view.clear();
+          if (served && kernel === watched && !kernel.isDisposed) {
+            retry = true;
+            if (kernel.status === 'idle') {
+              retry = false;
+              void connect(kernel);
+            }
+          }
         }
         refreshStatus();
       });

@@ -44,6 +44,57 @@ def apply(session: MeshSession, ev: dict[str, Any]) -> None:
     session._notify()
 
 
+# --- front ends that die without closing their comm -----------------------------------------
+
+
+class SidePanelComm:
+    """The kernel's end of a side panel's ``viceroy.mesh`` comm, as `StateChannel._on_open` uses it."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.closed = False
+        self.on_message: Any = None
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def on_msg(self, handler: Any) -> None:
+        self.on_message = handler
+
+    def on_close(self, handler: Any) -> None:
+        pass
+
+    def says(self, data: dict[str, Any]) -> None:
+        self.on_message({"content": {"data": data}})
+
+
+def test_a_side_panel_that_stops_saying_it_is_alive_is_closed_and_one_that_never_did_is_not():
+    clock = Clock()
+    ch = StateChannel(session_with(), clock=clock, silence=180)
+    pinging, older = SidePanelComm(), SidePanelComm()
+    ch._on_open(pinging, {})
+    ch._on_open(older, {})  # a side panel from before the pings
+    pinging.says({"request": "alive"})
+    assert ch.front_ends == 2
+    for _ in range(10):  # alive every 30 s: kept
+        clock.t += 30
+        pinging.says({"request": "alive"})
+        assert ch.expire() == 0
+    clock.t += 150
+    pinging.says({"request": "logs", "rank": 0})  # any request says it is there too
+    clock.t += 179
+    assert ch.expire() == 0 and not pinging.closed
+    clock.t += 2  # then silence: a crashed tab
+    assert ch.expire() == 1
+    assert pinging.closed and not older.closed and ch.front_ends == 1
+    assert ch._requests.qsize() == 1  # the logs request, to be answered; pings are not answered
+    clock.t += 10_000
+    assert ch.expire() == 0 and ch.front_ends == 1
+
+
 # --- throttling, with a fake clock -------------------------------------------------------------
 
 

@@ -216,3 +216,21 @@ def test_requests_sent_on_a_subshell_are_answered_while_a_cell_runs(kernel: Kern
     kernel.km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=30)
     assert reply["parent_header"]["msg_id"] == busy and reply["content"]["status"] == "error"
+
+
+def test_a_side_panel_that_stops_saying_it_is_alive_gets_its_comm_closed(kernel: Kernel):
+    """A page that dies without closing its comm (a crashed tab) stops saying "alive"; the kernel
+    closes the comm rather than stream to it for good. The silence allowed is cut to a second
+    here (180 s by default)."""
+    kc = kernel.kc
+    kernel.ok(
+        "from viceroy.extension import current_session\nfrom viceroy.extension.comm import channel_for\n"
+        "channel = channel_for(current_session(get_ipython()))\nchannel.silence = 1.0"
+    )
+    comm_id = f"silent-panel-{next(_ids)}"
+    kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}}))
+    kernel.iopub_until(lambda m: m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id, 30, "the snapshot")
+    kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"request": "alive"}}))
+    kernel.iopub_until(lambda m: m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id, 30,
+                       "the kernel to close the silent comm")
+    assert kernel.ok("print(channel.front_ends)").stream().strip() == "0"

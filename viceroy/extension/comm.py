@@ -17,7 +17,15 @@ changed. A front end that sees a gap in ``seq`` asks for a snapshot. Requests an
     {"request": "stacks"}                    -> {"type": "stacks", "stacks": {"0": "..."}}
     {"request": "interrupt"}                 -> {"type": "interrupted", "ranks": [...]}
     {"request": "restart_failed"}            -> {"type": "restarted", "ranks": [...]}
+    {"request": "alive"}                     -> nothing (see below)
     anything that fails                      -> {"type": "error", "request", "message"}
+
+A page that goes away closes its comm, but one that dies (a crashed tab, a lost network) cannot:
+the kernel would stream to it for good. So the side panel says "alive" every 30 s, and a comm
+front end that said it once and then nothing for `SILENCE_S` is taken for gone: its comm is
+closed (a page still there, back from a suspended laptop, connects again). Widgets live as
+long as their model, as ipywidgets decide, and front ends that never said "alive" (an older
+side panel) are never timed out.
 
 Comm messages may arrive on a subshell thread while a cell runs, so handlers only enqueue. One
 thread pumps state messages, one serves requests (a restart takes seconds; state keeps
@@ -43,6 +51,7 @@ MIN_INTERVAL = 0.2  # seconds between messages to one front end: at most 5 per s
 STATS_INTERVAL = 2.0  # seconds between polls of the ranks' memory and GPU use
 STATS_TIMEOUT = 1.5
 LOG_TAIL = 200
+SILENCE_S = 180.0  # browsers run a hidden tab's timers once a minute at worst: 3 pings missed
 REQUESTS = ("snapshot", "logs", "traceback", "stacks", "interrupt", "restart_failed")
 
 Send = Callable[[dict[str, Any]], None]
@@ -70,15 +79,26 @@ class FrontEnd:
     """One front end: how to reach it, its numbered `Stream`, and when it last got a message.
 
     ``send`` takes diffs and replies; ``send_state`` full snapshots (a widget syncs those as a
-    trait, so a saved notebook keeps them); by default both go through ``send``.
+    trait, so a saved notebook keeps them); by default both go through ``send``. ``close``
+    ends a front end taken for gone; ``heard`` is when it last said it is alive (None: it never
+    did, and is never timed out).
     """
 
-    def __init__(self, send: Send, send_state: Send | None = None) -> None:
+    def __init__(self, send: Send, send_state: Send | None = None, close: Callable[[], None] | None = None) -> None:
         self.stream = Stream()
         self.sent_at = -math.inf
         self.pending = True
+        self.heard: float | None = None
         self._send = send
         self._send_state = send_state or send
+        self._close = close
+
+    def close(self) -> None:
+        if self._close is not None:
+            try:
+                self._close()
+            except Exception:  # the kernel is going down, or the comm is closed already
+                pass
 
     def deliver(self, msg: dict[str, Any]) -> bool:
         """Send one message; False when the front end is gone."""
@@ -97,10 +117,12 @@ class StateChannel:
         session: MeshSession,
         clock: Callable[[], float] = time.monotonic,
         stats_interval: float = STATS_INTERVAL,
+        silence: float = SILENCE_S,
     ) -> None:
         self.session = session
         self.clock = clock
         self.stats_interval = stats_interval
+        self.silence = silence
         self._front_ends: dict[int, FrontEnd] = {}
         self._cond = threading.Condition()
         self._requests: queue.SimpleQueue[tuple[FrontEnd, Any] | None] = queue.SimpleQueue()
@@ -176,7 +198,12 @@ class StateChannel:
     def request(self, fe: FrontEnd, data: Any) -> None:
         """A front end's request: a snapshot is the pump's next message to it; the rest is
         served in order by the request thread."""
-        if isinstance(data, dict) and data.get("request") == "snapshot":
+        kind = data.get("request") if isinstance(data, dict) else None
+        if kind == "alive" or fe.heard is not None:
+            fe.heard = self.clock()
+        if kind == "alive":
+            return
+        if kind == "snapshot":
             with self._cond:
                 fe.stream.want_snapshot = fe.pending = True
                 self._cond.notify_all()
@@ -185,7 +212,7 @@ class StateChannel:
 
     def _on_open(self, c: Any, msg: dict[str, Any]) -> None:
         route_by_header(c)
-        fe = FrontEnd(c.send)
+        fe = FrontEnd(c.send, close=c.close)
         c.on_msg(lambda m: self.request(fe, m["content"]["data"]))
         c.on_close(lambda m: self.detach(fe))
         self.attach(fe)
@@ -211,6 +238,18 @@ class StateChannel:
                 if not fe.deliver(msg):
                     self.detach(fe)
         return self._next_due(now)
+
+    def expire(self, now: float | None = None) -> int:
+        """Close the front ends silent for longer than `silence` since they last said they are
+        alive (see the module's docstring); how many."""
+        now = self.clock() if now is None else now
+        with self._cond:
+            gone = [fe for fe in self._front_ends.values() if fe.heard is not None and now - fe.heard > self.silence]
+            for fe in gone:
+                self._front_ends.pop(id(fe), None)
+        for fe in gone:
+            fe.close()
+        return len(gone)
 
     def _next_due(self, now: float) -> float | None:
         with self._cond:
@@ -297,6 +336,7 @@ class StateChannel:
     def _poll(self) -> None:
         # One thread, so a poll never overlaps the previous one.
         while not self._stop.wait(self.stats_interval):
+            self.expire()
             if self.front_ends:
                 self.poll_stats()
 

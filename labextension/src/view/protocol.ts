@@ -131,7 +131,8 @@ export type RequestKind =
   | 'traceback'
   | 'stacks'
   | 'interrupt'
-  | 'restart_failed';
+  | 'restart_failed'
+  | 'alive';
 
 /** Front end to kernel. */
 export interface IRequest {

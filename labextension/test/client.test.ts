@@ -1,0 +1,57 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { ALIVE_MS, MeshClient } from '../src/client';
+
+/** The kernel connection's comm, as MeshClient uses it: what was opened, sent and closed. */
+class FakeComm {
+  opened: unknown[] = [];
+  sent: unknown[] = [];
+  closed = false;
+  isDisposed = false;
+  onMsg: ((msg: unknown) => void) | null = null;
+  onClose: ((msg: unknown) => void) | null = null;
+  open(data: unknown): void {
+    this.opened.push(data);
+  }
+  send(data: unknown): void {
+    this.sent.push(data);
+  }
+  close(): void {
+    this.closed = true;
+    this.isDisposed = true;
+  }
+}
+
+function client(): { c: MeshClient; comm: FakeComm } {
+  const comm = new FakeComm();
+  const kernel = { createComm: () => comm };
+  return { c: new MeshClient(kernel as never), comm };
+}
+
+describe('MeshClient', () => {
+  beforeEach(() => vi.useFakeTimers());
+  afterEach(() => vi.useRealTimers());
+
+  it('tells the kernel it is alive, now and every 30 s, until disposed', () => {
+    const { c, comm } = client();
+    expect(comm.opened).toEqual([{ request: 'snapshot' }]);
+    expect(comm.sent).toEqual([{ request: 'alive' }]);
+    vi.advanceTimersByTime(ALIVE_MS * 3);
+    expect(comm.sent).toHaveLength(4);
+    c.dispose();
+    expect(comm.closed).toBe(true);
+    vi.advanceTimersByTime(ALIVE_MS * 3);
+    expect(comm.sent).toHaveLength(4);
+  });
+
+  it('says so at once when its tab is shown again, and closes its comm when the page goes', () => {
+    const { c, comm } = client();
+    Object.defineProperty(document, 'visibilityState', { value: 'visible', configurable: true });
+    document.dispatchEvent(new Event('visibilitychange'));
+    expect(comm.sent).toEqual([{ request: 'alive' }, { request: 'alive' }]);
+    window.dispatchEvent(new Event('pagehide'));
+    expect(comm.closed).toBe(true);
+    expect(c.isDisposed).toBe(true);
+    document.dispatchEvent(new Event('visibilitychange'));
+    expect(comm.sent).toHaveLength(2);
+  });
+});
