@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kernel_harness import Execution, Kernel
+from kernel_harness import Execution, Kernel, wait_until
 
 RAISE_ON_2 = "%%mesh --no-fail-fast\nprint('step', rank)\nif rank == 2:\n    x = 1 / 0\n"
 _ids = itertools.count()
@@ -234,3 +234,29 @@ def test_a_side_panel_that_stops_saying_it_is_alive_gets_its_comm_closed(kernel:
     kernel.iopub_until(lambda m: m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id, 30,
                        "the kernel to close the silent comm")
     assert kernel.ok("print(channel.front_ends)").stream().strip() == "0"
+
+
+def test_a_close_sent_on_a_subshell_the_page_deleted_first_still_closes(kernel: Kernel):
+    """A page going away closes its comm on its subshell and deletes the subshell; the deletion
+    (control channel) may overtake the close (shell channel). The close must still detach the
+    front end, or the kernel streams to the gone page (until its silence times it out)."""
+    kc = kernel.kc
+    kernel.ok("from viceroy.extension import current_session\nfrom viceroy.extension.comm import channel_for\n"
+              "channel = channel_for(current_session(get_ipython()))")
+    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
+    subshell = kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+    def send(msg_type: str, content: dict[str, Any]) -> None:
+        msg = kc.session.msg(msg_type, content)
+        msg["header"]["subshell_id"] = subshell
+        kc.shell_channel.send(msg)
+
+    comm_id = f"leaving-panel-{next(_ids)}"
+    send("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}})
+    kernel.iopub_until(lambda m: m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id, 30, "the snapshot")
+    assert kernel.ok("print(channel.front_ends)").stream().strip() == "1"
+    kc.control_channel.send(kc.session.msg("delete_subshell_request", {"subshell_id": subshell}))
+    assert kc.control_channel.get_msg(timeout=30)["content"]["status"] == "ok"
+    send("comm_close", {"comm_id": comm_id, "data": {}})
+    wait_until(lambda: kernel.ok("print(channel.front_ends)").stream().strip() == "0", 30,
+               "the close to detach the front end")

@@ -65,14 +65,18 @@ def plain_lines(text: str) -> str:
 
 
 def route_by_header(c: Any) -> None:
-    """Let the front end's messages on comm `c` reach the subshell they were sent to.
+    """Let the front end's requests on comm `c` reach the subshell they were sent to, and its
+    close the main shell.
 
     ipykernel (7.2+) sends a comm's incoming messages to the subshell its last outgoing message
     was published from, and a message published from any thread but a subshell's counts as the
     main shell's. Everything here is published from worker threads, so a front end's request
-    (interrupt, logs) would wait behind the running cell. Route by the message's own header."""
+    (interrupt, logs) would wait behind the running cell. Route by the message's own header.
+    A close (its data holds no request) goes to the main shell, which is always there: the page
+    closing the comm is going away, and JupyterLab deletes its subshell as it goes, at times
+    before the close reached it, which then dropped the close."""
     if hasattr(c, "_reply_subshell_for"):
-        c._reply_subshell_for = lambda _data, default: default
+        c._reply_subshell_for = lambda data, default: default if isinstance(data, dict) and "request" in data else None
 
 
 class FrontEnd:
