@@ -20,7 +20,10 @@ export class MeshClient {
       this._message.emit(msg.content.data);
     };
     // A kernel without the target closes the comm at once: not a Viceroy kernel (yet).
-    this._comm.onClose = () => this._finish();
+    this._comm.onClose = () => {
+      this._closedByKernel = !this._closing;
+      this._finish();
+    };
     this._comm.open({ request: 'snapshot' });
     // A page that goes away (a reload, a closed tab) says so: the kernel cannot tell a comm
     // whose page is gone from a live one, and would send it every change for good. One that
@@ -51,6 +54,11 @@ export class MeshClient {
     return this._disposed;
   }
 
+  /** True when the kernel closed the comm (not this page, as it went or was disposed). */
+  get closedByKernel(): boolean {
+    return this._closedByKernel;
+  }
+
   send(request: IRequest): void {
     if (!this._disposed && !this._comm.isDisposed) {
       this._comm.send(request as unknown as KernelMessage.ICommMsgMsg['content']['data']);
@@ -61,6 +69,7 @@ export class MeshClient {
     if (this._disposed) {
       return;
     }
+    this._closing = true; // closing the comm calls onClose here too
     if (!this._comm.isDisposed) {
       try {
         this._comm.close();
@@ -92,6 +101,8 @@ export class MeshClient {
     }
   };
   private _alive: number;
+  private _closing = false;
+  private _closedByKernel = false;
   private _comm: Kernel.IComm;
   private _connected = false;
   private _disposed = false;

@@ -227,7 +227,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           client = null;
           view.setSend(null);
           view.clear();
-          if (served && kernel === watched && !kernel.isDisposed) {
+          if (served && c.closedByKernel && kernel === watched && !kernel.isDisposed) {
             retry = true;
             if (kernel.status === 'idle') {
               retry = false;

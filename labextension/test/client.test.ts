@@ -16,8 +16,10 @@ class FakeComm {
     this.sent.push(data);
   }
   close(): void {
+    // as @jupyterlab/services' comm does: closing calls its own onClose
     this.closed = true;
     this.isDisposed = true;
+    this.onClose?.({});
   }
 }
 
@@ -43,6 +45,17 @@ describe('MeshClient', () => {
     expect(comm.sent).toHaveLength(4);
   });
 
+  it('knows when the kernel closed its comm', () => {
+    const { c, comm } = client();
+    const seen: boolean[] = [];
+    c.connectedChanged.connect((_, connected) => seen.push(connected));
+    comm.onMsg?.({ content: { data: { type: 'state', seq: 1 } } });
+    comm.onClose?.({}); // the kernel took this page for gone
+    expect(seen).toEqual([true, false]);
+    expect(c.closedByKernel).toBe(true);
+    expect(c.isDisposed).toBe(true);
+  });
+
   it('says so at once when its tab is shown again, and closes its comm when the page goes', () => {
     const { c, comm } = client();
     Object.defineProperty(document, 'visibilityState', { value: 'visible', configurable: true });
@@ -51,6 +64,7 @@ describe('MeshClient', () => {
     window.dispatchEvent(new Event('pagehide'));
     expect(comm.closed).toBe(true);
     expect(c.isDisposed).toBe(true);
+    expect(c.closedByKernel).toBe(false); // the panel must not connect again from a page going away
     document.dispatchEvent(new Event('visibilitychange'));
     expect(comm.sent).toHaveLength(2);
   });
