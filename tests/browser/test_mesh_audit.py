@@ -76,8 +76,9 @@ def test_a_reloaded_page_shows_the_mesh_as_it_is_now(lab: LabServer, page: Any, 
     widget.screenshot(path=str(artifacts / "mesh-view-after-reload.png"))
     # The old page closed its comm as it went: the kernel streams to no more front ends than
     # before (it streamed to every page ever loaded, for good).
-    # Its close travels on the old page's websocket, which may reach the kernel after the new
-    # page's first request: count again until it did (or the deadline passes).
+    # Its close came on the old page's websocket and may be handled after the new page's first
+    # request (it goes to the main shell, see viceroy.extension.comm.route_by_header): count
+    # again until it was (or the deadline passes).
     page.wait_for_function(kernel_idle_js(), timeout=30_000)
     deadline, count = time.monotonic() + 20, 2
     while (now := front_ends(page, count)) != before and time.monotonic() < deadline:
