@@ -28,6 +28,7 @@ import zmq
 from viceroy.runtime import multipart, shm
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
+from viceroy.runtime.links import LinkServer
 from viceroy.runtime.procs import (
     HEARTBEAT_S,
     agent_timeout,
@@ -96,6 +97,9 @@ class Agent:
         self.from_ranks = self.ctx.socket(zmq.PULL)
         self.from_ranks.setsockopt(zmq.LINGER, 0)
         self.from_ranks.bind(f"ipc://{self.rundir}/out")
+        # Relaying, ranks send on local links (their messages survive their death; see links).
+        self.rank_links = LinkServer(f"{self.rundir}/links")
+        self._poller = zmq.Poller()
 
         # One host alone on the controller's machine: the ranks talk to the controller directly
         # and this agent only spawns, reaps and reports. Otherwise it relays, and sends one
@@ -118,7 +122,8 @@ class Agent:
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
                 "outbox": cfg["controller_out"] if self.direct else f"ipc://{self.rundir}/out",
                 "direct": self.direct,
-                "links": cfg.get("controller_links") if self.direct else None,
+                "links": cfg.get("controller_links") if self.direct else self.rank_links.path,
+                "work_on_link": self.direct,
                 "env": {**cfg.get("env", {}), **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
@@ -279,6 +284,8 @@ class Agent:
 
     def _drain_ranks(self) -> None:
         self._drain(self.from_ranks, self._on_rank_message)
+        for frames, _ in self.rank_links.read_all(self._poller):
+            self._on_rank_message(frames)
 
     @staticmethod
     def _drain(sock: zmq.Socket[Any], handle: Any, limit: int = 256) -> None:
@@ -324,15 +331,19 @@ class Agent:
                              "endpoints": [f"ipc://{self.rundir}/in", f"ipc://{self.rundir}/out"]})
         for r in self.slots:
             self._spawn(r)
-        poller = zmq.Poller()
+        poller = self._poller
         for sock in (self.from_ctrl, self.from_ranks, self.to_ranks):
             poller.register(sock, zmq.POLLIN)
         poller.register(self.exits.fileno(), zmq.POLLIN)
         poller.register(self.zygote.fileno(), zmq.POLLIN)
+        poller.register(self.rank_links.fd, zmq.POLLIN)
         wait = HEARTBEAT_S
         while not self.stopping:
             self._check_controller()
-            for sock, _ in poller.poll(max(1, int(wait * 1000))):
+            ready = poller.poll(max(1, int(wait * 1000)))
+            for frames, _ in self.rank_links.service(dict(ready), poller):
+                self._on_rank_message(frames)
+            for sock, _ in ready:
                 if sock is self.from_ctrl:
                     self._drain(self.from_ctrl, self._on_controller_message)
                 elif sock is self.from_ranks:

@@ -1,5 +1,6 @@
 """Local links: the work path between the controller and ranks on its own host (direct mode),
-over Unix stream sockets read and written by the threads that use them.
+and what ranks send their agent (relayed mode), over Unix stream sockets read and written by
+the threads that use them.
 
 ZeroMQ moves every message through an IO thread of its own at each end, so a call to four local
 ranks and their answers wake a dozen threads across five processes; on a small machine each
@@ -7,7 +8,11 @@ wake-up costs tens of microseconds, more after idling. On a link the controller'
 writes the call straight into each rank's socket, the rank's main thread reads it there, and the
 rank writes everything it sends (answers, output, replies) back on the same socket, in order,
 read by the controller's IO thread. Control messages (cancel, stacks, actors) stay on ZeroMQ:
-the rank's IO thread reads them while its main thread is busy.
+the rank's IO thread reads them while its main thread is busy. Where an agent relays (several
+hosts), each rank sends on a link to its agent (calls still come on ZeroMQ). Either way, a
+message a rank has sent is in the kernel's socket buffer once `send` returns, not in a ZeroMQ
+queue of the process, so it arrives even if the rank is killed right after (a flushed line's
+last words).
 
 A message is a list of frames, sent as ``[u64 size][u32 count]`` then each frame's length
 (``u64``) then the frames. Signing and checking them is the callers' business, as on ZeroMQ
@@ -265,6 +270,11 @@ class LinkServer:
                 self._flush_some(link, poller)
             if events & ~_POLLOUT:
                 yield from self._read(link, poller)
+
+    def read_all(self, poller: zmq.Poller) -> Iterator[tuple[list[memoryview], Link]]:
+        """Everything every link holds now, without waiting (before a rank's death is reported,
+        what it sent just before dying goes first)."""
+        yield from self.service(dict.fromkeys(list(self._links), _POLLIN), poller)
 
     def close(self) -> None:
         for link in list(self._links.values()):

@@ -49,11 +49,12 @@ class Rank:
         # Work (run, push) is read by the main thread itself, control (cancel, stacks) by the
         # IO thread, so a busy rank still answers control and an idle one starts work at once.
         # Results, output and replies: to the controller itself when it is on this host and
-        # alone (one hop less), else to the agent, which aggregates per host. On the
-        # controller's host, work and everything sent go on a local link, not ZeroMQ.
+        # alone (one hop less), else to the agent, which aggregates per host; on a local link
+        # either way. On the controller's host, work comes on that link too, not ZeroMQ.
         self.direct = bool(cfg.get("direct"))
-        self.link = RankLink(cfg["links"]) if self.direct and cfg.get("links") else None
-        self.work = None if self.link else self._dealer(f"w{self.rank}", cfg["inbox"])
+        self.link = RankLink(cfg["links"]) if cfg.get("links") else None
+        work_on_link = self.link is not None and cfg.get("work_on_link", self.direct)
+        self.work = None if work_on_link else self._dealer(f"w{self.rank}", cfg["inbox"])
         self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
         self.token: str = cfg["token"]
         # Big results go back through shared-memory files the controller hands back for reuse.
