@@ -185,13 +185,7 @@ def test_requests_sent_on_a_subshell_are_answered_while_a_cell_runs(kernel: Kern
     messages to the subshell of its last reply, and ours are sent from worker threads)."""
     kc = kernel.kc
     kernel.ok("%mesh up gpus=2 --preload none", timeout=120)
-    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
-    subshell = kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
-
-    def send(msg_type: str, content: dict[str, Any]) -> None:
-        msg = kc.session.msg(msg_type, content)
-        msg["header"]["subshell_id"] = subshell
-        kc.shell_channel.send(msg)
+    _, send = on_a_subshell(kernel)
 
     def reply_of(kind: str, what: str) -> dict[str, Any]:
         return kernel.iopub_until(
@@ -243,13 +237,7 @@ def test_a_close_sent_on_a_subshell_the_page_deleted_first_still_closes(kernel: 
     kc = kernel.kc
     kernel.ok("from viceroy.extension import current_session\nfrom viceroy.extension.comm import channel_for\n"
               "channel = channel_for(current_session(get_ipython()))")
-    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
-    subshell = kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
-
-    def send(msg_type: str, content: dict[str, Any]) -> None:
-        msg = kc.session.msg(msg_type, content)
-        msg["header"]["subshell_id"] = subshell
-        kc.shell_channel.send(msg)
+    subshell, send = on_a_subshell(kernel)
 
     comm_id = f"leaving-panel-{next(_ids)}"
     send("comm_open", {"comm_id": comm_id, "target_name": "viceroy.mesh", "data": {}})
@@ -260,3 +248,18 @@ def test_a_close_sent_on_a_subshell_the_page_deleted_first_still_closes(kernel: 
     send("comm_close", {"comm_id": comm_id, "data": {}})
     wait_until(lambda: kernel.ok("print(channel.front_ends)").stream().strip() == "0", 30,
                "the close to detach the front end")
+
+
+def on_a_subshell(kernel: Kernel) -> tuple[str, Callable[[str, dict[str, Any]], None]]:
+    """A new subshell of `kernel`, and a function sending shell messages on it (as JupyterLab
+    sends a page's comm messages)."""
+    kc = kernel.kc
+    kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
+    subshell = kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+    def send(msg_type: str, content: dict[str, Any]) -> None:
+        msg = kc.session.msg(msg_type, content)
+        msg["header"]["subshell_id"] = subshell
+        kc.shell_channel.send(msg)
+
+    return subshell, send
