@@ -120,7 +120,6 @@ class Agent:
                 "host": self.host,
                 "output_limit": cfg["output_limit"],
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
-                "outbox": cfg["controller_out"] if self.direct else f"ipc://{self.rundir}/out",
                 "direct": self.direct,
                 "links": cfg.get("controller_links") if self.direct else self.rank_links.path,
                 "work_on_link": self.direct,

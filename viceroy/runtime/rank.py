@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import functools
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
-import zmq
-
-from viceroy.runtime import call_peers, multipart, resources, serialize, shm
+from viceroy.runtime import call_peers, resources, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -31,10 +27,10 @@ from viceroy.runtime.execution import (
     restore_filename,
     user_location,
 )
-from viceroy.runtime.links import RankLink
 from viceroy.runtime.output import OutputCapture
 from viceroy.runtime.procs import die_now, hold_lifeline
-from viceroy.runtime.wire import BadMessage, Signer
+from viceroy.runtime.rank_channels import RankChannels
+from viceroy.runtime.wire import Signer
 
 _RESEND_INTERRUPT_S = 0.1
 _ABORT_COLLECTIVES_AFTER_S = 0.3
@@ -45,28 +41,12 @@ class Rank:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.rank: int = cfg["rank"]
         self.signer = Signer(bytes.fromhex(cfg["key"]))
-        self.ctx = zmq.Context()
-        # Work (run, push) is read by the main thread itself, control (cancel, stacks) by the
-        # IO thread, so a busy rank still answers control and an idle one starts work at once.
-        # Results, output and replies: to the controller itself when it is on this host and
-        # alone (one hop less), else to the agent, which aggregates per host; on a local link
-        # either way. On the controller's host, work comes on that link too, not ZeroMQ.
         self.direct = bool(cfg.get("direct"))
-        self.link = RankLink(cfg["links"]) if cfg.get("links") else None
-        work_on_link = self.link is not None and cfg.get("work_on_link", self.direct)
-        self.work = None if work_on_link else self._dealer(f"w{self.rank}", cfg["inbox"])
-        self.control = self._dealer(f"c{self.rank}", cfg["inbox"])
+        # Work, control, and where what it sends goes (see rank_channels).
+        self.channels = RankChannels(cfg, self.signer)
         self.token: str = cfg["token"]
         # Big results go back through shared-memory files the controller hands back for reuse.
         self.segments = shm.Segments(self.token) if self.direct and shm.available() else None
-        self._deliver: Callable[[list[Any]], None]
-        if self.link is None:
-            self.outbox = self.ctx.socket(zmq.PUSH)
-            self.outbox.setsockopt(zmq.LINGER, 2000)
-            self.outbox.connect(cfg["outbox"])
-            self._deliver = functools.partial(multipart.send, self.outbox)
-        else:
-            self._deliver = self._send_on_link
         self.send_lock = threading.Lock()
         self.sender: int | None = None  # the thread sending a message now
         self.interrupt_deferred = False
@@ -106,13 +86,6 @@ class Rank:
         faulthandler.enable(file=2, all_threads=True)
         signal.signal(signal.SIGINT, self._on_sigint)
 
-    def _dealer(self, identity: str, addr: str) -> zmq.Socket[Any]:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, identity.encode())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(addr)
-        return sock
-
     # --- sending ---------------------------------------------------------------------------
 
     def _send(self, header: dict[str, Any], signed: list[Any] = [], data: list[Any] = []) -> None:  # noqa: B006
@@ -124,18 +97,12 @@ class Rank:
             # garbles the next one, the call's result perhaps. Not in the middle of one.
             self.sender = threading.get_ident()
             try:
-                self._deliver(frames)
+                self.channels.deliver(frames)
             finally:
                 self.sender = None
         if self.interrupt_deferred and threading.get_ident() == self.main_ident:
             self.interrupt_deferred = False
             self._on_sigint(signal.SIGINT, None)
-
-    def _send_on_link(self, frames: list[Any]) -> None:
-        try:
-            self.link.send(frames)  # type: ignore[union-attr]
-        except OSError:  # the controller is gone: nobody is left to answer
-            die_now(0)
 
     def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
         """One rank's answer to a call, in the same shape as an agent's aggregate."""
@@ -161,32 +128,13 @@ class Rank:
     # --- IO thread ---------------------------------------------------------------------------
 
     def serve(self) -> None:
-        if self.direct:  # the controller reads only the outbox
-            self._send({"op": "hello", "pid": os.getpid()})
-        else:  # the agent learns both identities from their hellos
-            hello = self.signer.pack({"op": "hello", "r": self.rank, "pid": os.getpid()})
-            self.control.send_multipart(hello)
-            self.work.send_multipart(hello)  # type: ignore[union-attr]
+        self.channels.hello(self.rank, os.getpid())
         threading.Thread(target=self._control_loop, name="viceroy-io", daemon=True).start()
         self._work()
 
-    def _receive(self, sock: zmq.Socket[Any] | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
-        while True:
-            frames = sock.recv_multipart(copy=False) if sock is not None else self._receive_on_link()
-            try:
-                return self.signer.unpack(frames)
-            except BadMessage:
-                continue  # dropped before anything was parsed; counted by the signer
-
-    def _receive_on_link(self) -> list[Any]:
-        frames = self.link.recv()  # type: ignore[union-attr]
-        if frames is None:  # the controller is gone: nobody is left to answer
-            die_now(0)
-        return frames  # type: ignore[return-value]
-
     def _control_loop(self) -> None:
         while True:
-            header, signed, data = self._receive(self.control)
+            header, signed, data = self.channels.receive_control()
             op = header.get("op")
             if op == "actor":
                 # Actor messages are handled off the main thread, so actors answer while a cell
@@ -247,7 +195,7 @@ class Rank:
 
     def _work(self) -> None:
         while True:
-            header, signed, data = self._receive(self.work)
+            header, signed, data = self.channels.receive_work()
             if "returned" in header and self.segments is not None:
                 self.segments.returned(header["returned"].get(str(self.rank), []))
             call_id = header["id"]
