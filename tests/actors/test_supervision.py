@@ -11,6 +11,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import wait_until
+from viceroy.runtime.actors import supervision
 
 
 class Worker(vr.Actor):
@@ -167,6 +168,17 @@ def test_a_failed_broadcast_nobody_handles_is_kept_for_the_actor_mesh(start_mesh
     assert workers.failures == {}  # the actors live on: nothing is gone
 
 
+def test_a_broadcast_that_raises_everywhere_is_reported_in_one_line_with_its_ranks(start_mesh, capfd):
+    mesh = start_mesh(gpus=3)
+    workers = mesh.spawn(Worker, 0)
+    workers.fail.broadcast()
+    err = wait_until(lambda: "unhandled actor failure" in (e := capfd.readouterr().err) and e, 10, "the report")
+    lines = [ln for ln in err.splitlines() if "unhandled actor failure" in ln]
+    assert len(lines) == 1, err  # not one per rank
+    assert "Worker (gpus=3): rank 0-2: Worker.fail: KeyError: 'lost batch'" in lines[0]
+    assert len(workers.unhandled) == 3  # each rank's failure is kept
+
+
 def test_restarting_the_mesh_is_not_reported_as_actor_deaths(start_mesh, capfd):
     # A full mesh.restart() printed "unhandled actor failure: ... died (SIGKILL)" once per rank.
     mesh = start_mesh(gpus=2)
@@ -177,6 +189,7 @@ def test_restarting_the_mesh_is_not_reported_as_actor_deaths(start_mesh, capfd):
     assert {f.summary for f in workers.unhandled} == {"died (restarted)"}
     with pytest.raises(vr.MeshError, match="its actor is gone: its rank was restarted"):
         workers.incr.call().get()
+    supervision.reports.flush()  # what would have been printed, printed now
     assert "unhandled actor failure" not in capfd.readouterr().err
     workers.restart()
     assert workers.incr.call().get().values() == [1, 1]

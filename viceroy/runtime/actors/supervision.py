@@ -5,14 +5,18 @@ when a `broadcast` to it raises (nobody waits for that result). The failure goes
 named at spawn (``mesh.spawn(Worker, ps, owner=ps)``): an actor mesh, whose actors'
 ``__supervise__(failure)`` run on their ranks, or any object with ``__supervise__`` (run on a
 thread of the controller). A true return handles it. Unhandled failures are kept in
-``actors.unhandled`` and, when no pending call already reported them, printed once to stderr.
-They are never raised into some later, unrelated cell.
+``actors.unhandled`` and, when no pending call already reported them, printed to stderr: one
+line for each kind of failure with the ranks it happened on (a broadcast that raised on eight
+ranks is one line), once the failures have stopped coming for `GATHER_S`. They are never raised
+into some later, unrelated cell.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +24,10 @@ from viceroy.runtime.shape import format_rank_set
 
 if TYPE_CHECKING:
     from viceroy.runtime.actors.registry import ActorRecord
+
+
+GATHER_S = 0.2  # a report waits this long after the latest failure it gathers...
+GATHER_MAX_S = 2.0  # ...but no longer than this after the first
 
 
 @dataclass(frozen=True)
@@ -77,10 +85,54 @@ def deliver(record: ActorRecord, failure: ActorFailure, caller_knows: bool) -> N
 def _unhandled(record: ActorRecord, failure: ActorFailure, caller_knows: bool) -> None:
     record.unhandled.append(failure)
     if not caller_knows:
-        hint = " actors.restart() respawns it." if failure.kind == "died" else ""
-        where = _last_user_line(failure.traceback)
-        print(f"viceroy: unhandled actor failure: {failure}{where} (no owner handled it; define "
-              f"__supervise__ on the owner).{hint}", file=sys.stderr)
+        reports.add(failure)
+
+
+class _Reports:
+    """Unhandled failures on their way to stderr. The same failure on several ranks (one
+    broadcast raising everywhere, a host's ranks dying together) arrives rank by rank; it is
+    printed once, with its rank set, when no more have come for `GATHER_S`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, str, str, str], set[int]] = {}
+        self._first = self._last = 0.0
+        self._printer: threading.Thread | None = None
+
+    def add(self, failure: ActorFailure) -> None:
+        key = (failure.actor_mesh, failure.kind, failure.summary, _last_user_line(failure.traceback))
+        with self._lock:
+            now = time.monotonic()
+            if not self._pending:
+                self._first = now
+            self._last = now
+            self._pending.setdefault(key, set()).update(failure.ranks)
+            if self._printer is None:
+                self._printer = threading.Thread(target=self._print_when_quiet, name="viceroy-failures", daemon=True)
+                self._printer.start()
+
+    def _print_when_quiet(self) -> None:
+        while True:
+            with self._lock:
+                due = min(self._last + GATHER_S, self._first + GATHER_MAX_S)
+                if time.monotonic() >= due:
+                    self._printer = None
+                    break
+            time.sleep(max(0.0, due - time.monotonic()))
+        self.flush()
+
+    def flush(self) -> None:
+        """Print what is gathered now (at exit, say)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for (actor_mesh, kind, summary, where), ranks in pending.items():
+            hint = f" actors.restart() respawns {'it' if len(ranks) == 1 else 'them'}." if kind == "died" else ""
+            print(f"viceroy: unhandled actor failure: {actor_mesh}: rank {format_rank_set(ranks)}: {summary}{where} "
+                  f"(no owner handled it; define __supervise__ on the owner).{hint}", file=sys.stderr)
+
+
+reports = _Reports()
+atexit.register(reports.flush)
 
 
 def _last_user_line(tb: str) -> str:
