@@ -421,6 +421,30 @@ def test_interrupting_the_mesh_cancels_running_async_endpoints_at_once(start_mes
     assert counters.incr.call().get().values() == [1, 1]  # the ranks and their actors live on
 
 
+class SyncNapper(vr.Actor):
+    @vr.endpoint
+    def nap(self, seconds: float) -> str:
+        print("napping", flush=True)
+        time.sleep(seconds)
+        return "woke"
+
+
+def test_an_interrupted_sync_endpoint_is_said_to_run_to_its_end_and_then_the_actor_answers(start_mesh):
+    # The message was the one for code: "(busy in native code?). It stays busy; mesh.restart()
+    # ends it", though the endpoint runs to its end and the actor answers after it.
+    mesh = start_mesh(gpus=1)
+    nappers = mesh.spawn(SyncNapper)
+    fut = nappers.nap.call(3.0)
+    wait_until(lambda: "napping" in mesh.logs(0), 10, "the endpoint to start")
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=10)
+    message = str(info.value)
+    assert "a sync endpoint, once started, runs to its end" in message, message
+    assert "native code" not in message and "restart" not in message
+    assert nappers.nap.call_one(0).get(timeout=10) == "woke"  # as it said: the actor answers next
+
+
 class SlowToStart(vr.Actor):
     def __init__(self, seconds: float) -> None:
         if vr.context().rank == 1:

@@ -20,6 +20,11 @@ _loads = pickle.loads  # plain values: no out-of-band buffers to make writable
 
 # After a call is cancelled, how long its ranks get to stop before the call ends without them.
 STOP_GRACE_S = 1.0
+# What the ranks that did not stop in time are said to be doing: code, or an actor's endpoint
+# (on an actor thread, which no interrupt reaches; see actors/host.py).
+STUCK_HINT = "(busy in native code?). It stays busy; mesh.restart() ends it"
+ACTOR_STUCK_HINT = ("(a sync endpoint, once started, runs to its end; an async one stops at once). "
+                    "The actor takes its next message when it ends")
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Call:
     shm_paths: list[str] = field(default_factory=list)
     on_result: Callable[[int, bool, Any], None] | None = None
     died_hint: str = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
+    stuck_hint: str = STUCK_HINT
     # Telling the ranks still running it who finished (see call_peers): the collectives each
     # answered rank started, when to tell first, and who was told of already.
     collectives: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -171,8 +177,7 @@ class Call:
         for r in self.missing():
             self.failures[r] = RankFailure(
                 "interrupted",
-                f"{self.stop_reason}; did not stop within {STOP_GRACE_S} s (busy in native "
-                "code?). It stays busy; mesh.restart() ends it",
+                f"{self.stop_reason}; did not stop within {STOP_GRACE_S} s {self.stuck_hint}",
             )
 
     def resolve(self) -> None:

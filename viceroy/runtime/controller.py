@@ -1,7 +1,7 @@
 """The controller's side of a mesh: the table of calls in flight, rank states, and the IO thread
-that turns replies into results, errors and events. Sockets are in `transport`, one call's
-bookkeeping in `calls`, how calls end in `outcomes`; starting, restarting and hosts' agents
-in `hosts`.
+that turns replies into results, errors and events. Sockets are in `transport`, the IO thread
+and what each message does in `inbound`, one call's bookkeeping in `calls`, how calls end in
+`outcomes`; starting, restarting and hosts' agents in `hosts`.
 
 One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it.
 """
@@ -16,7 +16,6 @@ import secrets
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,25 +23,25 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import serialize, shm
-from viceroy.runtime.calls import Call, Query
+from viceroy.runtime import shm
+from viceroy.runtime.calls import ACTOR_STUCK_HINT, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.hosts import HostLifecycle
+from viceroy.runtime.inbound import Inbound
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, check_env, rendezvous_env
-from viceroy.runtime.links import Link
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import CallOutcomes, Event
 from viceroy.runtime.procs import host_timeout
 from viceroy.runtime.routing import Routing
 from viceroy.runtime.shape import Shape, rank_runs
 from viceroy.runtime.transport import ControllerSockets, whole_messages
-from viceroy.runtime.wire import BadMessage, Signer, new_key
+from viceroy.runtime.wire import Signer, new_key
 
 Listener = Callable[[Event], None]
 
 
-class Controller(Routing, CallOutcomes, HostLifecycle):
+class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
     def __init__(
         self,
         dims: dict[str, int],
@@ -185,6 +184,8 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
             call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout, on_result=on_result)
             if died_hint is not None:
                 call.died_hint = died_hint
+            if op == "actor":
+                call.stuck_hint = ACTOR_STUCK_HINT
             if self._direct and data:  # same host: big buffers through shared memory
                 data, entries, call.shm_paths = shm.offload(data, self.token)
                 if entries:
@@ -305,90 +306,6 @@ class Controller(Routing, CallOutcomes, HostLifecycle):
     def _check_open(self) -> None:
         if self._closed:
             raise MeshClosedError("this mesh was shut down; start a new one with Mesh.local(...)")
-
-    # --- internals: the IO thread --------------------------------------------------------------
-
-    def _wake(self) -> None:
-        self._sockets.wake()
-
-    def call_soon(self, task: Callable[[], None]) -> None:
-        """Run `task` on the IO thread, soon. Takes no lock, so it is safe from any thread and
-        from anywhere, even from a weak reference's callback in the middle of this class's own
-        code (which may hold its locks)."""
-        self._tasks.append(task)
-        self._wake()
-
-    def _io_loop(self) -> None:
-        errors = 0
-        while not self._closed:
-            try:
-                self._io_round()
-            except Exception:  # a bug of ours: say so (a few times), but never stop answering calls
-                errors += 1
-                if errors <= 3:
-                    sys.stderr.write("viceroy: the controller's IO thread hit an error and goes on:\n")
-                    traceback.print_exc()
-
-    def _io_round(self) -> None:
-        if self._sockets.wait(self._next_deadline()):
-            while self._tasks:
-                self._tasks.popleft()()
-        for frames, link in self._sockets.received():
-            try:
-                self._handle(frames, link)
-            except BadMessage:
-                pass  # dropped unread; the signer counted it
-        self._check_deadlines()
-
-    def _handle(self, frames: list[Any], link: Link | None = None) -> None:
-        header, signed, data = self.signer.unpack(frames)
-        op = header.get("op")
-        if "gen" in header and header["gen"] != self._gen.get(header.get("host", -1)):
-            return  # from an agent given up for lost (its ranks were reported dead): ignore it
-        if "gen" in header:
-            self._last_seen[header["host"]] = time.monotonic()
-        if op == "heartbeat":
-            return
-        if op == "results":
-            self._on_results(header, signed, data)
-        elif op == "out":
-            text = self.logs.feed(header["r"], header["s"], bytes(signed[0]))
-            self._emit({"type": "output", "rank": header["r"], "stream": "stderr" if header["s"] == "stderr" else "stdout",
-                        "text": text, "call": header.get("id")})
-        elif op == "pub":
-            self._emit({"type": "publish", "rank": header["r"], "call": header.get("id"), "kind": header["kind"],
-                        "data": serialize.loads(signed[0], data)})
-        elif op in ("stacks", "stats"):
-            with self._lock:
-                q = self._queries.get(header["id"])
-                key = ("agent", header["agent"]) if "agent" in header else header.get("r")
-                if q is not None and key in q.expected:
-                    q.replies[key] = bytes(signed[0]).decode() if op == "stacks" else header
-                    if set(q.replies) >= q.expected:
-                        q.done.set()
-        elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
-            if link is not None and self._sockets.links is not None:  # its work goes there now
-                self._sockets.links.bind(header["r"], link)
-            self._on_rank_ready(header["r"], header["pid"])
-        elif op == "rank_exit":
-            self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
-        elif op == "agent_hello":
-            self.agent_info[header["host"]] = header
-        elif op == "agent_ready" and header.get("failed"):
-            for name, why in header["failed"].items():  # the ranks will import it themselves, slowly
-                print(f"viceroy: host {header['host']} could not preload {name}: {why}", file=sys.__stderr__)
-        elif op == "agent_error":
-            with self._changed:
-                self._startup_error = header["error"]
-                self._changed.notify_all()
-
-    def _emit(self, event: Event) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception as exc:  # a broken listener must not break the mesh
-                print(f"viceroy: event listener {listener!r} raised {exc!r}", file=sys.__stderr__)
-
 
 _live: weakref.WeakSet[Controller] = weakref.WeakSet()
 

@@ -9,7 +9,6 @@ concern with its own thread (the heartbeat) and its own failure story.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import time
@@ -21,7 +20,7 @@ from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
 from viceroy.runtime.procs import HEARTBEAT_S
 from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
-from viceroy.runtime.wire import BadMessage, Signer
+from viceroy.runtime.wire import Signer
 
 
 class HostLifecycle:
@@ -62,7 +61,7 @@ class HostLifecycle:
     def _broadcast(self, header: dict[str, Any], hosts: set[int] | None = None) -> None:
         raise NotImplementedError
 
-    def _handle(self, frames: list[Any], link: Any = None) -> None:
+    def _handle_received(self) -> None:
         raise NotImplementedError
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
@@ -185,9 +184,7 @@ class HostLifecycle:
     def _host_silent(self, h: int, gen: int) -> None:
         """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
         and give the host up only if it is still silent."""
-        for frames, link in self._sockets.received():
-            with contextlib.suppress(BadMessage):
-                self._handle(frames, link)
+        self._handle_received()
         seen = self._last_seen.get(h)
         silent = time.monotonic() - seen if seen is not None else 0.0
         if silent > self._host_timeout:
