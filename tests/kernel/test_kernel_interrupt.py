@@ -125,6 +125,8 @@ def test_ranks_that_do_not_stop_are_named_and_the_next_cell_says_it_waits(mesh_k
     assert "some ranks have not stopped yet (ranks 0-1" in text, text
     assert latency < 3.0
     assert "ranks 0-1 running" in mesh_kernel.ok("%mesh status").stream()
+    said = mesh_kernel.ok("%mesh interrupt").stream()  # cannot stop them either: says so
+    assert "but ranks 0-1 did not stop" in said and "`%mesh restart` ends them" in said, said
     after = mesh_kernel.ok("%%mesh\nprint('next', rank)", timeout=60)
     notice = "[viceroy] ranks 0-1 still running an earlier call"
     assert after.stream("stderr").count(notice) == 1, after.stream("stderr")

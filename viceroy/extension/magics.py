@@ -189,7 +189,13 @@ class MeshMagics(Magics):
     def _cmd_interrupt(self, cmd: Command) -> None:
         mesh = self.session.require()
         mesh.interrupt()
-        print(f"interrupted whatever was running on ranks {format_rank_set(mesh.ranks)}")
+        still = [r for r, state in mesh.states().items() if state == "running"]
+        if not still:
+            print(f"interrupted whatever was running on ranks {format_rank_set(mesh.ranks)}")
+            return
+        who = f"rank{'s' if len(still) > 1 else ''} {format_rank_set(still)}"
+        print(f"interrupted ranks {format_rank_set(mesh.ranks)}, but {who} did not stop (in native code, or deaf "
+              f"to interrupts): running until they finish; `%mesh restart` ends them (their state is lost)")
 
     def _cmd_logs(self, cmd: Command) -> None:
         mesh = self.session.require()
