@@ -223,6 +223,26 @@ describe('MeshView', () => {
     expect(text(view, '.viceroy-notice')).toBe('restarted ranks 1');
   });
 
+  it('closes the detail pane once the processes it shows are gone', () => {
+    const view = views.make();
+    const detail = view.node.querySelector<HTMLElement>('.viceroy-detail')!;
+    view.handle(snapshot({ gpus: 2 }, 1));
+    view.flush();
+    view.node.querySelector<HTMLButtonElement>('.viceroy-stacks')!.click();
+    view.handle({ type: 'stacks', stacks: { '0': 'frame a', '1': 'frame b' } });
+    view.handle({ type: 'diff', seq: 2, ranks: { '1': { state: 'running' } } });
+    expect(detail.hidden).toBe(false); // the same processes, busy: still theirs
+    view.handle({ type: 'diff', seq: 3, ranks: { '1': { pid: 2001 } } }); // rank 1 restarted
+    expect(detail.hidden).toBe(true);
+    tile(view, 0).click(); // a rank's log
+    expect(detail.hidden).toBe(false);
+    view.handle({ type: 'diff', seq: 4, ranks: { '0': { state: 'dead', pid: null } } });
+    expect(detail.hidden).toBe(false); // a dead rank's log is what one looks for
+    view.handle({ ...snapshot({ gpus: 2 }, 5), dims: null, ranks: [] }); // %mesh down
+    expect(detail.hidden).toBe(true);
+    expect(view.selected).toBeNull();
+  });
+
   it('disables its buttons while disconnected', () => {
     const view = views.make();
     view.handle(snapshot({ gpus: 2 }, 1, { 0: 'error' }));

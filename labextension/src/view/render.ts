@@ -194,6 +194,7 @@ export class MeshView {
       return;
     }
     const record = this.store.rank(rank);
+    this._remember([rank]);
     const what = kind ?? (record?.state === 'error' ? 'traceback' : 'logs');
     this._detail.open(what, `rank ${rank} · ${what === 'logs' ? 'log' : 'traceback'}`, rank);
     this._request(
@@ -203,6 +204,7 @@ export class MeshView {
 
   showStacks(): void {
     this._selected = null;
+    this._remember([...this.store.ranks]);
     this._detail.open('stacks', 'stacks', null);
     this._request({ request: 'stacks' });
   }
@@ -269,6 +271,7 @@ export class MeshView {
   // --- rendering --------------------------------------------------------------------------
 
   private _onChange(change: IChange): void {
+    this._closeStaleDetail();
     if (change.full) {
       this._fullPending = true;
     } else {
@@ -282,6 +285,37 @@ export class MeshView {
         this._cancelFrame = null;
         this.flush();
       });
+    }
+  }
+
+  /** Note the processes the detail pane is about to describe (see `_closeStaleDetail`). */
+  private _remember(ranks: number[]): void {
+    this._shownPids.clear();
+    for (const r of ranks) {
+      const pid = this.store.rank(r)?.pid;
+      if (typeof pid === 'number') {
+        this._shownPids.set(r, pid);
+      }
+    }
+  }
+
+  /**
+   * Close the detail pane once what it shows belongs to processes that are gone: the mesh went
+   * down, or a rank it shows was restarted (a new pid). A rank that died keeps its pane: its
+   * log and traceback are what the user looks for.
+   */
+  private _closeStaleDetail(): void {
+    if (this._detail.kind === null) {
+      return;
+    }
+    const gone =
+      this.store.dims === null ||
+      [...this._shownPids].some(([r, pid]) => {
+        const now = this.store.rank(r);
+        return now === undefined || (typeof now.pid === 'number' && now.pid !== pid);
+      });
+    if (gone) {
+      this.select(null);
     }
   }
 
@@ -347,6 +381,7 @@ export class MeshView {
   private _grid: TileGrid;
   private _detail: DetailPane;
   private _selected: number | null = null;
+  private _shownPids = new Map<number, number>(); // what the detail pane shows: rank -> pid
   private _dirty = new Set<number>();
   private _fullPending = false;
   private _cancelFrame: (() => void) | null = null;

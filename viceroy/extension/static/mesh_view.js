@@ -824,6 +824,8 @@ var MeshView = class {
       }
     };
     this._selected = null;
+    this._shownPids = /* @__PURE__ */ new Map();
+    // what the detail pane shows: rank -> pid
     this._dirty = /* @__PURE__ */ new Set();
     this._fullPending = false;
     this._cancelFrame = null;
@@ -956,6 +958,7 @@ var MeshView = class {
       return;
     }
     const record = this.store.rank(rank);
+    this._remember([rank]);
     const what = kind ?? (record?.state === "error" ? "traceback" : "logs");
     this._detail.open(what, `rank ${rank} \xB7 ${what === "logs" ? "log" : "traceback"}`, rank);
     this._request(
@@ -964,6 +967,7 @@ var MeshView = class {
   }
   showStacks() {
     this._selected = null;
+    this._remember([...this.store.ranks]);
     this._detail.open("stacks", "stacks", null);
     this._request({ request: "stacks" });
   }
@@ -1020,6 +1024,7 @@ var MeshView = class {
   }
   // --- rendering --------------------------------------------------------------------------
   _onChange(change) {
+    this._closeStaleDetail();
     if (change.full) {
       this._fullPending = true;
     } else {
@@ -1033,6 +1038,33 @@ var MeshView = class {
         this._cancelFrame = null;
         this.flush();
       });
+    }
+  }
+  /** Note the processes the detail pane is about to describe (see `_closeStaleDetail`). */
+  _remember(ranks) {
+    this._shownPids.clear();
+    for (const r of ranks) {
+      const pid = this.store.rank(r)?.pid;
+      if (typeof pid === "number") {
+        this._shownPids.set(r, pid);
+      }
+    }
+  }
+  /**
+   * Close the detail pane once what it shows belongs to processes that are gone: the mesh went
+   * down, or a rank it shows was restarted (a new pid). A rank that died keeps its pane: its
+   * log and traceback are what the user looks for.
+   */
+  _closeStaleDetail() {
+    if (this._detail.kind === null) {
+      return;
+    }
+    const gone = this.store.dims === null || [...this._shownPids].some(([r, pid]) => {
+      const now = this.store.rank(r);
+      return now === void 0 || typeof now.pid === "number" && now.pid !== pid;
+    });
+    if (gone) {
+      this.select(null);
     }
   }
   _updateHeader() {
