@@ -1,9 +1,12 @@
 """Anyone who can reach a socket but lacks the mesh key runs nothing."""
 
 
+import socket
+
 import zmq
 
 from tests.conftest import wait_until
+from viceroy.runtime.links import encode
 from viceroy.runtime.wire import Signer, new_key
 
 
@@ -20,19 +23,22 @@ def test_forged_messages_to_an_agent_are_dropped_counted_and_run_nothing(start_m
     marker = tmp_path / "pwned"
     endpoints = mesh._controller.agent_info[0]["endpoints"]
     ctx = zmq.Context()
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        push = ctx.socket(zmq.PUSH)  # the agent's inbox for rank replies
-        push.connect(endpoints[1])
+        link.connect(endpoints[1])  # the agent's socket for ranks' local links (replies, output)
         dealer = ctx.socket(zmq.DEALER)  # the agent's socket for rank hellos
         dealer.setsockopt(zmq.IDENTITY, b"intruder")
         dealer.connect(endpoints[0])
         for frames in _forgeries(marker):
-            push.send_multipart(frames)
+            link.sendall(b"".join(bytes(b) for b in encode(frames)))
             dealer.send_multipart(frames)
         wait_until(lambda: mesh.stats()["agents"][0]["dropped"] == 6, 5, "the agent to count 6 dropped messages")
+        link.sendall(b"\xff" * 64)  # not even framed: the agent hangs up on it
+        assert link.recv(1) == b""
         assert not marker.exists()
         assert mesh.run("rank").values() == [0, 1]
     finally:
+        link.close()
         ctx.destroy(linger=0)
 
 

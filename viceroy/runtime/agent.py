@@ -94,9 +94,6 @@ class Agent:
         self.to_ranks.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.to_ranks.setsockopt(zmq.LINGER, 0)
         self.to_ranks.bind(f"ipc://{self.rundir}/in")
-        self.from_ranks = self.ctx.socket(zmq.PULL)
-        self.from_ranks.setsockopt(zmq.LINGER, 0)
-        self.from_ranks.bind(f"ipc://{self.rundir}/out")
         # Relaying, ranks send on local links (their messages survive their death; see links).
         self.rank_links = LinkServer(f"{self.rundir}/links")
         self._poller = zmq.Poller()
@@ -122,7 +119,6 @@ class Agent:
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
                 "direct": self.direct,
                 "links": cfg.get("controller_links") if self.direct else self.rank_links.path,
-                "work_on_link": self.direct,
                 "env": {**cfg.get("env", {}), **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
@@ -282,7 +278,6 @@ class Agent:
         slot.output.close()
 
     def _drain_ranks(self) -> None:
-        self._drain(self.from_ranks, self._on_rank_message)
         for frames, _ in self.rank_links.read_all(self._poller):
             self._on_rank_message(frames)
 
@@ -327,11 +322,11 @@ class Agent:
             hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
         threading.Thread(target=self._heartbeat, name="viceroy-heartbeat", daemon=True).start()
         self._to_controller({"op": "agent_hello", "pid": os.getpid(), "zygote": self.zygote.pid,
-                             "endpoints": [f"ipc://{self.rundir}/in", f"ipc://{self.rundir}/out"]})
+                             "endpoints": [f"ipc://{self.rundir}/in", self.rank_links.path]})
         for r in self.slots:
             self._spawn(r)
         poller = self._poller
-        for sock in (self.from_ctrl, self.from_ranks, self.to_ranks):
+        for sock in (self.from_ctrl, self.to_ranks):
             poller.register(sock, zmq.POLLIN)
         poller.register(self.exits.fileno(), zmq.POLLIN)
         poller.register(self.zygote.fileno(), zmq.POLLIN)
@@ -345,8 +340,6 @@ class Agent:
             for sock, _ in ready:
                 if sock is self.from_ctrl:
                     self._drain(self.from_ctrl, self._on_controller_message)
-                elif sock is self.from_ranks:
-                    self._drain(self.from_ranks, self._on_rank_message)
                 elif sock is self.to_ranks:
                     self._drain(self.to_ranks, self._on_hello)
                 elif sock == self.exits.fileno():

@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 
 _HEAD = struct.Struct("<QI")
+_MAX_MESSAGE = 1 << 40  # bytes: anything claiming more is not a message of ours
 _MAX_IOV = 512  # buffers per sendmsg (the system allows 1024)
 _READ = 1 << 18
 _READ_PER_ROUND = 1 << 22  # bytes read from one link per IO round, so others get their turn
@@ -95,8 +96,8 @@ class Reader:
         start = 0
         while len(buf) - start >= _HEAD.size:
             size, n = _HEAD.unpack_from(buf, start)
-            if 8 * n > size:
-                raise BrokenLink(f"a message of {size} bytes cannot hold {n} frame lengths")
+            if 8 * n > size or size > _MAX_MESSAGE:
+                raise BrokenLink(f"a message of {size} bytes with {n} frames is not one of ours")
             end = start + _HEAD.size + size
             if len(buf) < end:
                 break

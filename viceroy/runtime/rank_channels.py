@@ -26,11 +26,10 @@ class RankChannels:
     def __init__(self, cfg: dict[str, Any], signer: Signer) -> None:
         rank = cfg["rank"]
         self.signer = signer
-        self.direct = bool(cfg.get("direct"))
         self.ctx = zmq.Context()
         self.link = RankLink(cfg["links"])
         self.control = self._dealer(f"c{rank}", cfg["inbox"])
-        self.work = None if cfg.get("work_on_link", self.direct) else self._dealer(f"w{rank}", cfg["inbox"])
+        self.work = None if cfg.get("direct") else self._dealer(f"w{rank}", cfg["inbox"])
 
     def _dealer(self, identity: str, addr: str) -> zmq.Socket[Any]:
         sock = self.ctx.socket(zmq.DEALER)
