@@ -14,6 +14,10 @@ processes), and the client notes when it sent the request and when it saw the ke
 
 Usage: python bench/kernel_stages.py [--cells 400] [--ranks 4] [--batch on|off]
   --batch off   ranks wait for calls as SCHED_OTHER, as before session 9 (see RankLink.recv)
+
+It also prints, per cell, the CPU time and the context switches (voluntary: the thread waited;
+involuntary: it was preempted) of every thread of the kernel and of each rank that did any,
+and the client's CPU time (Linux: read from /proc).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -76,6 +81,48 @@ def _printed(kc, code: str) -> str:
             return "".join(out)
 
 
+def _threads(pid: int) -> dict[int, tuple[float, int, int]]:
+    """tid -> (CPU seconds, voluntary and involuntary context switches) of `pid`'s threads."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        out[int(tid)] = (cpu, int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"]))
+    return out
+
+
+def _comm(pid: int, tid: int) -> str:
+    """A thread's name as the system knows it (ZeroMQ names its IO threads)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return str(tid)
+
+
+def _client_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def _print_threads(before: dict, after: dict, names: dict[int, str], cells: int, client: float) -> None:
+    print(f"\n  per cell: CPU ms, context switches voluntary / involuntary\n  {'client (this process)':32s} {1e3 * client / cells:6.3f}")
+    for (pid, who), threads in after.items():
+        for tid, (cpu, vol, invol) in sorted(threads.items()):
+            cpu0, vol0, invol0 = before[(pid, who)].get(tid, (0.0, 0, 0))
+            if cpu - cpu0 < 0.01 * cells / 1000 and vol - vol0 < cells / 10:
+                continue
+            name = f"{who}: {names.get(tid) or ('main' if tid == pid else _comm(pid, tid))}"
+            print(f"  {name:32s} {1e3 * (cpu - cpu0) / cells:6.3f}  {(vol - vol0) / cells:5.2f} / {(invol - invol0) / cells:4.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", type=int, default=400)
@@ -95,11 +142,18 @@ def main() -> None:
             for _ in range(30):
                 _execute(kc, "%%mesh\na=1")
             _execute(kc, _INSTRUMENT)
+            kernel_pid = km.provisioner.process.pid
+            names = {int(k): v for k, v in json.loads(_printed(
+                kc, "import json, threading\nprint(json.dumps({t.native_id: t.name for t in threading.enumerate()}))")).items()}
+            ranks = json.loads(_printed(kc, "import json\nprint(json.dumps(mesh.pids()))"))
+            procs = [(kernel_pid, "kernel"), *((int(pid), f"rank {r}") for r, pid in ranks.items())]
+            before, client0 = {p: _threads(p[0]) for p in procs}, _client_cpu()
             sent: list[tuple[float, float]] = []
             for _ in range(args.cells):
                 t0 = time.monotonic()
                 _execute(kc, "%%mesh\na=1")
                 sent.append((t0, time.monotonic()))
+            after, client = {p: _threads(p[0]) for p in procs}, _client_cpu() - client0
             _execute(kc, _UNDO)
             stages = json.loads(_printed(kc, f"import json\nprint(json.dumps(_stages[-{args.cells}:]))"))
             _execute(kc, "%mesh down")
@@ -120,6 +174,7 @@ def main() -> None:
           f"ranks' wait in SCHED_BATCH {args.batch}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     for name, values in rows.items():
         print(f"  {name:24s} {1e3 * statistics.median(values):6.3f} ms")
+    _print_threads(before, after, names, args.cells, client)
 
 
 if __name__ == "__main__":

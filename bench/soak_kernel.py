@@ -6,23 +6,30 @@ agent's RSS/fds/threads and the session's and controller's bookkeeping (nonzero 
 Phases: see PHASES, plus interrupt (N/10 cells), restart (N/30 kills + restart --failed),
 updown (N/30 down/up cycles). Compare a phase's second run with its first: the first warms up.
 """
-# ruff: noqa
-import glob, json, os, pathlib, sys, tempfile, time
+
+import glob
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
 HERE = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(HERE)); sys.path.insert(0, str(HERE / "tests" / "kernel"))
-import psutil
-from viceroy.kernel.kernelspec import write_kernel_spec
-root = tempfile.mkdtemp(prefix="soak-jupyter-"); write_kernel_spec(pathlib.Path(root) / "kernels" / "viceroy", executable=sys.executable)
-os.environ["JUPYTER_PATH"] = root
-from kernel_harness import Kernel
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "tests" / "kernel"))
+import psutil  # noqa: E402  (after the path is set up)
+from kernel_harness import Kernel  # noqa: E402
+
+from viceroy.kernel.kernelspec import write_kernel_spec  # noqa: E402
 
 N = int(os.environ.get("N", "300"))
-PROBE = r'''
+PROBE = r"""
 import threading, gc, sys, os, json
 from viceroy.extension import current_session
 s = current_session(get_ipython()); m = s.mesh; c = m._controller if m else None
 st = s.state
-d = dict(threads=threading.active_count(), 
+d = dict(threads=threading.active_count(),
  hidden=len(s._hidden_calls), listeners=len(s._listeners), inbox=len(s._cells._inbox._events), bell=s._cells._inbox._bell.qsize(),
  echo=len(s._echo._calls), st_calls=len(st._calls), st_inflight=sum(map(len, st._in_flight.values())), st_tb=len(st._tracebacks), st_partial=len(st._partial),
  user_ns=len(get_ipython().user_ns), out_cache=len(get_ipython().displayhook.shell.user_ns.get('Out', {})),
@@ -33,20 +40,28 @@ if c:
     ctl_listeners=len(c._listeners), logs=sum(map(len, c.logs._tails.values())), logs_partial=len(c.logs._partial), engines=len(c.engines),
     pids=m.pids(), agents=[a.proc.pid for a in c.agent_processes()], returns=str(getattr(c._returns,'__dict__',''))[:200])
 print("PROBE" + json.dumps(d))
-'''
+"""
+
+
 def pinfo(pid):
     try:
         p = psutil.Process(pid)
-        return dict(rss=p.memory_info().rss >> 10, fds=len(os.listdir(f"/proc/{pid}/fd")), thr=p.num_threads())
+        return dict(
+            rss=p.memory_info().rss >> 10,
+            fds=len(os.listdir(f"/proc/{pid}/fd")),
+            thr=p.num_threads(),
+        )
     except Exception as e:
         return str(e)
+
 
 def probe(k, tag):
     ex = k.execute(PROBE)
     txt = ex.stream()
-    line = [l for l in txt.splitlines() if l.startswith("PROBE")]
+    line = [ln for ln in txt.splitlines() if ln.startswith("PROBE")]
     if not line:
-        print(tag, "PROBE FAILED", ex.reply, ex.outputs); return {}
+        print(tag, "PROBE FAILED", ex.reply, ex.outputs)
+        return {}
     d = json.loads(line[0][5:])
     d["kernel"] = pinfo(k.pid)
     d["ranks"] = {r: pinfo(p) for r, p in d.pop("pids", {}).items()}
@@ -54,82 +69,134 @@ def probe(k, tag):
     d["shm"] = len(glob.glob("/dev/shm/*"))
     d["tmp"] = len(os.listdir("/tmp"))
     d["children"] = len(psutil.Process(k.pid).children(recursive=True))
-    kr = d.pop("kernel"); rk = d.pop("ranks"); ag = d.pop("agentp")
-    fmt = lambda p: f"{p['rss']//1024}M/{p['fds']}fd/{p['thr']}t" if isinstance(p, dict) else p
-    print(f"[{time.strftime('%X')}] {tag:28s} K {fmt(kr)} | R " + " ".join(fmt(v) for v in rk.values()) + " | A " + " ".join(map(fmt, ag))
-          + " | " + " ".join(f"{a}={b}" for a, b in d.items() if b not in (0, "", [])), flush=True)
+    kr = d.pop("kernel")
+    rk = d.pop("ranks")
+    ag = d.pop("agentp")
+    def fmt(p):
+        return f"{p['rss'] // 1024}M/{p['fds']}fd/{p['thr']}t" if isinstance(p, dict) else p
+
+    print(
+        f"[{time.strftime('%X')}] {tag:28s} K {fmt(kr)} | R "
+        + " ".join(fmt(v) for v in rk.values())
+        + " | A "
+        + " ".join(map(fmt, ag))
+        + " | "
+        + " ".join(f"{a}={b}" for a, b in d.items() if b not in (0, "", [])),
+        flush=True,
+    )
     return d
 
+
 PHASES = {
- "plain": lambda i: "%%%%mesh\nx = rank + %d" % i,
- "print": lambda i: "%%mesh\nfor j in range(200): print('line', j, rank, 'x'*60)",
- "fail": lambda i: "%%mesh\n1/0",
- "status": lambda i: "%mesh status",
- "pushpull": lambda i: f"zz = {i}\n%mesh push zz\n",
- "api": lambda i: "r = mesh.run('rank*2'); print(r.values())",
- "apiprint": lambda i: "mesh.run('print(rank, \"hello\")')",
- "tensor": lambda i: "import torch\nwith mesh.activate():\n    t = torch.ones(4) * 2 + 1\n    v = t.sum()\n",
- "actor": lambda i: "r = act.f.call(%d).get()" % i,
- "pull": lambda i: "%mesh pull x",
- "spawn": lambda i: "a2 = mesh.spawn(A); a2.f.call(1).get()",
- "stacks": lambda i: "%mesh stacks",
- "bigtensor": lambda i: "import torch\nwith mesh.activate():\n    t = torch.ones(1_000_000) * 2\n    u = (t + 1).sum()\n    f = u.fetch() if %d %% 10 == 0 else None\n" % i,
- "tensorfail": lambda i: "import torch\nwith mesh.activate():\n    t = torch.ones(1_000_000) * 2\n    u = t @ torch.ones(3, 3)\n",
- "fullrestart": lambda i: "%mesh restart" if i % 10 == 0 else "%%mesh\nx = 1",
- "spawnstop": lambda i: "a2 = mesh.spawn(A); a2.f.call(1).get(); a2.stop()",
- "logs": lambda i: "%mesh logs 0",
- "timeout": lambda i: "%%mesh --timeout 0.05\nimport time; time.sleep(0.2)",
- "nff": lambda i: "%%mesh --no-fail-fast\nif rank == 0: raise ValueError(rank)",
- "where": lambda i: "%%%%mesh --ranks %d\ny = rank" % (i % 2),
- "bigpull": lambda i: "%%mesh\nimport numpy as np\nbig = np.full(300_000, rank)\n" if i == 0 else "pb = %mesh pull big",
- "bigpush": lambda i: "import numpy as np\narr = np.ones(300_000) * %d\n%%mesh push arr" % i,
- "bigret": lambda i: "v = mesh.run('import numpy as np; np.ones(300_000)'); del v",
- "bigretkeep": lambda i: "v = mesh.run('import numpy as np; np.ones(300_000)')",
+    "plain": lambda i: f"%%mesh\nx = rank + {i}",
+    "print": lambda i: "%%mesh\nfor j in range(200): print('line', j, rank, 'x'*60)",
+    "fail": lambda i: "%%mesh\n1/0",
+    "status": lambda i: "%mesh status",
+    "pushpull": lambda i: f"zz = {i}\n%mesh push zz\n",
+    "api": lambda i: "r = mesh.run('rank*2'); print(r.values())",
+    "apiprint": lambda i: "mesh.run('print(rank, \"hello\")')",
+    "tensor": lambda i: (
+        "import torch\nwith mesh.activate():\n    t = torch.ones(4) * 2 + 1\n    v = t.sum()\n"
+    ),
+    "actor": lambda i: f"r = act.f.call({i}).get()",
+    "pull": lambda i: "%mesh pull x",
+    "spawn": lambda i: "a2 = mesh.spawn(A); a2.f.call(1).get()",
+    "stacks": lambda i: "%mesh stacks",
+    "bigtensor": lambda i: (
+        "import torch\nwith mesh.activate():\n    t = torch.ones(1_000_000) * 2\n    u = (t + 1).sum()\n"
+        f"    f = u.fetch() if {i} % 10 == 0 else None\n"
+    ),
+    "tensorfail": lambda i: (
+        "import torch\nwith mesh.activate():\n    t = torch.ones(1_000_000) * 2\n    u = t @ torch.ones(3, 3)\n"
+    ),
+    "fullrestart": lambda i: "%mesh restart" if i % 10 == 0 else "%%mesh\nx = 1",
+    "spawnstop": lambda i: "a2 = mesh.spawn(A); a2.f.call(1).get(); a2.stop()",
+    "logs": lambda i: "%mesh logs 0",
+    "timeout": lambda i: "%%mesh --timeout 0.05\nimport time; time.sleep(0.2)",
+    "nff": lambda i: "%%mesh --no-fail-fast\nif rank == 0: raise ValueError(rank)",
+    "where": lambda i: f"%%mesh --ranks {i % 2}\ny = rank",
+    "bigpull": lambda i: (
+        "%%mesh\nimport numpy as np\nbig = np.full(300_000, rank)\n"
+        if i == 0
+        else "pb = %mesh pull big"
+    ),
+    "bigpush": lambda i: f"import numpy as np\narr = np.ones(300_000) * {i}\n%mesh push arr",
+    "bigret": lambda i: "v = mesh.run('import numpy as np; np.ones(300_000)'); del v",
+    "bigretkeep": lambda i: "v = mesh.run('import numpy as np; np.ones(300_000)')",
 }
+
+
+WAIT_FOR_A_DEATH = """import time
+deadline = time.monotonic() + 30
+while "dead" not in mesh.states().values() and time.monotonic() < deadline:
+    time.sleep(0.01)"""
+
 
 def main():
     phases = sys.argv[1:] or list(PHASES)
+    root = tempfile.mkdtemp(prefix="soak-jupyter-")
+    write_kernel_spec(pathlib.Path(root) / "kernels" / "viceroy", executable=sys.executable)
+    os.environ["JUPYTER_PATH"] = root
     k = Kernel()
     print("kernel pid", k.pid, flush=True)
     try:
         k.ok("%mesh up gpus=2", timeout=180)
-        k.ok("import viceroy\nclass A(viceroy.Actor):\n    @viceroy.endpoint\n    def f(self, x): return x + 1\nact = mesh.spawn(A)")
-        base = probe(k, "start")
+        k.ok(
+            "import viceroy\nclass A(viceroy.Actor):\n    @viceroy.endpoint\n    def f(self, x): return x + 1\nact = mesh.spawn(A)"
+        )
+        probe(k, "start")
         for ph in phases:
             if ph == "interrupt":
                 t0 = time.time()
-                for i in range(N // 10):
+                for _ in range(N // 10):
                     mid = k.kc.execute("%%mesh\nimport time\ntime.sleep(30)")
-                    time.sleep(0.3); k.km.interrupt_kernel()
+                    time.sleep(0.3)
+                    k.km.interrupt_kernel()
                     while True:
                         msg = k.kc.get_iopub_msg(timeout=30)
-                        if msg["parent_header"].get("msg_id") == mid and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle": break
+                        if (
+                            msg["parent_header"].get("msg_id") == mid
+                            and msg["msg_type"] == "status"
+                            and msg["content"]["execution_state"] == "idle"
+                        ):
+                            break
                     k.kc.get_shell_msg(timeout=30)
-                probe(k, f"interrupt x{N//10} {time.time()-t0:.0f}s"); continue
+                probe(k, f"interrupt x{N // 10} {time.time() - t0:.0f}s")
+                continue
             if ph == "restart":
                 t0 = time.time()
-                for i in range(N // 30):
+                for _ in range(N // 30):
                     k.ok("import os, signal\nos.kill(mesh.pids()[1], signal.SIGKILL)")
-                    time.sleep(0.5)
+                    k.ok(WAIT_FOR_A_DEATH)
                     k.execute("%mesh restart --failed", timeout=120)
-                probe(k, f"restart x{N//30} {time.time()-t0:.0f}s"); continue
+                probe(k, f"restart x{N // 30} {time.time() - t0:.0f}s")
+                continue
             if ph == "updown":
                 t0 = time.time()
-                for i in range(N // 30):
-                    k.ok("%mesh down"); k.ok("%mesh up gpus=2", timeout=180)
-                k.ok("import viceroy\nclass A(viceroy.Actor):\n    @viceroy.endpoint\n    def f(self, x): return x + 1\nact = mesh.spawn(A)")
-                probe(k, f"updown x{N//30} {time.time()-t0:.0f}s"); continue
+                for _ in range(N // 30):
+                    k.ok("%mesh down")
+                    k.ok("%mesh up gpus=2", timeout=180)
+                k.ok(
+                    "import viceroy\nclass A(viceroy.Actor):\n    @viceroy.endpoint\n    def f(self, x): return x + 1\nact = mesh.spawn(A)"
+                )
+                probe(k, f"updown x{N // 30} {time.time() - t0:.0f}s")
+                continue
             gen = PHASES[ph]
             t0 = time.time()
             bad = 0
             for i in range(N):
                 ex = k.execute(gen(i), timeout=120)
                 bad += ex.status != "ok"
-                if ex.status != 'ok' and bad == 1: print('FIRST BAD', ph, [o.get('content', o) for o in ex.outputs][:2], ex.reply.get('evalue'))
-            probe(k, f"{ph} x{N} bad={bad} {time.time()-t0:.0f}s")
+                if ex.status != "ok" and bad == 1:
+                    print(
+                        "FIRST BAD",
+                        ph,
+                        [o.get("content", o) for o in ex.outputs][:2],
+                        ex.reply.get("evalue"),
+                    )
+            probe(k, f"{ph} x{N} bad={bad} {time.time() - t0:.0f}s")
         print("stray", len(k.stray))
     finally:
-        pids = set(p.pid for p in psutil.Process(k.pid).children(recursive=True))
         k.close()
         left = glob.glob("/dev/shm/*")
         print("after close: shm", len(left), left[:5])
