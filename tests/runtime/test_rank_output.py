@@ -85,3 +85,14 @@ def test_a_flushed_line_arrives_while_the_call_runs(start_mesh):
     mesh.interrupt()
     with pytest.raises(vr.MeshError, match="interrupted"):
         fut.get(timeout=10)
+
+
+def test_output_that_fills_the_limit_exactly_still_says_why_the_rest_is_dropped(start_mesh):
+    # The first chunk filled the limit to the byte, so the next was dropped without the notice
+    # that says what the limit is and how to raise it: only "N more bytes of output dropped".
+    mesh = start_mesh(gpus=1, output_limit=100)
+    # Lines of two streams are forwarded as two pieces: the first is exactly the limit.
+    mesh.run("import sys\nsys.stdout.write('x' * 99 + '\\n')\nsys.stderr.write('y' * 49 + '\\n')")
+    lines = mesh.logs(0).splitlines()
+    assert lines[-3] == "x" * 99 and lines[-2].startswith("[viceroy] rank 0: output of this call passed the limit of 100 bytes")
+    assert lines[-1] == "[viceroy] rank 0: 50 more bytes of output dropped"

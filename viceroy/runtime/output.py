@@ -246,22 +246,21 @@ class OutputCapture:
     def _forward(self, stream: str, data: bytes) -> None:
         call = self._call if self._call is not None else self._current_call()
         room = self._limit - self._sent
-        if room <= 0:
-            self._dropped += len(data)
+        if len(data) <= room:
+            self._sent += len(data)
+            self._sent_on(stream, data, call)
             return
-        if len(data) > room:
-            cut = cut_at(data, room, first=self._sent == 0)
-            self._dropped += len(data) - cut
-            if cut:
-                self._sent_on(stream, data[:cut], call)
-            self._sent = self._limit
+        cut = cut_at(data, room, first=self._sent == 0)
+        if cut:
+            self._sent_on(stream, data[:cut], call)
+        self._sent = self._limit  # nothing more goes, not even a line short enough to fit
+        first_dropped = not self._dropped
+        self._dropped += len(data) - cut
+        if first_dropped:  # once, also when what came before filled the limit to the byte
             self._notice(
                 f"output of this call passed the limit of {self._limit} bytes; the rest is "
                 "dropped (raise it with Mesh.local(output_limit=...), or write to a file)"
             )
-            return
-        self._sent += len(data)
-        self._sent_on(stream, data, call)
 
     def _sent_on(self, stream: str, data: bytes, call: int | None) -> None:
         self._send(stream, data, call)
