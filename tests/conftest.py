@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +44,17 @@ def live_pids(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def remove_files(paths: list[str]) -> None:
+    """Remove what a controller a test killed outright left in /tmp (its socket directory, its
+    agents' logs): cleaning up after the processes it killed is the test's job."""
+    for path in paths:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import viceroy as vr
-from tests.conftest import live_pids, wait_running, wait_until
+from tests.conftest import live_pids, remove_files, wait_running, wait_until
 
 
 def _remote(mesh):
@@ -81,16 +81,19 @@ CONTROLLER = textwrap.dedent("""
     import json, time, viceroy as vr
     mesh = vr.Mesh.slurm(hosts=2, gpus=1, agents_per_node=2, preload=[], echo=False)
     mesh.run("import time\\ntime.sleep(60)", block=False)
-    print(json.dumps(list(mesh.pids().values())), flush=True)
+    logs = [a._log_path for a in mesh._controller.agent_processes()]  # srun's output, here
+    print(json.dumps({"ranks": list(mesh.pids().values()), "files": logs}), flush=True)
     time.sleep(120)
 """)
 
 
 def test_controller_death_leaves_nothing_on_the_nodes(slurm):
     proc = subprocess.Popen([sys.executable, "-c", CONTROLLER], stdout=subprocess.PIPE, text=True)
+    started = {"files": []}
     try:
         assert proc.stdout is not None
-        ranks = json.loads(proc.stdout.readline())
+        started = json.loads(proc.stdout.readline())
+        ranks = started["ranks"]
         everything = ranks + [psutil.Process(p).parent().pid for p in ranks]
         jobs = slurm.jobs()
         assert len(jobs) == 1  # the allocation the controller asked for
@@ -103,6 +106,7 @@ def test_controller_death_leaves_nothing_on_the_nodes(slurm):
             proc.kill()
             proc.wait()
         subprocess.run(["scancel", "--name=viceroy"], capture_output=True)  # only if the test failed
+        remove_files(started["files"])  # what the killed controller could not remove
 
 
 def test_the_magic_starts_a_slurm_mesh(slurm):

@@ -77,7 +77,8 @@ class Agent:
         become_subreaper()
         self.exits = ChildExits()
         self.lifeline_r, self.lifeline_w = os.pipe()
-        self.zygote = ForkServer(cfg.get("cwd"), cfg.get("sys_path", []), cfg.get("preload", []), self.lifeline_r)
+        self.rundir = tempfile.mkdtemp(prefix="viceroy-agent-")  # mode 0700: ours alone
+        self.zygote = ForkServer(cfg.get("cwd"), cfg.get("sys_path", []), cfg.get("preload", []), self.lifeline_r, self.rundir)
 
         self.ctx = zmq.Context()
         self.from_ctrl = self.ctx.socket(zmq.DEALER)
@@ -88,7 +89,6 @@ class Agent:
         self.to_ctrl.setsockopt(zmq.LINGER, 2000)
         self.to_ctrl.connect(cfg["controller_out"])
 
-        self.rundir = tempfile.mkdtemp(prefix="viceroy-agent-")  # mode 0700: ours alone
         self.to_ranks = self.ctx.socket(zmq.ROUTER)
         self.to_ranks.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.to_ranks.setsockopt(zmq.ROUTER_HANDOVER, 1)

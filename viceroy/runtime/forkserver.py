@@ -34,7 +34,7 @@ class Lines:
 class ForkServer:
     """`python -m viceroy.runtime.zygote`: imports the heavy modules once, then forks ranks."""
 
-    def __init__(self, cwd: str | None, sys_path: list[str], preload: list[str], lifeline_fd: int) -> None:
+    def __init__(self, cwd: str | None, sys_path: list[str], preload: list[str], lifeline_fd: int, rundir: str) -> None:
         # The fork server hands over each rank's output pipes here (see `output_pipes`).
         self._fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # a message per rank
         their_fd = theirs.fileno()
@@ -50,7 +50,7 @@ class ForkServer:
         assert self.proc.stdout is not None
         self._out = Lines(self.proc.stdout.fileno())
         self._send({"config": {"sys_path": sys_path, "preload": preload, "lifeline_fd": lifeline_fd,
-                               "fd_sock": their_fd}})
+                               "fd_sock": their_fd, "rundir": rundir}})
 
     @property
     def pid(self) -> int:

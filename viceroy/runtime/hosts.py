@@ -10,6 +10,7 @@ concern with its own thread (the heartbeat) and its own failure story.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
-from viceroy.runtime.procs import HEARTBEAT_S
+from viceroy.runtime.procs import HEARTBEAT_S, remove_run_dir
 from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import Signer
@@ -36,6 +37,7 @@ class HostLifecycle:
     _last_seen: dict[int, float]
     _lost: dict[int, str]
     _agents: dict[int, AgentProcess]
+    agent_info: dict[int, dict[str, Any]]
     _host_of: dict[int, int]
     _state: dict[int, str]
     _dead: set[int]
@@ -208,7 +210,16 @@ class HostLifecycle:
         for r in self._plans[h].ranks_ids():
             if self._state[r] != "dead":
                 self._on_rank_exit(r, reason, False)
-        threading.Thread(target=agent.kill, name="viceroy-agent-kill", daemon=True).start()
+        where = self.agent_info.get(h, {}).get("endpoints", [""])[0] if self.launcher.same_host else ""
+        threading.Thread(target=self._put_down, args=(agent, where), name="viceroy-agent-kill", daemon=True).start()
+
+    @staticmethod
+    def _put_down(agent: AgentProcess, rank_inbox: str) -> None:
+        """Kill a lost host's agent with its fork server and ranks, and, on this machine, remove
+        the socket directory none of them lived to remove (`rank_inbox` is ``ipc://DIR/in``)."""
+        agent.kill()
+        if rank_inbox.startswith("ipc://"):
+            remove_run_dir(os.path.dirname(rank_inbox[len("ipc://"):]))
 
     def lost_hosts(self) -> dict[int, str]:
         """host -> why it was given up, for hosts lost and not yet restarted."""

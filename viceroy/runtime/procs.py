@@ -24,21 +24,32 @@ def become_subreaper() -> bool:
     return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) -> bool:
-    """An agent whose parent, the controller, died (any signal: it cleaned up nothing) removes
-    what that controller left on this host: its socket directory (``ipc://`` addresses only)
-    and the agent's own log file (the stdout the launcher gave it). Nothing is touched while
-    `parent` is still our parent: a live controller may only have closed our lifeline.
-    (The lifeline's EOF may come a moment before the orphan is re-parented: wait a little.)"""
+def orphaned(parent: int, wait: float = 1.0) -> bool:
+    """Whether this process has lost `parent` (it was re-parented), waiting up to `wait` s: a
+    lifeline's EOF may come a moment before the orphan is re-parented."""
     deadline = time.monotonic() + wait
     while os.getppid() == parent:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
+    return True
+
+
+def remove_run_dir(path: str) -> None:
+    """Remove a socket directory of ours (``/tmp/viceroy-*``); any other path is left alone."""
+    if os.path.basename(path.rstrip("/")).startswith("viceroy-"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) -> bool:
+    """An agent whose parent, the controller, died (any signal: it cleaned up nothing) removes
+    what that controller left on this host: its socket directory (``ipc://`` addresses only)
+    and the agent's own log file (the stdout the launcher gave it). Nothing is touched while
+    `parent` is still our parent: a live controller may only have closed our lifeline."""
+    if not orphaned(parent, wait):
+        return False
     if controller_in.startswith("ipc://"):
-        rundir = os.path.dirname(controller_in[len("ipc://"):])
-        if os.path.basename(rundir).startswith("viceroy-"):
-            shutil.rmtree(rundir, ignore_errors=True)
+        remove_run_dir(os.path.dirname(controller_in[len("ipc://"):]))
     with contextlib.suppress(OSError):
         log = os.readlink("/proc/self/fd/1")
         if os.path.basename(log).startswith("viceroy-agent") and log.endswith(".log"):

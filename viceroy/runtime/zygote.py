@@ -10,6 +10,8 @@ Protocol on stdin/stdout, one JSON object per line:
   zygote -> agent: {"ready": true, "preloaded": [...], "failed": {...}}, then {"rank": r, "pid": p}
 and, on the Unix socket ``config["fd_sock"]``, before each {"rank": r, "pid": p}: the read ends
 of that rank's stdout and stderr pipes (SCM_RIGHTS), with the rank's number as the data.
+Its stdin's end is the agent's: when the agent was killed (it cleaned up nothing), the fork
+server removes the agent's socket directory (``config["rundir"]``) on its way out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from viceroy.runtime.procs import orphaned, remove_run_dir
 
 
 def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int, fd_sock: socket.socket | None) -> int:
@@ -88,11 +92,14 @@ def main() -> None:
             failed["viceroy.runtime.collectives"] = f"{type(exc).__name__}: {exc}"
     lifeline_fd = cfg["lifeline_fd"]
     fd_sock = socket.socket(fileno=cfg["fd_sock"]) if cfg.get("fd_sock") is not None else None
+    agent = os.getppid()
     _reply({"ready": True, "preloaded": preloaded, "failed": failed, "seconds": time.perf_counter() - t0})
     for line in sys.stdin:
         req = json.loads(line)
         pid = _spawn(req["spawn"], lifeline_fd, fd_sock)
         _reply({"rank": req["spawn"]["rank"], "pid": pid})
+    if cfg.get("rundir") and orphaned(agent):
+        remove_run_dir(cfg["rundir"])
 
 
 def _reply(obj: dict[str, Any]) -> None:
