@@ -80,9 +80,9 @@ def test_sync_copies_the_directory_to_every_host_over_ssh(sshd, tmp_path, monkey
     session = MeshSession(None)
     try:
         session.up({"hosts": 1, "gpus": 1}, launcher="ssh", hostfile=str(hosts), preload=[])
-        assert session.sync(str(src), str(dest), dry_run=True) == [f"127.0.0.1:{dest} (would copy 1 file(s))"]
+        assert list(map(str, session.sync(str(src), str(dest), dry_run=True))) == [f"127.0.0.1:{dest} (would copy 1 file(s))"]
         assert not dest.exists()
-        assert session.sync(str(src), str(dest), dry_run=False) == [f"127.0.0.1:{dest}"]
+        assert list(map(str, session.sync(str(src), str(dest), dry_run=False))) == [f"127.0.0.1:{dest}"]
         assert (dest / "pkg" / "model.py").read_text() == "WIDTH = 7\n"
         assert not (dest / ".git").exists()
         # the ranks can import what was synced

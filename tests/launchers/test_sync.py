@@ -34,7 +34,7 @@ def test_sync_handles_spaces_in_paths(sshd, tmp_path, monkeypatch):
     (src / "a b").mkdir(parents=True)
     (src / "a b" / "c d.py").write_text("X = 1\n")
     mesh = _Mesh(_launcher(sshd, tmp_path, monkeypatch, ["127.0.0.1"]))
-    assert sync_hosts(mesh, str(src), str(dest), False) == [f"127.0.0.1:{dest}"]
+    assert list(map(str, sync_hosts(mesh, str(src), str(dest), False))) == [f"127.0.0.1:{dest}"]
     assert (dest / "a b" / "c d.py").read_text() == "X = 1\n"
 
 
@@ -55,7 +55,7 @@ def test_sync_skips_a_lost_host_saying_so(sshd, tmp_path, monkeypatch):
     (src / "f.py").write_text("1\n")
     mesh = _Mesh(_launcher(sshd, tmp_path, monkeypatch, ["closed", "127.0.0.1"]), lost={0: "host 0 (closed, via ssh) lost: …"})
     lines = sync_hosts(mesh, str(src), str(dest), False)
-    assert lines == ["closed: skipped (host 0 is lost; sync again after mesh.restart(failed_only=True))", f"127.0.0.1:{dest}"]
+    assert list(map(str, lines)) == ["closed: skipped (host 0 is lost; sync again after mesh.restart(failed_only=True))", f"127.0.0.1:{dest}"]
     assert sync_report(str(src), lines).splitlines() == [  # what %mesh sync prints
         "not synced to closed: skipped (host 0 is lost; sync again after mesh.restart(failed_only=True))",
         f"synced {src} -> 127.0.0.1:{dest}",
@@ -85,6 +85,6 @@ def test_sync_leaves_out_python_environments_whatever_their_name(sshd, tmp_path,
     (src / "sub" / "py311").mkdir(parents=True)
     (src / "sub" / "py311" / "data.txt").write_text("kept\n")  # not an environment: kept
     mesh = _Mesh(_launcher(sshd, tmp_path, monkeypatch, ["127.0.0.1"]))
-    assert sync_hosts(mesh, str(src), str(dest), True) == [f"127.0.0.1:{dest} (would copy 2 file(s))"]
+    assert list(map(str, sync_hosts(mesh, str(src), str(dest), True))) == [f"127.0.0.1:{dest} (would copy 2 file(s))"]
     sync_hosts(mesh, str(src), str(dest), False)
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == ["env.py", "sub/py311/data.txt"]

@@ -3,9 +3,12 @@ and copying files to its hosts (``%mesh sync``); every mistake is a one-line Usa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
+
+if TYPE_CHECKING:
+    from viceroy.runtime.ssh import Synced
 
 
 def check_launcher_options(
@@ -81,7 +84,7 @@ def _start_ssh(dims: dict[str, int], kwargs: dict[str, Any], hostfile: str, list
         raise UsageError(f"%mesh up --launcher ssh: {e}") from None
 
 
-def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str]:
+def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[Synced]:
     """``%mesh sync``: rsync `src` to every host of the ssh mesh that is up (lost hosts are
     skipped, saying so)."""
     from viceroy.runtime.ssh import SshLauncher
@@ -100,7 +103,6 @@ def sync_hosts(mesh: Any, src: str, dest: str | None, dry_run: bool) -> list[str
         raise UsageError(f"%mesh sync: {e}") from None
 
 
-def sync_report(src: str, lines: list[str]) -> str:
-    """What `%mesh sync` prints: one line per host, from `sync_hosts`' lines ("HOST:DEST" for a
-    host synced, "HOST: skipped (why)" for a lost one)."""
-    return "\n".join(f"not synced to {line}" if ": skipped (" in line else f"synced {src} -> {line}" for line in lines)
+def sync_report(src: str, synced: list[Synced]) -> str:
+    """What `%mesh sync` prints: one line per host, synced or skipped (a lost host)."""
+    return "\n".join(f"not synced to {s}" if s.skipped else f"synced {src} -> {s}" for s in synced)

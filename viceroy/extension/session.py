@@ -30,6 +30,7 @@ from viceroy.extension.state import MeshState, rank_hosts
 
 if TYPE_CHECKING:
     from viceroy import Mesh
+    from viceroy.runtime.ssh import Synced
 
 AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
 NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
@@ -132,7 +133,7 @@ class MeshSession:
             self.shell.user_ns["mesh"] = mesh
         return mesh
 
-    def sync(self, src: str, dest: str | None, dry_run: bool) -> list[str]:
+    def sync(self, src: str, dest: str | None, dry_run: bool) -> list[Synced]:
         """``%mesh sync``: copy a directory to every host of the ssh mesh that is up."""
         return launching.sync_hosts(self.mesh, src, dest, dry_run)
 

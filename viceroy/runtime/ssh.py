@@ -50,6 +50,22 @@ class SshHost:
     python: str | None = None  # this host's Python (default: the launcher's)
 
 
+@dataclass(frozen=True)
+class Synced:
+    """One host's part in a sync: `address:dest` was synced (in a dry run, `would_copy` files
+    would be), or it was `skipped`, saying why."""
+
+    address: str
+    dest: str
+    would_copy: int | None = None
+    skipped: str = ""
+
+    def __str__(self) -> str:
+        if self.skipped:
+            return f"{self.address}: skipped ({self.skipped})"
+        return f"{self.address}:{self.dest}" + (f" (would copy {self.would_copy} file(s))" if self.would_copy is not None else "")
+
+
 @dataclass
 class SshLauncher(Launcher):
     """Agents over ssh (OpenSSH client; keys or an agent, never a password prompt)."""
@@ -107,11 +123,11 @@ class SshLauncher(Launcher):
             "-e", shlex.join(self.ssh_base()), src.rstrip("/") + "/", f"{host.address}:{dest.rstrip('/')}/",
         ]
 
-    def sync(self, src: str, dest: str | None = None, dry_run: bool = False, lost: frozenset[int] = frozenset()) -> list[str]:
+    def sync(self, src: str, dest: str | None = None, dry_run: bool = False, lost: frozenset[int] = frozenset()) -> list[Synced]:
         """Copy the directory `src` to every host (at `dest`, by default the same absolute path,
-        where the ranks look for the controller's working directory). One line per host; hosts
-        in `lost` (indices) are skipped, saying so. A host that fails does not stop the others:
-        the error, raised at the end, names each one at fault and what was synced."""
+        where the ranks look for the controller's working directory). One `Synced` per host;
+        hosts in `lost` (indices) are skipped, saying why. A host that fails does not stop the
+        others: the error, raised at the end, names each one at fault and what was synced."""
         import shutil
         import subprocess
 
@@ -127,13 +143,14 @@ class SshLauncher(Launcher):
         for i, h in enumerate(self.hosts):
             assert isinstance(h, SshHost)
             indices.setdefault(h.address, []).append(i)
-        lines, failed = [], []
+        lines: list[Synced] = []
+        failed: list[str] = []
         for address, idx in indices.items():  # each distinct host once
             host = self.hosts[idx[0]]
             assert isinstance(host, SshHost)
             if all(i in lost for i in idx):
                 which = ", ".join(map(str, idx))
-                lines.append(f"{address}: skipped (host {which} is lost; sync again after mesh.restart(failed_only=True))")
+                lines.append(Synced(address, dest, skipped=f"host {which} is lost; sync again after mesh.restart(failed_only=True)"))
                 continue
             proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run, envs), capture_output=True, text=True)
             if proc.returncode != 0:
@@ -141,9 +158,9 @@ class SshLauncher(Launcher):
                               f"{proc.stderr.strip()}\n{self._rsync_advice(host, proc.returncode, proc.stderr)}")
                 continue
             files = sum(1 for ln in proc.stdout.splitlines() if ln[1:2] == "f")  # itemized: ">f+++++++++ path"
-            lines.append(f"{address}:{dest}" + (f" (would copy {files} file(s))" if dry_run else ""))
+            lines.append(Synced(address, dest, would_copy=files if dry_run else None))
         if failed:
-            done = "; ".join(lines) if lines else "nothing"
+            done = "; ".join(map(str, lines)) if lines else "nothing"
             raise RuntimeError("\n".join(failed) + f"\nsynced: {done}")
         return lines
 
