@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import viceroy as vr
-from tests.conftest import live_pids, wait_until
+from tests.conftest import live_pids, remove_files, wait_until
 from tests.launchers.conftest import SSH_OPTS
 
 
@@ -77,12 +77,15 @@ def test_controller_death_leaves_nothing_on_the_hosts(sshd):
         mesh = vr.Mesh.ssh(["127.0.0.1"], port={sshd.port}, identity={sshd.identity!r},
                            ssh_options={SSH_OPTS!r}, preload=[], echo=False, gpus=2)
         mesh.run("import time\\ntime.sleep(60)", block=False)
-        print(json.dumps(list(mesh.pids().values())), flush=True)
+        logs = [a._log_path for a in mesh._controller.agent_processes()]  # the ssh client's output
+        print(json.dumps({{"ranks": list(mesh.pids().values()), "files": logs}}), flush=True)
         time.sleep(120)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    started = {"files": []}
     try:
-        ranks = json.loads(proc.stdout.readline())
+        started = json.loads(proc.stdout.readline())
+        ranks = started["ranks"]
         assert len(live_pids(ranks)) == 2
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
@@ -91,6 +94,7 @@ def test_controller_death_leaves_nothing_on_the_hosts(sshd):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        remove_files(started["files"])  # what the killed controller could not remove
 
 
 def test_the_magic_starts_an_ssh_mesh_from_a_hostfile(sshd, tmp_path, monkeypatch):
