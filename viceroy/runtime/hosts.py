@@ -10,7 +10,6 @@ concern with its own thread (the heartbeat) and its own failure story.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 
 from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
-from viceroy.runtime.procs import HEARTBEAT_S, remove_run_dir
+from viceroy.runtime.procs import HEARTBEAT_S, remove_socket_dir
 from viceroy.runtime.shape import Shape, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import Signer
@@ -218,8 +217,7 @@ class HostLifecycle:
         """Kill a lost host's agent with its fork server and ranks, and, on this machine, remove
         the socket directory none of them lived to remove (`rank_inbox` is ``ipc://DIR/in``)."""
         agent.kill()
-        if rank_inbox.startswith("ipc://"):
-            remove_run_dir(os.path.dirname(rank_inbox[len("ipc://"):]))
+        remove_socket_dir(rank_inbox)
 
     def lost_hosts(self) -> dict[int, str]:
         """host -> why it was given up, for hosts lost and not yet restarted."""

@@ -41,6 +41,13 @@ def remove_run_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_socket_dir(address: str) -> None:
+    """Remove the directory of an ``ipc://DIR/NAME`` socket of ours; other addresses (TCP) have
+    none."""
+    if address.startswith("ipc://"):
+        remove_run_dir(os.path.dirname(address[len("ipc://"):]))
+
+
 def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) -> bool:
     """An agent whose parent, the controller, died (any signal: it cleaned up nothing) removes
     what that controller left on this host: its socket directory (``ipc://`` addresses only)
@@ -48,8 +55,7 @@ def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) 
     `parent` is still our parent: a live controller may only have closed our lifeline."""
     if not orphaned(parent, wait):
         return False
-    if controller_in.startswith("ipc://"):
-        remove_run_dir(os.path.dirname(controller_in[len("ipc://"):]))
+    remove_socket_dir(controller_in)
     with contextlib.suppress(OSError):
         log = os.readlink("/proc/self/fd/1")
         if os.path.basename(log).startswith("viceroy-agent") and log.endswith(".log"):
