@@ -176,6 +176,20 @@ def test_a_mesh_tensor_bound_to_a_controller_name_is_each_ranks_tensor(mesh_kern
     assert sorted(ex.stream().splitlines()) == ["[0] 0 6.0", "[1] 1 6.0"]
 
 
+
+def test_a_mesh_tensor_deleted_in_a_cell_is_gone_from_the_ranks_when_the_cell_ends(mesh_kernel: Kernel):
+    """Dropping a MeshTensor frees each rank's tensor after the cell, with no fetch to carry the
+    free: the name a `%%mesh` cell bound to it goes too, so its memory comes back."""
+    mesh_kernel.ok("import torch\nfrom viceroy.runtime.tensors import worker\n"
+                   "with mesh.activate():\n    gone = torch.ones(2)\n    kept = torch.zeros(2)")
+    mesh_kernel.ok("%%mesh\nseen = gone.sum().item() + kept.sum().item()")
+    mesh_kernel.ok("held = mesh.run(worker.count).values()")
+    mesh_kernel.ok("del gone")
+    ex = mesh_kernel.ok("%%mesh\nprint('gone' in globals(), 'kept' in globals(), seen)")
+    assert sorted(ex.stream().splitlines()) == ["[0-1] False True 2.0"]
+    ex = mesh_kernel.ok("print([h - n for h, n in zip(held, mesh.run(worker.count).values())])")
+    assert ex.stream() == "[1, 1]\n", "one tensor fewer on each rank"
+
 def test_an_unpicklable_push_is_a_one_line_usage_error(mesh_kernel: Kernel):
     mesh_kernel.ok("import threading\nlock = threading.Lock()")
     failed = mesh_kernel.execute("%mesh push lock")

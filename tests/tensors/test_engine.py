@@ -106,6 +106,35 @@ def test_dropping_the_last_reference_frees_the_ranks_tensors(tmesh):
     assert _engine_tensors(tmesh) == base_count
 
 
+def test_a_tensor_bound_to_a_name_of_rank_code_is_freed_with_its_handle(tmesh):
+    """A MeshTensor bound to a name of a code string (what a %%mesh cell reading a controller
+    name does) stays bound on the ranks while the handle lives, and goes when it is dropped:
+    rank memory does not outlive the controller's handle. A name the rank code rebound, or an
+    alias it made itself, is the rank's own and stays."""
+    pid = tmesh.pids()[0]
+    rss = lambda: psutil.Process(pid).memory_info().rss  # noqa: E731
+    with tmesh.activate():
+        small = torch.ones(2)
+    small.fetch()
+    base_count = _engine_tensors(tmesh)
+    before = rss()
+    with tmesh.activate():
+        big = torch.ones(256, 1024, 1024)  # 1 GiB per rank
+        kept = torch.ones(3)
+    tmesh.run("w = big.sum().item()", big=big)
+    tmesh.run("w2 = big[0, 0, 0].item()", big=big)  # bound again: one binding
+    tmesh.run("mine = kept\nkept = kept * 2", kept=kept)  # rebound by the rank code
+    assert tmesh.run("big.shape[0]").values() == [256, 256], "bound names persist across calls"
+    assert rss() > before + 768 * (1 << 20)
+    del big, kept
+    gc.collect()
+    tmesh._engine.sync()  # frees go with the next batch
+    wait_until(lambda: rss() < before + 256 * (1 << 20), 10, "rank memory to come back")
+    assert _engine_tensors(tmesh) == base_count
+    assert tmesh.run("'big' in globals()").values() == [False, False]
+    assert tmesh.run("(kept.tolist(), mine.tolist())").values() == [([2.0] * 3, [1.0] * 3)] * 2
+
+
 def test_inspect_and_assemble(tmesh):
     with tmesh.activate():
         a = torch.ones(2, 3)

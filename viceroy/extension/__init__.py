@@ -8,6 +8,7 @@ print("hello from", rank)
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 _SESSIONS: dict[int, Any] = {}
@@ -41,6 +42,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.input_transformers_cleanup.append(transform)
     channel = StateChannel(session)
     channel.register()
+    ipython.events.register("post_run_cell", session.after_cell)
     session._loaded = True
     session._unload = (transform, channel)
 
@@ -53,6 +55,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     transform, channel = session._unload
     session.close()
     channel.unregister()
+    with contextlib.suppress(ValueError):
+        ipython.events.unregister("post_run_cell", session.after_cell)
     if transform in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(transform)
     for kind in ("line", "cell"):

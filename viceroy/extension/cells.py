@@ -140,7 +140,8 @@ class CellRunner:
 
     def _handles_used_by(self, code: str) -> dict[str, Any]:
         """Controller names the cell reads that hold handles (`mesh.ref(...)`, MeshTensors):
-        each rank binds its own value under that name. Nothing else from the controller is sent."""
+        each rank binds its own value under that name (a MeshTensor's, until the controller drops
+        it: `viceroy.runtime.handles`). Nothing else from the controller is sent."""
         if self.shell is None:
             return {}
         ns = self.shell.user_ns

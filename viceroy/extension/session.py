@@ -248,6 +248,19 @@ class MeshSession:
         `CellRunner.run`)."""
         return self._cells.run(self.require(), code, opts, label, sink)
 
+    def after_cell(self, *_: Any) -> None:
+        """After every cell (IPython's post_run_cell): tensor ops and frees the cell queued go to
+        the ranks now, so a MeshTensor deleted in a cell frees the ranks' memory when it ends."""
+        controller = getattr(self.mesh, "_controller", None)
+        if controller is None or not controller.engines:  # (no engine: torch never came into it)
+            return
+        from viceroy.runtime.tensors.engine import send_queued
+
+        try:
+            send_queued(controller)
+        except Exception as e:  # the cell is over; its result stands
+            print(f"viceroy: sending the cell's tensor ops failed: {e}", file=sys.stderr)
+
     def interrupt_running(self) -> None:
         """Interrupt every call in flight on the mesh (safe to call from any thread)."""
         mesh = self.mesh

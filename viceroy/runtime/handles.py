@@ -3,11 +3,18 @@
     x = mesh.ref("x")
     mesh.run("y = x * 2", x=x)        # each rank binds its own x
     mesh.run(lambda v: v.sum(), x)    # in arguments and closures too
+
+A name bound for a code string stays bound on the ranks across calls. Where the value belongs
+to a handle whose owner frees it (a MeshTensor dropped on the controller), the names still
+holding it go with it (`bind_names`, `unbind`), so a handle's memory on the ranks does not
+outlive the handle.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from viceroy.runtime.context import context
@@ -74,3 +81,48 @@ def _resolve(name: str, token: str, describe: str) -> Any:
             # No rank number here: the MeshError names the ranks, and groups equal messages.
             f"handle {name!r}: no variable {name!r} on this rank (define it on the ranks first)"
         ) from None
+
+
+# --- on a rank: names bound to handles' values ---------------------------------------------
+
+_BOUND = "__viceroy_bound_names__"  # namespace entry: handle key -> names bound to its value
+_binding = threading.local()  # .seen: (key, value) of each handle resolved while binding
+
+
+def bind_names(namespace: dict[str, Any], load: Callable[[], dict[str, Any]]) -> None:
+    """Bind in `namespace` the names a code string's call brings (``load()`` unpickles them;
+    handles among them resolve to this rank's values). A name bound to a value whose resolver
+    noted it (`resolved`) is remembered under that handle's key, for `unbind`."""
+    seen: list[tuple[Any, Any]] = []
+    _binding.seen = seen
+    try:
+        names = load()
+    finally:
+        _binding.seen = None
+    namespace.update(names)
+    if not seen:
+        return
+    keys = {id(value): key for key, value in seen}
+    bound: dict[Any, set[str]] = namespace.setdefault(_BOUND, {})
+    for name, value in names.items():
+        key = keys.get(id(value))
+        if key is not None:
+            bound.setdefault(key, set()).add(name)
+
+
+def resolved(key: Any, value: Any) -> None:
+    """A resolver's note: the handle `key` became `value` here (remembered while `bind_names`
+    loads, so that the owner can `unbind` it when it frees the value)."""
+    seen = getattr(_binding, "seen", None)
+    if seen is not None:
+        seen.append((key, value))
+
+
+def unbind(namespace: dict[str, Any], key: Any, value: Any) -> None:
+    """The owner of handle `key` freed `value`: the names a call bound to it go, if they still
+    hold it. A name the rank code rebound, or an alias it made itself (``mine = t``), stays."""
+    bound = namespace.get(_BOUND)
+    names = bound.pop(key, None) if bound else None
+    for name in names or ():
+        if namespace.get(name) is value:
+            del namespace[name]

@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from viceroy.runtime import call_peers, resources, serialize, shm
+from viceroy.runtime import call_peers, handles, resources, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -230,7 +230,7 @@ class Rank:
         user's code runs (not while a view's coordinates are put back after it)."""
         if "code" in header:
             if signed:  # names bound for this code (handles resolve to our values)
-                self.executor.namespace.update(serialize.loads(signed[0], data))
+                handles.bind_names(self.executor.namespace, lambda: serialize.loads(signed[0], data))
             self.in_user_code = True
             try:
                 return self.executor.run_code(header["code"], header["filename"])

@@ -61,6 +61,15 @@ def engine_for(mesh: Mesh) -> Engine:
     return engine
 
 
+def send_queued(controller: Any) -> None:
+    """Send the ops and frees every view of the mesh has queued, without waiting for them (the
+    notebook calls it after each cell: a cell's tensor work starts on the ranks, and a dropped
+    MeshTensor's memory there comes back, without waiting for the next fetch)."""
+    for engine in list(controller.engines.values()):
+        if engine._queue or engine._frees:
+            engine.flush()
+
+
 class Engine:
     """One per mesh view: the queue of ops for its ranks and the ids of their tensors.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from viceroy.runtime import handles
 from viceroy.runtime.context import context
 
 _TABLE = "__viceroy_tensors__"
@@ -179,9 +180,12 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
     finally:
         # Frees were recorded after every op of this batch that uses them was queued: apply
         # them last.
+        ns = context().namespace
         for tid in frees:
-            tab.pop(tid, None)
+            t = tab.pop(tid, None)
             failed.pop(tid, None)
+            if t is not None:
+                handles.unbind(ns, tid, t)
         if (torch.get_default_dtype(), torch.is_grad_enabled()) != saved:
             torch.set_default_dtype(saved[0])
             torch.set_grad_enabled(saved[1])
@@ -337,7 +341,9 @@ def resolve(tid: int, token: str, describe: str) -> Any:
     """A MeshTensor sent to the ranks, as this rank's own tensor (see MeshTensor.as_handle)."""
     if context().mesh_token != token:
         raise ValueError(f"a MeshTensor of mesh ({describe}) reached a rank of another mesh")
-    return _lookup(table(), tid)
+    t = _lookup(table(), tid)
+    handles.resolved(tid, t)
+    return t
 
 
 def get(tid: int) -> Any:
