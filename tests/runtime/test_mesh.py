@@ -1,8 +1,11 @@
 """A local mesh driven from plain Python: running code, namespaces, sub-meshes, transfers."""
 
+import glob
 import os
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -324,3 +327,23 @@ def test_a_function_from_an_earlier_labelled_cell_shows_its_own_lines_in_traceba
         mesh.run("x = 1\ny = 2\nnormalize([0, 0])", label="%%mesh")
     text = str(info.value)
     assert "return [x / total for x in v]" in text and "normalize([0, 0])" in text, text
+
+
+def _run_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "viceroy-*")))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"env": {"VICEROY_MASTER_PORT": "http"}}, r"VICEROY_MASTER_PORT='http' is not a port number"),
+    ({"interface": "10.255.255.1"}, r"interface='10\.255\.255\.1': .*not an address of this machine.*127\.0\.0\.1"),
+])
+def test_a_mesh_refused_at_the_start_leaves_nothing_behind(bad, message, monkeypatch):
+    """Refused before any process starts: the error names the value at fault, and neither a
+    socket directory nor the controller's IO thread stays behind."""
+    for name, value in bad.get("env", {}).items():
+        monkeypatch.setenv(name, value)
+    before, threads = _run_dirs(), set(threading.enumerate())
+    with pytest.raises(ValueError, match=message):
+        vr.Mesh.local(gpus=1, preload=[], interface=bad.get("interface", "127.0.0.1"))
+    assert _run_dirs() == before
+    assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []

@@ -53,7 +53,9 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         preload: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        check_env(env)
+        check_env(env)  # what can be refused is refused before any socket or thread exists
+        rendezvous = rendezvous_env(interface)
+        cwd = os.getcwd()
         self.shape = Shape(dims)
         self.launcher = launcher
         self.signer = Signer(launcher.mesh_key or new_key())  # attach mode: the user's key
@@ -103,12 +105,12 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             "controller_links": self._sockets.address_links,
             "dims": self.shape.dims,
             "world_size": len(self.shape),
-            "cwd": os.getcwd(),
-            "sys_path": [p or os.getcwd() for p in sys.path],
+            "cwd": cwd,
+            "sys_path": [p or cwd for p in sys.path],
             "preload": list(preload),
             "output_limit": output_limit,
             "host_timeout": self._host_timeout,
-            "env": {**rendezvous_env(interface), **(env or {})},
+            "env": {**rendezvous, **(env or {})},
         }
         _live.add(self)
 

@@ -94,12 +94,19 @@ def rendezvous_env(interface: str) -> dict[str, str]:
     import socket
 
     port = os.environ.get("VICEROY_MASTER_PORT", "")
-    if not port:
-        with socket.socket() as s:
-            s.bind((interface, 0))
-            port = str(s.getsockname()[1])
-    elif not port.isdigit() or not 0 < int(port) < 65536:
+    if port and (not port.isdigit() or not 0 < int(port) < 65536):
         raise ValueError(f"VICEROY_MASTER_PORT={port!r} is not a port number (1-65535)")
+    with socket.socket() as s:  # (also checks that the controller can listen there at all)
+        try:
+            s.bind((interface, 0))
+        except (OSError, OverflowError) as e:
+            why = getattr(e, "strerror", None) or str(e)
+            raise ValueError(
+                f"interface={interface!r}: the controller cannot listen there ({why}); it is not an "
+                "address of this machine. Give one that every host can reach, or 127.0.0.1 (the "
+                "default) when the mesh is on this machine alone"
+            ) from None
+        port = port or str(s.getsockname()[1])
     return {"MASTER_ADDR": interface, "MASTER_PORT": port}
 
 
