@@ -1,11 +1,14 @@
-"""Shared test rules: every test leaves no process behind."""
+"""Shared test rules: every test leaves no process, and no file of ours in the temp directory,
+behind."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -57,14 +60,38 @@ def remove_files(paths: list[str]) -> None:
                 os.unlink(path)
 
 
+def viceroy_temp_files() -> set[str]:
+    """Socket directories and logs of ours in the temp directory (``viceroy-*``), less the
+    network-namespace locks the netns tests keep on purpose."""
+    found = glob.glob(os.path.join(tempfile.gettempdir(), "viceroy-*"))
+    return {p for p in found if not os.path.basename(p).startswith("viceroy-netns-")}
+
+
 @contextlib.contextmanager
 def leaks_fail(exempt: Callable[[], set[int]] = set) -> Iterator[None]:
     """Fail (after killing them) if descendant processes started inside the block outlive it by
-    5 s; pids `exempt()` names at the end are left alone."""
+    5 s; pids `exempt()` names at the end are left alone. Then fail (after removing them) if
+    files of ours made in the temp directory inside the block outlive those processes by 5 s."""
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
+    files_before = viceroy_temp_files()
     yield
+    _no_leaked_processes(me, before, exempt)
+    _no_leaked_files(files_before)
 
+
+def _no_leaked_files(before: set[str]) -> None:
+    deadline = time.monotonic() + 5
+    left = viceroy_temp_files() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = viceroy_temp_files() - before
+    if left:
+        remove_files(sorted(left))
+        pytest.fail(f"test left files in the temp directory: {sorted(left)}")
+
+
+def _no_leaked_processes(me: psutil.Process, before: set[int], exempt: Callable[[], set[int]]) -> None:
     def leftovers() -> list[psutil.Process]:
         spared = before | exempt()
         return [p for p in me.children(recursive=True) if p.pid not in spared and p.status() != psutil.STATUS_ZOMBIE]
@@ -86,7 +113,8 @@ def leaks_fail(exempt: Callable[[], set[int]] = set) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
-    """A test that leaves a descendant process running fails (and the process is killed)."""
+    """A test that leaves a descendant process running, or a file of ours in the temp directory,
+    fails (and the process is killed, the file removed)."""
     with leaks_fail():
         yield
 
