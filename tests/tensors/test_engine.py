@@ -87,23 +87,38 @@ def test_ops_mixing_meshes_are_refused(start_mesh):
         a + b
 
 
+def _rank0_rss(mesh):
+    proc = psutil.Process(mesh.pids()[0])
+    return lambda: proc.memory_info().rss
+
+
+def _settled(mesh, rss):
+    """A tensor made and fetched (the engine is set up on the ranks), for the caller to keep,
+    with the ranks' engine tensor count and rank 0's memory after it."""
+    with mesh.activate():
+        t = torch.ones(1)
+    t.fetch()
+    return t, _engine_tensors(mesh), rss()
+
+
+def _memory_comes_back(mesh, rss, before, count):
+    """After the controller dropped its MeshTensors: the ranks free them with the next batch,
+    their memory and engine tensor count come back to what they were."""
+    gc.collect()
+    mesh._engine.sync()
+    wait_until(lambda: rss() < before + 256 * (1 << 20), 10, "rank memory to come back")
+    assert _engine_tensors(mesh) == count
+
+
 def test_dropping_the_last_reference_frees_the_ranks_tensors(tmesh):
-    pid = tmesh.pids()[0]
-    rss = lambda: psutil.Process(pid).memory_info().rss  # noqa: E731
-    with tmesh.activate():
-        a = torch.ones(1)
-    a.fetch()
-    base_count = _engine_tensors(tmesh)
-    before = rss()
+    rss = _rank0_rss(tmesh)
+    _kept, base_count, before = _settled(tmesh, rss)
     with tmesh.activate():
         big = [torch.ones(64, 1024, 1024) for _ in range(4)]  # 4 x 256 MiB per rank
     tmesh._engine.sync()  # they exist now (a fetch would leave its transfer buffer mapped)
     assert rss() > before + 512 * (1 << 20)
     del big
-    gc.collect()
-    tmesh._engine.sync()  # frees go with the next batch
-    wait_until(lambda: rss() < before + 256 * (1 << 20), 10, "rank memory to come back")
-    assert _engine_tensors(tmesh) == base_count
+    _memory_comes_back(tmesh, rss, before, base_count)
 
 
 def test_a_tensor_bound_to_a_name_of_rank_code_is_freed_with_its_handle(tmesh):
@@ -111,13 +126,8 @@ def test_a_tensor_bound_to_a_name_of_rank_code_is_freed_with_its_handle(tmesh):
     name does) stays bound on the ranks while the handle lives, and goes when it is dropped:
     rank memory does not outlive the controller's handle. A name the rank code rebound, or an
     alias it made itself, is the rank's own and stays."""
-    pid = tmesh.pids()[0]
-    rss = lambda: psutil.Process(pid).memory_info().rss  # noqa: E731
-    with tmesh.activate():
-        small = torch.ones(2)
-    small.fetch()
-    base_count = _engine_tensors(tmesh)
-    before = rss()
+    rss = _rank0_rss(tmesh)
+    _kept, base_count, before = _settled(tmesh, rss)
     with tmesh.activate():
         big = torch.ones(256, 1024, 1024)  # 1 GiB per rank
         kept = torch.ones(3)
@@ -127,10 +137,7 @@ def test_a_tensor_bound_to_a_name_of_rank_code_is_freed_with_its_handle(tmesh):
     assert tmesh.run("big.shape[0]").values() == [256, 256], "bound names persist across calls"
     assert rss() > before + 768 * (1 << 20)
     del big, kept
-    gc.collect()
-    tmesh._engine.sync()  # frees go with the next batch
-    wait_until(lambda: rss() < before + 256 * (1 << 20), 10, "rank memory to come back")
-    assert _engine_tensors(tmesh) == base_count
+    _memory_comes_back(tmesh, rss, before, base_count)
     assert tmesh.run("'big' in globals()").values() == [False, False]
     assert tmesh.run("(kept.tolist(), mine.tolist())").values() == [([2.0] * 3, [1.0] * 3)] * 2
 
