@@ -11,6 +11,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -80,12 +81,18 @@ def leaks_fail(exempt: Callable[[], set[int]] = set) -> Iterator[None]:
     _no_leaked_files(files_before)
 
 
-def _no_leaked_files(before: set[str]) -> None:
-    deadline = time.monotonic() + 5
-    left = viceroy_temp_files() - before
+def _left_after(leftovers: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """What `leftovers()` still gives once it gives nothing, or after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = viceroy_temp_files() - before
+        left = leftovers()
+    return left
+
+
+def _no_leaked_files(before: set[str]) -> None:
+    left = _left_after(lambda: viceroy_temp_files() - before)
     if left:
         remove_files(sorted(left))
         pytest.fail(f"test left files in the temp directory: {sorted(left)}")
@@ -96,11 +103,7 @@ def _no_leaked_processes(me: psutil.Process, before: set[int], exempt: Callable[
         spared = before | exempt()
         return [p for p in me.children(recursive=True) if p.pid not in spared and p.status() != psutil.STATUS_ZOMBIE]
 
-    deadline = time.monotonic() + 5
-    left = leftovers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = leftovers()
+    left = _left_after(leftovers)
     if left:
         desc = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left]
         for p in left:

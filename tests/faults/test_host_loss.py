@@ -16,6 +16,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import live_pids, remove_files, wait_running, wait_until
+from viceroy.runtime.procs import socket_dir
 
 
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
@@ -23,7 +24,7 @@ def test_a_frozen_or_killed_agent_loses_its_host_within_5s(start_mesh, sig):
     mesh = start_mesh(hosts=2, gpus=2)
     mesh.run("x = rank")
     agent = mesh._controller.agent_processes()[1]
-    rundir = os.path.dirname(mesh._controller.agent_info[1]["endpoints"][0].removeprefix("ipc://"))
+    rundir = socket_dir(mesh._controller.agent_info[1]["endpoints"][0])
     fut = mesh.run("import time\ntime.sleep(60)", block=False)
     wait_running(mesh, "time.sleep")
     t0 = time.monotonic()

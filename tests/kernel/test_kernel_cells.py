@@ -176,7 +176,6 @@ def test_a_mesh_tensor_bound_to_a_controller_name_is_each_ranks_tensor(mesh_kern
     assert sorted(ex.stream().splitlines()) == ["[0] 0 6.0", "[1] 1 6.0"]
 
 
-
 def test_a_mesh_tensor_deleted_in_a_cell_is_gone_from_the_ranks_when_the_cell_ends(mesh_kernel: Kernel):
     """Dropping a MeshTensor frees each rank's tensor after the cell, with no fetch to carry the
     free: the name a `%%mesh` cell bound to it goes too, so its memory comes back."""

@@ -1,9 +1,7 @@
 """A local mesh driven from plain Python: running code, namespaces, sub-meshes, transfers."""
 
-import glob
 import os
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -12,7 +10,7 @@ import numpy as np
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_running
+from tests.conftest import viceroy_temp_files, wait_running
 
 
 def test_code_returns_each_ranks_last_expression(start_mesh):
@@ -329,10 +327,6 @@ def test_a_function_from_an_earlier_labelled_cell_shows_its_own_lines_in_traceba
     assert "return [x / total for x in v]" in text and "normalize([0, 0])" in text, text
 
 
-def _run_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "viceroy-*")))
-
-
 @pytest.mark.parametrize("bad, message", [
     ({"env": {"VICEROY_MASTER_PORT": "http"}}, r"VICEROY_MASTER_PORT='http' is not a port number"),
     ({"interface": "10.255.255.1"}, r"interface='10\.255\.255\.1': .*not an address of this machine.*127\.0\.0\.1"),
@@ -342,8 +336,8 @@ def test_a_mesh_refused_at_the_start_leaves_nothing_behind(bad, message, monkeyp
     socket directory nor the controller's IO thread stays behind."""
     for name, value in bad.get("env", {}).items():
         monkeypatch.setenv(name, value)
-    before, threads = _run_dirs(), set(threading.enumerate())
+    before, threads = viceroy_temp_files(), set(threading.enumerate())
     with pytest.raises(ValueError, match=message):
         vr.Mesh.local(gpus=1, preload=[], interface=bad.get("interface", "127.0.0.1"))
-    assert _run_dirs() == before
+    assert viceroy_temp_files() == before
     assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []

@@ -99,7 +99,7 @@ def rendezvous_env(interface: str) -> dict[str, str]:
     with socket.socket() as s:  # (also checks that the controller can listen there at all)
         try:
             s.bind((interface, 0))
-        except (OSError, OverflowError) as e:
+        except OSError as e:
             why = getattr(e, "strerror", None) or str(e)
             raise ValueError(
                 f"interface={interface!r}: the controller cannot listen there ({why}); it is not an "

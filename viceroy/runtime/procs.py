@@ -41,11 +41,16 @@ def remove_run_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def socket_dir(address: str) -> str | None:
+    """The directory of an ``ipc://DIR/NAME`` socket; None for other addresses (TCP)."""
+    return os.path.dirname(address[len("ipc://"):]) if address.startswith("ipc://") else None
+
+
 def remove_socket_dir(address: str) -> None:
-    """Remove the directory of an ``ipc://DIR/NAME`` socket of ours; other addresses (TCP) have
-    none."""
-    if address.startswith("ipc://"):
-        remove_run_dir(os.path.dirname(address[len("ipc://"):]))
+    """Remove the directory of an ``ipc://DIR/NAME`` socket of ours; other addresses have none."""
+    path = socket_dir(address)
+    if path is not None:
+        remove_run_dir(path)
 
 
 def clean_after_dead_parent(parent: int, controller_in: str, wait: float = 1.0) -> bool:
