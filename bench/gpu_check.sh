@@ -4,8 +4,9 @@
 #
 #   bash bench/gpu_check.sh            # from the repository root, after `make setup`
 #
-# Checks: CuPy and NCCL import; device pinning (each rank sees one GPU through
-# CUDA_VISIBLE_DEVICES); a communicator built through the rendezvous store; all_reduce,
+# Checks: CuPy and NCCL import; device binding (the ranks of a host see its GPUs, and each
+# runs on the one at its local rank: torch, CuPy, an actor's thread, stock set_device(LOCAL_RANK));
+# a communicator built through the rendezvous store; all_reduce,
 # all_gather, reduce_scatter, broadcast on CuPy arrays and on torch CUDA tensors; an interrupt
 # that releases a blocked nccl all_reduce and a rebuild after it; device-to-host fetch bandwidth
 # (a CUDA tensor pulled to the controller); the tensor engine on CUDA tensors (ops on each
@@ -34,7 +35,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "gpu_check: skipped: no GPU here (nvidia-smi finds none)"; exit 2
 fi
 nvidia-smi -L
-echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}; /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l) entries (ranks are pinned from these); /dev/shm: $(df -h --output=size /dev/shm 2>/dev/null | tail -1 | tr -d ' ') (NCCL needs more than Docker's 64M)"
+echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}; /proc/driver/nvidia/gpus: $(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l) entries (ranks are given these); /dev/shm: $(df -h --output=size /dev/shm 2>/dev/null | tail -1 | tr -d ' ') (NCCL needs more than Docker's 64M)"
 
 WHEELS=${VICEROY_WHEELS:-bench/out/wheels}
 if ! "$PY" -c "import zmq, cloudpickle" 2>/dev/null; then
@@ -142,11 +143,33 @@ def start():
 
 
 def pinning():
-    got = mesh.run("(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count(), "
-                   "torch.cuda.current_device())", timeout=T).by_rank()
-    pins = [v[0] for v in got.values()]
-    assert all(v[1] == 1 and v[2] == 0 for v in got.values()), got  # each rank sees its GPU alone
-    assert len(set(pins)) == len(pins), got  # and no two ranks the same
+    # Every rank sees the host's GPUs (one list, as under torchrun) and runs on the one at its
+    # local rank: torch (made current when CUDA starts, not at import), CuPy (at import), an
+    # actor's thread, and stock code choosing the device by LOCAL_RANK.
+    got = mesh.run("(torch.cuda.is_initialized(), os.environ.get('CUDA_VISIBLE_DEVICES'), "
+                   "int(os.environ['LOCAL_RANK']), vr.context().device, torch.cuda.device_count(), "
+                   "torch.cuda.current_device(), cupy.cuda.runtime.getDevice())", timeout=T).by_rank()
+    for r, (started, visible, local, device, count, current, cupy_current) in got.items():
+        assert not started, f"rank {r}: importing torch started CUDA: {got}"
+        assert device == local % count and current == device and cupy_current == device, got
+    assert len({v[1] for v in got.values()}) == 1, f"ranks see different GPUs: {got}"
+    stock = mesh.run("torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
+                     "torch.ones(1, device='cuda').device.index", timeout=T).values()
+    assert stock == [int(v[3]) for v in got.values()], stock
+
+    class OnGpu(vr.Actor):
+        @vr.endpoint
+        def where(self):
+            import torch
+
+            return torch.ones(1, device="cuda").device.index
+
+    actors = mesh.spawn(OnGpu)
+    try:
+        on_actor = actors.where.call().get(timeout=T).values()
+    finally:
+        actors.stop()
+    assert on_actor == [v[3] for v in got.values()], on_actor
     return str(got)
 
 
@@ -346,7 +369,6 @@ def nccl_bandwidth():
 
         import viceroy as vr
 
-        torch.cuda.set_device(0)
         if not dist.is_initialized():
             dist.init_process_group("nccl")
         ours = torch.ones(nbytes // 4, device="cuda")
@@ -401,7 +423,7 @@ def two_ranks_one_gpu():
 check("mesh up (torch, cupy on every rank)", start)
 try:
     if mesh is not None:
-        check("device pinning (CUDA_VISIBLE_DEVICES per rank)", pinning)
+        check("device binding (a GPU per local rank)", pinning)
         check("nccl communicator, one rank (CuPy + torch CUDA)", one_rank)
         check("collectives on CuPy arrays", collectives_cupy)
         check("collectives on torch CUDA tensors", collectives_torch)

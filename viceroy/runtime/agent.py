@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import multipart, shm
+from viceroy.runtime import devices, multipart, shm
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
 from viceroy.runtime.links import LinkServer
@@ -37,7 +37,6 @@ from viceroy.runtime.procs import (
     describe_exit,
     die_now,
     hold_lifeline,
-    visible_gpus,
 )
 from viceroy.runtime.shape import RunSet
 from viceroy.runtime.wire import BadMessage, Signer
@@ -103,13 +102,14 @@ class Agent:
         # aggregate of its ranks' results per call.
         self.direct = bool(cfg.get("direct"))
         self.slots: dict[int, RankSlot] = {}
-        gpus = visible_gpus()
+        gpus, local_ranks = devices.visible_gpus(), len(cfg["ranks"])
         for rc in cfg["ranks"]:
-            device_env = {"RANK": rc["rank"], "LOCAL_RANK": rc["local_rank"], "WORLD_SIZE": cfg["world_size"]}
-            if gpus:
-                device_env["CUDA_VISIBLE_DEVICES"] = gpus[rc["local_rank"] % len(gpus)]
+            gpu_env, device = devices.assign(rc["local_rank"], local_ranks, gpus)
+            device_env = {"RANK": rc["rank"], "LOCAL_RANK": rc["local_rank"], "WORLD_SIZE": cfg["world_size"],
+                          "LOCAL_WORLD_SIZE": local_ranks, **gpu_env}
             rank_cfg = {
                 **rc,
+                "device": device,
                 "key": cfg["key"],
                 "token": cfg["token"],
                 "dims": cfg["dims"],

@@ -28,6 +28,10 @@ class Context:
     namespace: dict[str, Any] = field(repr=False)
     _publish: Callable[[str, Any], None] = field(repr=False)
     mesh_token: str = field(default="", repr=False)
+    # This rank's GPU, an index among the GPUs its host's ranks all see (CUDA_VISIBLE_DEVICES,
+    # the same list on each), made the current device when CUDA starts; None without a GPU.
+    # (See viceroy.runtime.devices.)
+    device: int | None = None
     # While a call runs on a view of the mesh (a slice, split, rename, selection), `coords` and
     # `dims` are the view's, and `ranks` holds the global rank at each of its positions
     # (row-major); None: the whole mesh, in order. `view_key` names the view (group caches).

@@ -42,12 +42,10 @@ def device_mesh(device_type: str | None = None) -> Any:
             f"{len(ctx.ranks)} of its {ctx.world_size} ranks: call it on the whole mesh, or on a "
             "split, rename or flatten of it")
     install_torch_hooks()
-    if kind == "cuda" and not torch.cuda.is_initialized():
-        # Before DeviceMesh does: it would call set_device(LOCAL_RANK), and a rank pinned to
-        # its GPU with CUDA_VISIBLE_DEVICES sees that GPU alone, as device 0 ("invalid device
-        # ordinal" on every rank but local rank 0), even when the default group already exists
-        # (%mesh up --torch-dist).
-        torch.cuda.set_device(0 if ctx.local_rank is None else ctx.local_rank % torch.cuda.device_count())
+    if kind == "cuda" and ctx.device is not None:
+        # Before DeviceMesh picks one by global rank % GPUs per host: the rank's own, by its
+        # local rank (the same on even hosts; right on uneven ones). viceroy.runtime.devices.
+        torch.cuda.set_device(ctx.device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
     dm = _meshes[key] = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))

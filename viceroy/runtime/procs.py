@@ -124,15 +124,3 @@ def agent_timeout(host_timeout_s: float) -> float:
     """An agent waits longer than the controller does: the controller decides first, and a
     controller busy for a few seconds (a long call holding the GIL) does not cost the ranks."""
     return host_timeout_s + 7.0
-
-
-def visible_gpus() -> list[str]:
-    """This host's GPU ids, found without initialising CUDA (which must not happen before the
-    fork server forks ranks): CUDA_VISIBLE_DEVICES if set, else the NVIDIA driver's list."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d for d in env.split(",") if d.strip() and d.strip() != "-1"]
-    try:
-        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
-    except OSError:
-        return []

@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from viceroy.runtime import call_peers, handles, resources, serialize, shm
+from viceroy.runtime import call_peers, devices, handles, resources, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -73,6 +73,7 @@ class Rank:
                 dims=dict(cfg["dims"]),
                 local_rank=cfg["local_rank"],
                 world_size=cfg["world_size"],
+                device=cfg.get("device"),
                 host=cfg["host"],
                 namespace=namespace,
                 mesh_token=cfg["token"],
@@ -216,6 +217,7 @@ class Rank:
                 )
                 continue
             self.output.begin_call(call_id)
+            devices.make_current()
             reply = self._run_job(header, signed, data)
             if cc := call_peers.counts():  # collectives it started: peers still waiting compare
                 reply[0]["cc"] = cc
@@ -357,6 +359,7 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         _no_stdin()
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
+        devices.bind(cfg.get("device"))
         _reseed_after_fork()
         if "torch" in sys.modules:  # preloaded: rank 0 opens the rendezvous store at once
             from viceroy.runtime.collectives.store import start_early

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from viceroy.runtime import devices
+
 
 def use() -> dict[str, Any]:
     """This process's memory and GPU use, for the "stats" query: ``rss`` (bytes), ``gpu_mem``
@@ -60,7 +62,7 @@ def _nvml_use() -> tuple[int | None, float | None]:
             import pynvml
 
             pynvml.nvmlInit()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+            visible = devices.physical_id() or "0"
             handle = (pynvml.nvmlDeviceGetHandleByIndex(int(visible)) if visible.isdigit()
                       else pynvml.nvmlDeviceGetHandleByUUID(visible))
             nvml.update(handle=handle, lib=pynvml)

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import serialize, shm
+from viceroy.runtime import devices, serialize, shm
 from viceroy.runtime.actors import output, plain
 from viceroy.runtime.actors.rank_client import resolve_reply
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
@@ -150,6 +150,7 @@ class ActorHost:
         asyncio.set_event_loop(self.loop)
         while not self.stopped:
             call_id, kind, ep, signed, data, oneway = self._next()
+            devices.make_current()  # this thread's CUDA device: the rank's GPU, once CUDA runs
             if self.stopped:
                 self._refuse((call_id, kind, ep))
             elif kind == "spawn":

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from viceroy.runtime import devices
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 
 SKIPPED = "skipped: needs CuPy and a GPU"
@@ -315,7 +316,7 @@ class NcclBackend(Backend):
         import cupy
         from cupy.cuda import nccl
 
-        with cupy.cuda.Device(device or 0):
+        with cupy.cuda.Device(device if device is not None else devices.own() or 0):
             if index == 0:
                 uid = nccl.get_unique_id()
                 store.set("uid", json.dumps(list(uid)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from viceroy.runtime import handles
+from viceroy.runtime import devices, handles
 from viceroy.runtime.context import context
 
 _TABLE = "__viceroy_tensors__"
@@ -50,9 +50,13 @@ def failures() -> dict[int, str]:
 
 
 def _device() -> Any:
+    """Where this rank's tensors live: its own GPU (`viceroy.runtime.devices`), or the CPU."""
     import torch
 
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    own = devices.own()
+    return torch.device("cuda") if own is None else torch.device("cuda", own)
 
 
 def pack_ops(ops: list[Op]) -> bytes | list[Op]:
