@@ -67,6 +67,52 @@ def _in_turn(runs: list[tuple[object, str]], reps: int) -> list[list[float]]:
     return times
 
 
+def _tree(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU time the threads of `pids` have run, in seconds (the scheduler's count, in ns)."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
+
+
+def _cpu_per_cell(km, kc, code: str, reps: int) -> float:
+    """CPU seconds per cell of `code`, of the kernel, every process under it (ranks, agents,
+    an ipyparallel cluster) and this client, over a block of `reps` cells."""
+    pids = [*_tree(km.provisioner.process.pid), os.getpid()]
+    before = _cpu_s(pids)
+    for _ in range(reps):
+        _execute(kc, code)
+    return (_cpu_s(pids) - before) / reps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=300, help="executions of each Viceroy cell")
@@ -77,6 +123,7 @@ def main() -> None:
     ours: list[list[float]] = [[], []]
     stock_a1: list[float] = []
     px: list[float] = []
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         from viceroy.kernel.kernelspec import write_kernel_spec
 
@@ -105,6 +152,12 @@ def main() -> None:
                 stock_a1 += _in_turn([(skc, "a=1")], args.reps // args.rounds)[0]
                 if have_ipp:
                     px += _in_turn([(pkc, "%px a=1")], max(20, args.reps // (3 * args.rounds)))[0]
+            # After the timed rounds: how much CPU each cell takes, all processes counted. A
+            # cell that keeps the CPUs busy slows down with the machine; one that mostly waits
+            # (timers, polls) does not, which is why the ratio to %px moves with this VM's speed.
+            cpu = {"a=1": _cpu_per_cell(km, kc, "a=1", 100), "%%mesh a=1": _cpu_per_cell(km, kc, "%%mesh\na=1", 100)}
+            if have_ipp:
+                cpu["%px a=1"] = _cpu_per_cell(pkm, pkc, "%px a=1", 30)
         finally:
             for km, kc, stop in reversed(kernels):
                 try:
@@ -128,6 +181,9 @@ def main() -> None:
     print(f"\nbench_kernel: medians of {len(ours[0])} executions of each Viceroy cell and {len(px)} of %px, "
           f"in {args.rounds} rounds; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
+    walls = {"a=1": plain, "%%mesh a=1": mesh, "%px a=1": statistics.median(px) if px else 0.0}
+    print("\nCPU per cell, the kernel and all under it plus this client (wall: median above): "
+          + "; ".join(f"{k} {fmt_time(v)} in {fmt_time(walls[k])}" for k, v in cpu.items()))
 
 
 if __name__ == "__main__":
