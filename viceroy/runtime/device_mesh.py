@@ -42,9 +42,10 @@ def device_mesh(device_type: str | None = None) -> Any:
             f"{len(ctx.ranks)} of its {ctx.world_size} ranks: call it on the whole mesh, or on a "
             "split, rename or flatten of it")
     install_torch_hooks()
-    if kind == "cuda" and ctx.device is not None:
+    if kind == "cuda" and ctx.device is not None and not torch.cuda.is_initialized():
         # Before DeviceMesh picks one by global rank % GPUs per host: the rank's own, by its
         # local rank (the same on even hosts; right on uneven ones). viceroy.runtime.devices.
+        # (Once CUDA runs, the rank's GPU is current already, or the one the user chose.)
         torch.cuda.set_device(ctx.device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
