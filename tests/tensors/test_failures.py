@@ -107,6 +107,28 @@ def test_a_collective_of_a_failed_tensor_fails_at_once_and_an_unrelated_one_runs
         lost.fetch()
 
 
+def test_a_collective_one_rank_cannot_join_ends_on_its_peers_naming_that_rank(tmesh):
+    with tmesh.activate():
+        x = torch.ones(4)
+        i = torch.zeros(1, dtype=torch.long)
+    tmesh.run(lambda t: t.fill_(10 if vr.context().rank == 1 else 0), i)
+    with tmesh.activate():
+        picked = x[i]  # out of range on rank 1 only: rank 0 has a value and joins the reduce
+        line = _line()
+        y = x * 3
+    ok = reduce(y, "sum")  # the collective before it: every rank finishes it, none is cut off
+    lost = reduce(picked, "sum")
+    start = time.monotonic()
+    with pytest.raises(vr.MeshError, match=f"line {line}"):  # the failed op surfaces first
+        lost.fetch()
+    # Rank 0 waited in the reduce for rank 1, which could not join it: released, naming it.
+    with pytest.raises(vr.MeshError, match=rf"rank 0: .*rank 1 finished the call without joining[\s\S]*"
+                                           rf"rank 1: .*__getitem__ \(issued at .*line {line}\)"):
+        lost.fetch()
+    assert time.monotonic() - start < 5
+    assert [t.tolist() for t in ok.fetch().values()] == [[6.0] * 4] * 2
+
+
 def test_to_mesh_of_a_failed_tensor_names_the_failure_on_both_sides(seeded_mesh):
     mesh = seeded_mesh(gpus=4)
     with mesh.slice(gpus=slice(0, 2)).activate():

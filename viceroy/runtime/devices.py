@@ -94,11 +94,14 @@ def make_current() -> None:
     """Before a call runs user code on one of the rank's threads (see the module docstring)."""
     if _device is None or getattr(_bound, "done", False):
         return
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        _set(lambda: torch.cuda.set_device(_device))
-    elif "cupy" in sys.modules:
-        _set(lambda: sys.modules["cupy"].cuda.runtime.setDevice(_device))
+    torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            _set(lambda: torch.cuda.set_device(_device))
+        elif cupy is not None and hasattr(cupy, "cuda"):
+            _set(lambda: cupy.cuda.runtime.setDevice(_device))
+    except AttributeError:  # a module another thread is still importing: at the next call
+        pass
 
 
 def _bind_torch(torch: ModuleType) -> None:

@@ -278,8 +278,11 @@ class Engine:
             return
         # No fail-fast: every rank runs its own ops to the end (a failed op fails only what uses
         # its results), so the ranks' tensor tables stay consistent with each other. Collectives
-        # go in calls of their own, with fail-fast and stopping at the first failure: a rank that
-        # cannot join one stops, and its peers waiting in it are released.
+        # go in calls of their own, stopping at the first failure: a rank that cannot join one
+        # stops, and its peers waiting in it are released by the counts of collectives the
+        # ranks that finished had started (`viceroy.runtime.call_peers`), not by fail-fast,
+        # which would also interrupt a peer still finishing the collective before it (a ring
+        # all_reduce ends a little later on some ranks than on others).
         pending = self._pending
         chunks = _chunks(ops)
         for n, (chunk, talks) in enumerate(chunks):
@@ -292,7 +295,7 @@ class Engine:
                         break
             last = n == len(chunks) - 1  # frees go last: after every op that uses them
             fut = self.mesh.run(worker.apply_batch, worker.pack_ops(chunk), frees if last else [], start, talks,
-                                block=False, label="tensor ops", fail_fast=talks)
+                                block=False, label="tensor ops", fail_fast=False)
             pending.append(fut)
         if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
             pending[:] = [f for f in pending if not f.done() or f.exception(0) is not None]
