@@ -142,7 +142,7 @@ def start():
     return f"{n} rank(s), torch and cupy imported on each"
 
 
-def pinning():
+def binding():
     # Every rank sees the host's GPUs (one list, as under torchrun) and runs on the one at its
     # local rank: torch (made current when CUDA starts, not at import), CuPy (at import), an
     # actor's thread, and stock code choosing the device by LOCAL_RANK.
@@ -423,7 +423,7 @@ def two_ranks_one_gpu():
 check("mesh up (torch, cupy on every rank)", start)
 try:
     if mesh is not None:
-        check("device binding (a GPU per local rank)", pinning)
+        check("device binding (a GPU per local rank)", binding)
         check("nccl communicator, one rank (CuPy + torch CUDA)", one_rank)
         check("collectives on CuPy arrays", collectives_cupy)
         check("collectives on torch CUDA tensors", collectives_torch)

@@ -56,17 +56,20 @@ def test_torch_is_told_the_ranks_gpu_without_starting_cuda(start_mesh, monkeypat
     assert got == [(bool(preload), 1, False)] * 2
 
 
-def _write_module(tmp_path, name, body):
-    (tmp_path / f"{name}.py").write_text(body)
-    return name
-
-
 @pytest.fixture
 def fresh_modules(tmp_path, monkeypatch):
+    """``fresh_modules(name, body)`` writes module `name` where imports find it; the modules and
+    any hook still waiting are gone after the test."""
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     made = []
-    yield lambda name, body: made.append(_write_module(tmp_path, name, body)) or name
+
+    def write(name, body):
+        (tmp_path / f"{name}.py").write_text(body)
+        made.append(name)
+        return name
+
+    yield write
     for name in made:
         sys.modules.pop(name, None)
     devices._finder.hooks.clear()
@@ -95,7 +98,7 @@ def test_a_failing_hook_leaves_the_import_standing(fresh_modules, capsys):
     assert "after importing viceroy_probe_b: ZeroDivisionError" in capsys.readouterr().err
 
 
-def test_a_hook_waits_for_a_module_that_is_not_there_yet(fresh_modules, tmp_path):
+def test_a_hook_waits_for_a_module_that_is_not_there_yet(fresh_modules):
     seen = []
     devices.after_import("viceroy_probe_c", lambda m: seen.append(m.__name__))
     with pytest.raises(ModuleNotFoundError):

@@ -21,6 +21,14 @@ def tmesh(seeded_mesh):
     return seeded_mesh(gpus=2)
 
 
+def _index_bad_on_rank_1(mesh):
+    """A MeshTensor index: 0 on every rank, 10 on rank 1 (out of range for a 4-long tensor)."""
+    with mesh.activate():
+        i = torch.zeros(1, dtype=torch.long)
+    mesh.run(lambda t: t.fill_(10 if vr.context().rank == 1 else 0), i)
+    return i
+
+
 def test_ops_after_a_failed_op_of_the_same_batch_still_run(tmesh):
     with tmesh.activate():
         x = torch.zeros(4)
@@ -74,11 +82,9 @@ def test_a_failed_in_place_op_marks_its_tensor(tmesh):
 
 
 def test_an_op_failing_on_one_rank_only_leaves_the_others_in_step(tmesh):
+    i = _index_bad_on_rank_1(tmesh)
     with tmesh.activate():
         w = torch.zeros(4)
-        i = torch.zeros(1, dtype=torch.long)
-    tmesh.run(lambda t: t.fill_(10 if vr.context().rank == 1 else 0), i)
-    with tmesh.activate():
         picked = w[i]  # out of range on rank 1 only
         line = _line()
         w.add_(5)  # independent: runs on both ranks
@@ -108,11 +114,9 @@ def test_a_collective_of_a_failed_tensor_fails_at_once_and_an_unrelated_one_runs
 
 
 def test_a_collective_one_rank_cannot_join_ends_on_its_peers_naming_that_rank(tmesh):
+    i = _index_bad_on_rank_1(tmesh)
     with tmesh.activate():
         x = torch.ones(4)
-        i = torch.zeros(1, dtype=torch.long)
-    tmesh.run(lambda t: t.fill_(10 if vr.context().rank == 1 else 0), i)
-    with tmesh.activate():
         picked = x[i]  # out of range on rank 1 only: rank 0 has a value and joins the reduce
         line = _line()
         y = x * 3

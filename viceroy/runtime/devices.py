@@ -98,8 +98,9 @@ def make_current() -> None:
     try:
         if torch is not None and torch.cuda.is_initialized():
             _set(lambda: torch.cuda.set_device(_device))
-        elif cupy is not None and hasattr(cupy, "cuda"):
-            _set(lambda: cupy.cuda.runtime.setDevice(_device))
+        elif cupy is not None:
+            runtime = cupy.cuda.runtime
+            _set(lambda: runtime.setDevice(_device))
     except AttributeError:  # a module another thread is still importing: at the next call
         pass
 
