@@ -22,7 +22,7 @@ from traitlets import Float
 import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
-from viceroy.kernel.iostream import batch_history_writes, bound_output_history
+from viceroy.kernel.iostream import batch_history_writes, bound_output_history, wake_iopub_once
 from viceroy.kernel.tracebacks import install_mesh_error_rendering, release_failed_cells
 
 
@@ -102,6 +102,8 @@ class ViceroyKernel(IPythonKernel):
         release_failed_cells(self.shell)
         batch_history_writes(self.shell)
         bound_output_history(self.shell)
+        if self.iopub_thread is not None:
+            wake_iopub_once(self.iopub_thread)
         atexit.register(self._close_mesh)
 
     @property

@@ -1,0 +1,162 @@
+"""`wake_iopub_once` (viceroy/kernel/iostream.py) on a real ipykernel IOPub thread and socket:
+what is handed over while the thread's loop is busy goes out in that turn, in order, without
+waking it again; items from any thread run in their order; a failing item is reported and the rest still go; a stopped thread runs items at once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import zmq
+from ipykernel.iostream import IOPubThread
+
+from viceroy.kernel.iostream import wake_iopub_once
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Counted:
+    """An IOPub thread whose wake-ups by this (the test's main) thread are counted: callbacks
+    added to its loop, and messages on ipykernel's own wake-up pipe."""
+
+    def __init__(self, thread: IOPubThread) -> None:
+        self.thread = thread
+        self.wakeups = 0
+        add_callback = thread.io_loop.add_callback
+        pipe = thread._event_pipe  # this thread's
+
+        def counting(*args, **kwargs):
+            self.wakeups += 1
+            return add_callback(*args, **kwargs)
+
+        class CountingPipe:
+            def send(_, *args, **kwargs):
+                self.wakeups += 1
+                return pipe.send(*args, **kwargs)
+
+        thread.io_loop.add_callback = counting
+        thread._local.event_pipe = CountingPipe()
+
+    def run_there(self, f) -> None:
+        """Run `f` on the IOPub thread and wait for it."""
+        done = threading.Event()
+
+        def call() -> None:
+            f()
+            done.set()
+
+        self.thread.schedule(call)
+        assert done.wait(10), "the IOPub thread never ran what it was handed"
+
+    def stop(self) -> None:
+        if self.thread.thread.is_alive():  # end ipykernel's housekeeping task while its loop runs
+            self.run_there(lambda: self.thread._event_pipe_gc_task.cancel())
+            self.run_there(lambda: None)
+        self.thread.stop()
+
+    def held(self) -> tuple[threading.Event, threading.Event]:
+        """Keep the thread busy until the returned `release` is set (`busy` once it is)."""
+        busy, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            busy.set()
+            release.wait(10)
+
+        self.thread.schedule(hold)
+        assert busy.wait(10)
+        return busy, release
+
+
+@pytest.fixture
+def iopub() -> Iterator[tuple[Counted, zmq.Socket]]:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    thread = IOPubThread(pub)
+    thread.start()
+    counted = Counted(thread)
+    wake_iopub_once(thread)
+    try:
+        yield counted, sub
+    finally:
+        counted.stop()
+        thread.close()
+        sub.close(linger=0)
+        ctx.term()
+
+
+def _subscribed(counted: Counted, sub: zmq.Socket) -> None:
+    """Wait until a message sent on the PUB socket reaches `sub` (a SUB joins late)."""
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    for _ in range(200):
+        counted.thread.send_multipart([b"hello"])
+        if poller.poll(50):
+            while sub.poll(100):
+                sub.recv_multipart()
+            return
+    raise AssertionError("the SUB socket never received anything")
+
+
+def test_a_burst_goes_out_in_order_without_a_wakeup_each(iopub):
+    counted, sub = iopub
+    _subscribed(counted, sub)
+    _, release = counted.held()
+    before = counted.wakeups
+    for i in range(50):
+        counted.thread.send_multipart([b"msg", str(i).encode()])
+    # The loop's turn that runs `hold` is still going: it sends these too, no new wake-up.
+    assert counted.wakeups - before == 0
+    release.set()
+    got = [sub.recv_multipart()[1] for _ in range(50)]
+    assert got == [str(i).encode() for i in range(50)]
+
+
+def test_items_from_several_threads_all_run_each_threads_in_order(iopub):
+    counted, _ = iopub
+    ran: list[tuple[int, int]] = []
+
+    def hand_over(t: int) -> None:
+        for i in range(300):
+            counted.thread.schedule(lambda t=t, i=i: ran.append((t, i)))
+
+    threads = [threading.Thread(target=hand_over, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    counted.run_there(lambda: None)  # after everything handed over before it
+    assert len(ran) == 1200
+    for t in range(4):
+        assert [i for tt, i in ran if tt == t] == list(range(300))
+
+
+def test_a_failing_item_is_reported_and_the_rest_still_run(iopub, capfd):
+    counted, _ = iopub
+    ran: list[int] = []
+
+    def fail() -> None:
+        raise RuntimeError("socket trouble 7421")
+
+    _, release = counted.held()
+    counted.thread.schedule(lambda: ran.append(1))
+    counted.thread.schedule(fail)
+    counted.thread.schedule(lambda: ran.append(2))
+    release.set()
+    counted.run_there(lambda: ran.append(3))
+    assert ran == [1, 2, 3]
+    counted.run_there(lambda: ran.append(4))  # later hand-offs still wake the thread
+    assert ran == [1, 2, 3, 4]
+    assert "socket trouble 7421" in capfd.readouterr().err
+
+
+def test_once_the_thread_stopped_items_run_at_once_on_the_caller(iopub):
+    counted, _ = iopub
+    counted.stop()
+    ran: list[str] = []
+    counted.thread.schedule(lambda: ran.append(threading.current_thread().name))
+    assert ran == [threading.current_thread().name]
