@@ -51,6 +51,10 @@ class Hosts:
     def root_end(self, i: int) -> str:
         return f"vr{self.tag}r{i}"
 
+    def interface(self, i: int) -> str:
+        """Host i's end of its veth, inside its namespace."""
+        return f"vr{self.tag}n{i}"
+
     def address(self, i: int) -> str:
         return f"10.213.{i}.2"
 
@@ -71,7 +75,7 @@ class Hosts:
             with open(_FORWARD, "w") as f:
                 f.write("1")
             for i in range(1, self.n + 1):
-                ns, root, inner = self.ns(i), self.root_end(i), f"vr{self.tag}n{i}"
+                ns, root, inner = self.ns(i), self.root_end(i), self.interface(i)
                 ip("netns", "add", ns)
                 self._made.append(("netns", ns))
                 ip("link", "add", root, "type", "veth", "peer", "name", inner)

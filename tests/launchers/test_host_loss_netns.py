@@ -54,6 +54,22 @@ def test_each_host_is_its_own_namespace_and_traffic_crosses_its_link(ns_hosts):
         mesh.shutdown()
 
 
+def test_gloo_collectives_cross_hosts_whose_names_resolve_to_loopback(ns_hosts):
+    # Every namespace shares this machine's /etc/hosts, where its name is 127.x: gloo would
+    # bind there and tell the other host to connect to it. Ranks name their link instead.
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        assert mesh.run("import os\nos.environ.get('GLOO_SOCKET_IFNAME')").values() == [
+            ns_hosts.net.interface(1)] * 2 + [ns_hosts.net.interface(2)] * 2
+        mesh.run("import torch, viceroy as vr\nimport torch.distributed as dist")
+        assert mesh.run("t = torch.ones(1) * rank\nvr.all_reduce(t)\nt.item()").values() == [6.0] * 4
+        stock = ("dist.init_process_group('gloo', rank=rank, world_size=4)\n"  # torchrun's way, env://
+                 "u = torch.ones(1) * (rank + 1)\ndist.all_reduce(u)\ndist.destroy_process_group()\nu.item()")
+        assert mesh.run(stock, timeout=60).values() == [10.0] * 4
+    finally:
+        mesh.shutdown()
+
+
 @pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_a_cut_link_fails_the_call_naming_the_host_and_restart_brings_it_back(ns_hosts):
     mesh = _mesh(ns_hosts, gpus=2)
@@ -83,6 +99,34 @@ def test_a_cut_link_fails_the_call_naming_the_host_and_restart_brings_it_back(ns
         assert mesh.states() == dict.fromkeys(range(4), "idle")
         assert mesh.run("globals().get('x')").values() == [0, 10, None, None]  # host 0 kept its state
         assert mesh.run("rank").values() == [0, 1, 2, 3]
+    finally:
+        ns_hosts.net.mend(2)
+        mesh.shutdown()
+
+
+@pytest.mark.slow  # waits out the cut-off agent's 10 s of silence
+def test_a_cut_link_releases_the_other_hosts_ranks_from_a_collective_without_fail_fast(ns_hosts):
+    # Cut off, host 1's ranks live on and their connections stay open: nothing but the
+    # controller's word tells host 0's ranks, waiting in a collective with them, to stop.
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        mesh.run("import time, torch, viceroy as vr\nt = torch.ones(2)\nvr.all_reduce(t)")  # the group exists
+        old = _remote_pids(mesh, 1)
+        fut = mesh.run("if coords['hosts'] == 1:\n    time.sleep(60)\nvr.all_reduce(t)", block=False, fail_fast=False)
+        wait_running(mesh.slice(hosts=1), "time.sleep")
+        wait_running(mesh.slice(hosts=0), "vr.all_reduce")
+        t0 = time.monotonic()
+        ns_hosts.net.cut(2)
+        with pytest.raises(vr.MeshError) as err:
+            fut.get(timeout=30)
+        assert time.monotonic() - t0 < 5.0
+        msg = str(err.value)
+        assert ("ranks 0-1: viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-3): "
+                "ranks 2-3 died, while the others waited in it.") in msg, msg
+        assert "ranks 2-3: died (host 1 (10.213.2.2, via ssh) lost" in msg, msg
+        host0 = mesh.slice(hosts=0)
+        assert host0.run("u = torch.ones(1) * (rank + 1)\nvr.all_reduce(u)\nu.item()").values() == [3.0, 3.0]
+        wait_until(lambda: not live_pids(old), 15, f"the cut-off host's processes to exit: {live_pids(old)}")
     finally:
         ns_hosts.net.mend(2)
         mesh.shutdown()
