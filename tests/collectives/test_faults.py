@@ -5,7 +5,9 @@ rebuilt on next use and the next collective gives the right answer. Real process
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -232,6 +234,29 @@ def test_a_rank_that_skips_the_first_collective_of_a_group_releases_the_others(t
     assert "rank 0 finished the call without joining this collective" in msg, msg
     assert "viceroy.CollectiveError: " in msg and "viceroy.runtime." not in msg, msg  # its public name
     assert_next_collective_is_right(mesh, 3)
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 4}, {"hosts": 2, "gpus": 2}], ids=["direct", "relayed"])
+def test_a_rank_dying_before_it_joins_releases_the_others_at_once_without_fail_fast(torch_mesh, dims):
+    # Without fail-fast nothing interrupts the ranks waiting for the group to form; they would
+    # wait out the group's timeout. The controller tells them of the death instead.
+    mesh = torch_mesh(**dims)
+    fut = mesh.run("t = torch.ones(2)\nif rank == 3:\n    time.sleep(60)\nvr.all_reduce(t)", block=False, fail_fast=False)
+    wait_running(mesh.select([3]), "time.sleep")
+    wait_running(mesh.select([0, 1, 2]), "vr.all_reduce")
+    t0 = time.monotonic()
+    os.kill(mesh.pids()[3], signal.SIGKILL)
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=30)
+    assert time.monotonic() - t0 < 5
+    msg = str(info.value)
+    # One message for the three that waited (none nested in another's), and the death itself.
+    assert ("ranks 0-2: viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-3): "
+            "rank 3 died, while the others waited for the group to form.\n") in msg, msg
+    assert "rank 3: died (SIGKILL)" in msg and "Every rank of a group" not in msg, msg
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 4)
 
 
 def test_ranks_that_finished_are_blamed_only_by_groups_they_belong_to(torch_mesh):

@@ -7,7 +7,10 @@ with its answer. When a call has been partly answered for a while, the controlle
 ranks still running it who finished, with their counts (op "peers_done"). A rank waiting in its
 n-th collective on a group, for a member that finished the call having started fewer than n on
 that group, knows that member skipped it. A member that took part and finished first (a ring
-all_reduce ends at slightly different times) started as many, so it is never blamed.
+all_reduce ends at slightly different times) started as many, so it is never blamed. Of a
+member that died the ranks are told at once (no counts): no collective with it can end, and
+without word of it a rank would wait until the collective's own timeout (a host cut off leaves
+its connections open).
 
 Only calls on the rank's main thread count; actors' threads are left out. Stock
 torch.distributed collectives are not counted (they block in C++, where this cannot look).
@@ -18,11 +21,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from viceroy.runtime.shape import format_rank_set
+
 _lock = threading.Lock()
 _main = threading.main_thread().ident
 _counts: dict[str, int] = {}  # collectives started on each group (by name) in the current call
 _current: tuple[str, int] | None = None  # (group, its count) of the one in progress
-_done: dict[int, dict[str, int]] = {}  # peers that finished the current call -> their counts
+_done: dict[int, dict[str, int] | None] = {}  # peers that finished the current call -> their counts (None: died)
 
 
 def begin_call() -> None:
@@ -50,7 +55,7 @@ def started(group: str) -> None:
         _current = (group, n)
 
 
-def peers_done(done: dict[int, dict[str, int]]) -> None:
+def peers_done(done: dict[int, dict[str, int] | None]) -> None:
     """The controller's word (control thread): these ranks finished the current call."""
     with _lock:
         _done.update(done)
@@ -58,11 +63,29 @@ def peers_done(done: dict[int, dict[str, int]]) -> None:
 
 def skipped(members: Sequence[int]) -> list[int]:
     """Members of the group of the collective in progress (main thread) that finished the call
-    without starting it."""
+    without starting it, or died."""
     if threading.get_ident() != _main:
         return []
     with _lock:
         if _current is None or not _done:
             return []
         group, n = _current
-        return [r for r in members if r in _done and _done[r].get(group, 0) < n]
+        return [r for r in members if r in _done and ((cc := _done[r]) is None or cc.get(group, 0) < n)]
+
+
+def gone(ranks: Sequence[int]) -> str:
+    """What happened to `ranks` (from `skipped`): "rank 3 died", "ranks 1-2 finished the call
+    without joining this collective", or both."""
+    with _lock:
+        died = [r for r in ranks if r in _done and _done[r] is None]
+    left = [r for r in ranks if r not in died]
+    parts = []
+    if died:
+        parts.append(f"{_ranks(died)} died")
+    if left:
+        parts.append(f"{_ranks(left)} finished the call without joining this collective")
+    return " and ".join(parts)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)

@@ -167,10 +167,12 @@ class Call:
 
     def untold(self) -> list[list[Any]]:
         """``[rank, {group: collectives started}]`` for each rank that answered since the
-        ranks still running were last told (and marks them told)."""
+        ranks still running were last told (and marks them told); ``[rank, None]`` for one
+        that died (how far it got is unknown, and no collective of it can end now)."""
         new = [r for r in (*self.results, *self.failures) if r not in self.told]
         self.told.update(new)
-        return [[r, self.collectives.get(r, {})] for r in sorted(new)]
+        return [[r, None if r in self.failures and self.failures[r].kind == "died" else self.collectives.get(r, {})]
+                for r in sorted(new)]
 
     def give_up_on_missing(self) -> None:
         """The grace after a cancel is over: the ranks still busy are reported as such."""

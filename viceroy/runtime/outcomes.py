@@ -25,6 +25,7 @@ Event = dict[str, Any]
 
 # A call answered by some ranks for this long: the others are told who finished (see
 # call_peers), so one waiting in a collective for a rank that left without it stops waiting.
+# Of a rank that died they are told at once.
 PEERS_DONE_AFTER_S = 1.0
 
 
@@ -175,6 +176,8 @@ class CallOutcomes:
                         self._stop(call, f"stopped by fail-fast after rank {r} died")
                     if not call.missing():
                         finished.append(call)
+                    elif call.stop_reason is None:  # peers waiting in a collective for it stop
+                        self._tell_peers_done(call)
             self._changed.notify_all()
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
@@ -207,6 +210,8 @@ class CallOutcomes:
                 call.failures[r] = RankFailure("died", f"restarted (process {old_pid} ended) before it answered")
                 if not call.missing():
                     finished.append(call)
+                elif call.stop_reason is None:
+                    self._tell_peers_done(call)
         return finished
 
     def _late_answer(self, header: dict[str, Any]) -> None:

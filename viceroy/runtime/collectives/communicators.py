@@ -107,10 +107,9 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
                 raise _Skipped(gone)
     except _Skipped as exc:
         # No "rank {me}" in it: the ranks that waited get one message, grouped as one.
-        reason = f"{_left_without(exc.ranks)}, while the others waited in it"
+        reason = f"{call_peers.gone(exc.ranks)}, while the others waited in it"
         _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
-        raise CollectiveError(f"{what} over {group.label}: {reason}. Every rank of a group must "
-                              "call its collectives, in the same order.") from None
+        raise CollectiveError(f"{what} over {group.label}: {reason}.{_order_hint(reason)}") from None
     except KeyboardInterrupt:
         uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
@@ -159,9 +158,9 @@ class _Skipped(Exception):
         self.ranks = ranks
 
 
-def _left_without(ranks: list[int]) -> str:
-    who = ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
-    return f"{who} finished the call without joining this collective"
+def _order_hint(reason: str) -> str:
+    """Advice for a collective some members left without joining (none where they all died)."""
+    return " Every rank of a group must call its collectives, in the same order." if "without joining" in reason else ""
 
 
 class _Stale(Exception):
@@ -319,13 +318,15 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
             if records and all(r.stale for r in records):
                 raise _Stale
             if records:  # a member gave this build up
-                raise CollectiveError(f"{what} over {group.label}: the group could not form: "
-                                      f"{root_cause(records, None, records[0].reason)}")
+                cause = root_cause(records, None, records[0].reason)
+                if cause.startswith(f"{what} over {group.label}: "):  # its own message about this one
+                    raise CollectiveError(cause)
+                raise CollectiveError(f"{what} over {group.label}: the group could not form: {cause}")
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
         if gone := call_peers.skipped(missing):
-            raise CollectiveError(f"{what} over {group.label}: {_left_without(gone)}, while the "
-                                  "others waited for the group to form. Every rank of a group must "
-                                  "call its collectives, in the same order.")
+            reason = call_peers.gone(gone)
+            raise CollectiveError(f"{what} over {group.label}: {reason}, while the others waited for "
+                                  f"the group to form.{_order_hint(reason)}")
         if now - began > timeout:
             raise CollectiveError(
                 f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
