@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import MutableMapping
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
@@ -52,9 +53,11 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def choose_gloo_interface(env: os._Environ[str] | dict[str, str] = os.environ) -> str | None:
-    """Set ``GLOO_SOCKET_IFNAME`` in `env` to the interface toward ``MASTER_ADDR`` when that is
-    another host's address, unless it is set already; returns what it set (None: nothing)."""
+def choose_gloo_interface(env: MutableMapping[str, str] = os.environ) -> str | None:
+    """Set ``GLOO_SOCKET_IFNAME`` in `env` to the interface this machine reaches ``MASTER_ADDR``
+    from, unless it is set already or that is loopback (a mesh on one host, where loopback is
+    right); returns what it set (None: nothing). Only an interface's primary IPv4 address is
+    matched: from an alias, or over IPv6, gloo keeps its own choice."""
     master = env.get("MASTER_ADDR")
     if not master or env.get("GLOO_SOCKET_IFNAME"):
         return None

@@ -160,6 +160,13 @@ class CallOutcomes:
             frames = self.signer.pack({"op": "peers_done", "id": call.id, "ranks": rank_runs(missing), "done": done})
             self._to_ranks(missing, frames, control=True)
 
+    def _tell_peers_soon(self, call: Call) -> None:
+        """Tell the ranks still running `call` of a death at the end of this IO round, once for
+        every rank that died in it (a lost host's, say), so they all stop with the same words.
+        Caller holds the lock."""
+        call.notice_at = time.monotonic()
+        self._wake()
+
     def _on_rank_exit(self, r: int, reason: str, respawning: bool, pid: int | None = None) -> None:
         finished: list[Call] = []
         with self._changed:
@@ -177,7 +184,7 @@ class CallOutcomes:
                     if not call.missing():
                         finished.append(call)
                     elif call.stop_reason is None:  # peers waiting in a collective for it stop
-                        self._tell_peers_done(call)
+                        self._tell_peers_soon(call)
             self._changed.notify_all()
         self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
@@ -211,7 +218,7 @@ class CallOutcomes:
                 if not call.missing():
                     finished.append(call)
                 elif call.stop_reason is None:
-                    self._tell_peers_done(call)
+                    self._tell_peers_soon(call)
         return finished
 
     def _late_answer(self, header: dict[str, Any]) -> None:
