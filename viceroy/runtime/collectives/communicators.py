@@ -106,16 +106,15 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
             if gone := call_peers.skipped(group.ranks):
                 raise _Skipped(gone)
     except _Skipped as exc:
-        # No "rank {me}" in it: the ranks that waited get one message, grouped as one.
-        reason = f"{call_peers.gone(exc.ranks)}, while the others waited in it"
-        _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
-        raise CollectiveError(f"{what} over {group.label}: {reason}.{_order_hint(reason)}") from None
+        raise _without(entry, what, group, exc.ranks) from None
     except KeyboardInterrupt:
         uninterrupted(lambda: _give_up(entry, f"rank {me} was interrupted"))
         raise
     except Exception as exc:
         if not backend.is_failure(exc) or not (started or getattr(exc, "broken", False)):
             raise  # a usage error, raised before anything was sent
+        if gone := call_peers.skipped(group.ranks):  # a member stopped first, on the same word
+            raise _without(entry, what, group, gone) from None
         index = comm.lost_peer(exc)
         lost = None if index is None else group.ranks[index]
         reason = (f"rank {me} lost its connection to rank {lost}" if lost is not None
@@ -156,6 +155,15 @@ class _StoreLost(Exception):
 class _Skipped(Exception):
     def __init__(self, ranks: list[int]) -> None:
         self.ranks = ranks
+
+
+def _without(entry: Entry, what: str, group: Group, ranks: list[int]) -> CollectiveError:
+    """Give the group up because `ranks` finished the call without joining this collective, or
+    died; the error to raise. No "rank {me}" in it: the ranks that waited get one message,
+    grouped as one."""
+    reason = f"{call_peers.gone(ranks)}, while the others waited in it"
+    _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
+    return CollectiveError(f"{what} over {group.label}: {reason}.{_order_hint(reason)}")
 
 
 def _order_hint(reason: str) -> str:
