@@ -1,5 +1,5 @@
-"""`choose_gloo_interface` (viceroy/runtime/interfaces.py): on a mesh spanning hosts a rank sets
-GLOO_SOCKET_IFNAME to the interface toward rank 0's host, checked against iproute2's own view of
+"""`gloo_env` (viceroy/runtime/interfaces.py): on a mesh spanning hosts an agent gives its ranks
+GLOO_SOCKET_IFNAME naming the interface toward rank 0's host, checked against iproute2's own view of
 this machine. (Across real network namespaces, with gloo: tests/launchers/test_host_loss_netns.py.)"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from viceroy.runtime.interfaces import choose_gloo_interface, interface_of, source_address
+from viceroy.runtime.interfaces import gloo_env, interface_of, source_address
 
 
 def _non_loopback_ipv4() -> tuple[str, str]:
@@ -29,26 +29,18 @@ def test_a_master_on_another_address_names_the_interface_holding_the_route():
     name, address = _non_loopback_ipv4()
     assert source_address(address) == address
     assert interface_of(address) == name
-    env = {"MASTER_ADDR": address}
-    assert choose_gloo_interface(env) == name
-    assert env["GLOO_SOCKET_IFNAME"] == name
+    assert gloo_env({"MASTER_ADDR": address}) == {"GLOO_SOCKET_IFNAME": name}
 
 
 @pytest.mark.parametrize("master", ["127.0.0.1", "localhost"])
 def test_a_master_on_loopback_leaves_gloo_alone(master):
-    env = {"MASTER_ADDR": master}
-    assert choose_gloo_interface(env) is None
-    assert "GLOO_SOCKET_IFNAME" not in env
+    assert gloo_env({"MASTER_ADDR": master}) == {}
 
 
 def test_the_users_own_choice_stands():
     _, address = _non_loopback_ipv4()
-    env = {"MASTER_ADDR": address, "GLOO_SOCKET_IFNAME": "ib0"}
-    assert choose_gloo_interface(env) is None
-    assert env["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert gloo_env({"MASTER_ADDR": address, "GLOO_SOCKET_IFNAME": "ib0"}) == {}
 
 
 def test_no_master_changes_nothing():
-    env: dict[str, str] = {}
-    assert choose_gloo_interface(env) is None
-    assert env == {}
+    assert gloo_env({}) == {}

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import devices, multipart, shm
+from viceroy.runtime import devices, interfaces, multipart, shm
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
 from viceroy.runtime.links import LinkServer
@@ -103,6 +103,8 @@ class Agent:
         self.direct = bool(cfg.get("direct"))
         self.slots: dict[int, RankSlot] = {}
         gpus, local_ranks = devices.visible_gpus(), len(cfg["ranks"])
+        host_env = {**cfg.get("env", {})}
+        host_env.update(interfaces.gloo_env({**os.environ, **host_env}))  # ranks inherit this environment
         for rc in cfg["ranks"]:
             gpu_env, device = devices.assign(rc["local_rank"], local_ranks, gpus)
             device_env = {"RANK": rc["rank"], "LOCAL_RANK": rc["local_rank"], "WORLD_SIZE": cfg["world_size"],
@@ -119,7 +121,7 @@ class Agent:
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
                 "direct": self.direct,
                 "links": cfg.get("controller_links") if self.direct else self.rank_links.path,
-                "env": {**cfg.get("env", {}), **device_env},
+                "env": {**host_env, **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
         self.by_pid: dict[int, int] = {}

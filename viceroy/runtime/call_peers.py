@@ -73,15 +73,20 @@ def skipped(members: Sequence[int]) -> list[int]:
         return [r for r in members if r in _done and ((cc := _done[r]) is None or cc.get(group, 0) < n)]
 
 
+def died(ranks: Sequence[int]) -> list[int]:
+    """Those of `ranks` the controller said died."""
+    with _lock:
+        return [r for r in ranks if r in _done and _done[r] is None]
+
+
 def gone(ranks: Sequence[int]) -> str:
     """What happened to `ranks` (from `skipped`): "rank 3 died", "ranks 1-2 finished the call
     without joining this collective", or both."""
-    with _lock:
-        died = [r for r in ranks if r in _done and _done[r] is None]
-    left = [r for r in ranks if r not in died]
+    dead = died(ranks)
+    left = [r for r in ranks if r not in dead]
     parts = []
-    if died:
-        parts.append(f"{_ranks(died)} died")
+    if dead:
+        parts.append(f"{_ranks(dead)} died")
     if left:
         parts.append(f"{_ranks(left)} finished the call without joining this collective")
     return " and ".join(parts)

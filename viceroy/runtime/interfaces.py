@@ -5,8 +5,9 @@ binds to the address this machine's hostname resolves to, or to loopback when th
 machines resolve their own name to a loopback address (Debian's ``127.0.1.1`` line in
 /etc/hosts, containers, namespaces): gloo then tells its peers on other hosts to connect to
 127.x, and every cross-host collective fails with "Connection refused". torchrun leaves users
-to set ``GLOO_SOCKET_IFNAME``. A rank here sets it, unless the user did, to the interface that
-routes to rank 0's host (``MASTER_ADDR``), the one the mesh's traffic already takes.
+to set ``GLOO_SOCKET_IFNAME``. Ranks here get it, unless the user set it, naming the interface that
+routes to rank 0's host (``MASTER_ADDR``), the one the mesh's traffic already takes: the agent
+works it out once for its host and puts it in its ranks' environment.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
-import os
 import socket
 import struct
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
@@ -53,18 +53,16 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def choose_gloo_interface(env: MutableMapping[str, str] = os.environ) -> str | None:
-    """Set ``GLOO_SOCKET_IFNAME`` in `env` to the interface this machine reaches ``MASTER_ADDR``
-    from, unless it is set already or that is loopback (a mesh on one host, where loopback is
-    right); returns what it set (None: nothing). Only an interface's primary IPv4 address is
-    matched: from an alias, or over IPv6, gloo keeps its own choice."""
+def gloo_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``{"GLOO_SOCKET_IFNAME": name}`` for ranks whose environment is `env`: the interface this
+    machine reaches ``MASTER_ADDR`` from. Empty where `env` sets it already, or that is loopback
+    (a mesh on one host, where loopback is right), or it cannot be told. Only an interface's
+    primary IPv4 address is matched: from an alias, or over IPv6, gloo keeps its own choice."""
     master = env.get("MASTER_ADDR")
     if not master or env.get("GLOO_SOCKET_IFNAME"):
-        return None
+        return {}
     source = source_address(master)
     if source is None or ipaddress.ip_address(source).is_loopback:
-        return None  # one host (loopback is right), or no route: leave gloo to its own choice
+        return {}
     name = interface_of(source)
-    if name is not None:
-        env["GLOO_SOCKET_IFNAME"] = name
-    return name
+    return {} if name is None else {"GLOO_SOCKET_IFNAME": name}

@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from viceroy.runtime import call_peers, devices, handles, interfaces, resources, serialize, shm
+from viceroy.runtime import call_peers, devices, handles, resources, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -359,7 +359,6 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         _no_stdin()
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
-        interfaces.choose_gloo_interface()
         devices.bind(cfg.get("device"))
         _reseed_after_fork()
         if "torch" in sys.modules:  # preloaded: rank 0 opens the rendezvous store at once

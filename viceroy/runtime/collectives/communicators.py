@@ -163,12 +163,12 @@ def _without(entry: Entry, what: str, group: Group, ranks: list[int]) -> Collect
     grouped as one."""
     reason = f"{call_peers.gone(ranks)}, while the others waited in it"
     _give_up(entry, reason)  # the communicator is aborted: members waiting with us stop too
-    return CollectiveError(f"{what} over {group.label}: {reason}.{_order_hint(reason)}")
+    return CollectiveError(f"{what} over {group.label}: {reason}.{_order_hint(ranks)}")
 
 
-def _order_hint(reason: str) -> str:
-    """Advice for a collective some members left without joining (none where they all died)."""
-    return " Every rank of a group must call its collectives, in the same order." if "without joining" in reason else ""
+def _order_hint(ranks: list[int]) -> str:
+    """Advice where some of `ranks` left without joining (none where they all died)."""
+    return "" if call_peers.died(ranks) == ranks else " Every rank of a group must call its collectives, in the same order."
 
 
 class _Stale(Exception):
@@ -332,9 +332,8 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
                 raise CollectiveError(f"{what} over {group.label}: the group could not form: {cause}")
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
         if gone := call_peers.skipped(missing):
-            reason = call_peers.gone(gone)
-            raise CollectiveError(f"{what} over {group.label}: {reason}, while the others waited for "
-                                  f"the group to form.{_order_hint(reason)}")
+            raise CollectiveError(f"{what} over {group.label}: {call_peers.gone(gone)}, while the others "
+                                  f"waited for the group to form.{_order_hint(gone)}")
         if now - began > timeout:
             raise CollectiveError(
                 f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
