@@ -6,10 +6,11 @@ rank's main thread, in order with its other calls.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from viceroy.runtime import devices, handles
+from viceroy.runtime import devices, handles, heap
 from viceroy.runtime.context import context
 
 _TABLE = "__viceroy_tensors__"
@@ -184,12 +185,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
     finally:
         # Frees were recorded after every op of this batch that uses them was queued: apply
         # them last.
-        ns = context().namespace
-        for tid in frees:
-            t = tab.pop(tid, None)
-            failed.pop(tid, None)
-            if t is not None:
-                handles.unbind(ns, tid, t)
+        heap.freed(_free(tab, failed, frees))
         if (torch.get_default_dtype(), torch.is_grad_enabled()) != saved:
             torch.set_default_dtype(saved[0])
             torch.set_grad_enabled(saved[1])
@@ -268,6 +264,25 @@ def _mark_rest(tab: dict[int, Any], failed: dict[int, str], ops: list[Op], start
 
 _MISSING = ("tensor #{} does not exist here (the ops that made it were interrupted before they started, or "
             "this rank was restarted since)")
+
+
+def _free(tab: dict[int, Any], failed: dict[int, str], frees: list[int]) -> int:
+    """Forget tensors `frees` (and their names bound for rank code); the bytes of CPU memory
+    they held (a view counts its whole storage)."""
+    import torch
+
+    ns = context().namespace
+    nbytes = 0
+    for tid in frees:
+        t = tab.pop(tid, None)
+        failed.pop(tid, None)
+        if t is None:
+            continue
+        handles.unbind(ns, tid, t)
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            with contextlib.suppress(Exception):  # a tensor without storage (sparse, ...)
+                nbytes += t.untyped_storage().nbytes()
+    return nbytes
 
 
 def _value(tab: dict[int, Any], failed: dict[int, str], tid: int) -> Any:
