@@ -19,7 +19,7 @@ def _forgeries(marker):
 
 
 def test_forged_messages_to_an_agent_are_dropped_counted_and_run_nothing(start_mesh, tmp_path):
-    mesh = start_mesh(gpus=2)
+    mesh = start_mesh(hosts=2, gpus=1)  # agents that relay: their ranks' links are theirs
     marker = tmp_path / "pwned"
     endpoints = mesh._controller.agent_info[0]["endpoints"]
     ctx = zmq.Context()

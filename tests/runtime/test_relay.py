@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import psutil
 import pytest
 
 import viceroy as vr
@@ -62,6 +63,17 @@ def test_scalar_results_keep_their_type_and_value(start_mesh, dims):
     assert values == [7, 2.5, True, "x" * 1025, float("inf"), -0.0, 10**30, "é", None]
     assert [type(v) for v in values] == [int, float, bool, str, float, float, int, str, type(None)]
     assert str(values[5]) == "-0.0"
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_only_an_agent_that_relays_listens_for_its_ranks_links(start_mesh, dims):
+    mesh = start_mesh(**dims)
+    relays = "hosts" in dims
+    for info in mesh._controller.agent_info.values():
+        listening = {c.laddr for c in psutil.Process(info["pid"]).net_connections(kind="unix") if c.laddr}
+        hello = info["endpoints"][0].removeprefix("ipc://")
+        assert hello in listening
+        assert bool(listening - {hello}) == relays, listening
 
 
 def test_relayed_values_none_arrays_and_failures_arrive_as_sent(start_mesh):

@@ -93,14 +93,14 @@ class Agent:
         self.to_ranks.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.to_ranks.setsockopt(zmq.LINGER, 0)
         self.to_ranks.bind(f"ipc://{self.rundir}/in")
-        # Relaying, ranks send on local links (their messages survive their death; see links).
-        self.rank_links = LinkServer(f"{self.rundir}/links")
         self._poller = zmq.Poller()
 
         # One host alone on the controller's machine: the ranks talk to the controller directly
         # and this agent only spawns, reaps and reports. Otherwise it relays, and sends one
-        # aggregate of its ranks' results per call.
+        # aggregate of its ranks' results per call; its ranks send on local links to it (their
+        # messages survive their death; see links).
         self.direct = bool(cfg.get("direct"))
+        self.rank_links = None if self.direct else LinkServer(f"{self.rundir}/links")
         self.slots: dict[int, RankSlot] = {}
         gpus, local_ranks = devices.visible_gpus(), len(cfg["ranks"])
         host_env = {**cfg.get("env", {})}
@@ -120,7 +120,7 @@ class Agent:
                 "output_limit": cfg["output_limit"],
                 "inbox": cfg["controller_in"] if self.direct else f"ipc://{self.rundir}/in",
                 "direct": self.direct,
-                "links": cfg.get("controller_links") if self.direct else self.rank_links.path,
+                "links": cfg.get("controller_links") if self.rank_links is None else self.rank_links.path,
                 "env": {**host_env, **device_env},
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
@@ -280,6 +280,8 @@ class Agent:
         slot.output.close()
 
     def _drain_ranks(self) -> None:
+        if self.rank_links is None:
+            return
         for frames, _ in self.rank_links.read_all(self._poller):
             self._on_rank_message(frames)
 
@@ -324,7 +326,7 @@ class Agent:
             hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
         threading.Thread(target=self._heartbeat, name="viceroy-heartbeat", daemon=True).start()
         self._to_controller({"op": "agent_hello", "pid": os.getpid(), "zygote": self.zygote.pid,
-                             "endpoints": [f"ipc://{self.rundir}/in", self.rank_links.path]})
+                             "endpoints": [f"ipc://{self.rundir}/in", *([self.rank_links.path] if self.rank_links else [])]})
         for r in self.slots:
             self._spawn(r)
         poller = self._poller
@@ -332,13 +334,15 @@ class Agent:
             poller.register(sock, zmq.POLLIN)
         poller.register(self.exits.fileno(), zmq.POLLIN)
         poller.register(self.zygote.fileno(), zmq.POLLIN)
-        poller.register(self.rank_links.fd, zmq.POLLIN)
+        if self.rank_links is not None:
+            poller.register(self.rank_links.fd, zmq.POLLIN)
         wait = HEARTBEAT_S
         while not self.stopping:
             self._check_controller()
             ready = poller.poll(max(1, int(wait * 1000)))
-            for frames, _ in self.rank_links.service(dict(ready), poller):
-                self._on_rank_message(frames)
+            if self.rank_links is not None:
+                for frames, _ in self.rank_links.service(dict(ready), poller):
+                    self._on_rank_message(frames)
             for sock, _ in ready:
                 if sock is self.from_ctrl:
                     self._drain(self.from_ctrl, self._on_controller_message)
