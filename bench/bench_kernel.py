@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import fmt_time, table
 
@@ -67,25 +69,6 @@ def _in_turn(runs: list[tuple[object, str]], reps: int) -> list[list[float]]:
     return times
 
 
-def _tree(pid: int) -> list[int]:
-    """`pid` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
 def _cpu_s(pids: list[int]) -> float:
     """CPU time the threads of `pids` have run, in seconds (the scheduler's count, in ns)."""
     total = 0
@@ -106,7 +89,8 @@ def _cpu_s(pids: list[int]) -> float:
 def _cpu_per_cell(km, kc, code: str, reps: int) -> float:
     """CPU seconds per cell of `code`, of the kernel, every process under it (ranks, agents,
     an ipyparallel cluster) and this client, over a block of `reps` cells."""
-    pids = [*_tree(km.provisioner.process.pid), os.getpid()]
+    kernel = psutil.Process(km.provisioner.process.pid)
+    pids = [kernel.pid, *(p.pid for p in kernel.children(recursive=True)), os.getpid()]
     before = _cpu_s(pids)
     for _ in range(reps):
         _execute(kc, code)

@@ -38,6 +38,18 @@ def wait_running(mesh: vr.Mesh, text: str = "<mesh-cell", timeout: float = 10) -
                f"every rank to be running {text!r}")
 
 
+def fails_within(fut: vr.Future, act: Callable[[], object], within: float, timeout: float = 30) -> vr.MeshError:
+    """Do `act` (a kill, a cut link, an interrupt) while `fut`'s call runs: the call fails
+    within `within` seconds of it. Its error."""
+    t0 = time.monotonic()
+    act()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=timeout)
+    took = time.monotonic() - t0
+    assert took < within, f"the call failed {took:.1f} s after, not within {within} s"
+    return info.value
+
+
 def live_pids(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:

@@ -14,7 +14,7 @@ import pytest
 
 import viceroy as vr
 from tests.collectives.conftest import SETUP
-from tests.conftest import wait_running, wait_until
+from tests.conftest import fails_within, wait_running, wait_until
 
 NEXT = "t = torch.ones(2) * (rank + 1); vr.all_reduce(t); t.tolist()"
 
@@ -72,11 +72,7 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
     mesh.run(NEXT)
     fut = mesh.run("if rank == 3: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
     wait_running(mesh.slice(gpus=slice(0, 3)), "vr.all_reduce")  # the three are inside the collective
-    t0 = time.monotonic()
-    mesh.interrupt()
-    with pytest.raises(vr.MeshError, match="interrupted"):
-        fut.get(timeout=10)
-    assert time.monotonic() - t0 < 2
+    assert "interrupted" in str(fails_within(fut, mesh.interrupt, 2, timeout=10))
     assert set(mesh.states().values()) == {"idle"}
     assert_next_collective_is_right(mesh, 4)
 
@@ -90,11 +86,7 @@ def test_interrupt_releases_a_rank_blocked_in_a_send_or_receive(torch_mesh, bloc
             "else: time.sleep(60)")
     fut = mesh.run(code, block=False)
     wait_running(mesh.slice(gpus=0), f"vr.{blocked}")
-    t0 = time.monotonic()
-    mesh.interrupt()
-    with pytest.raises(vr.MeshError, match="interrupted"):
-        fut.get(timeout=10)
-    assert time.monotonic() - t0 < 2
+    assert "interrupted" in str(fails_within(fut, mesh.interrupt, 2, timeout=10))
     # Its waiter thread was let go too: every one is idle again, none left blocked in gloo.
     waiters = ("import threading\nfrom viceroy.runtime.collectives import gloo\n"
                "(sum(t.name == 'viceroy-gloo-p2p' for t in threading.enumerate()), gloo._waiters._idle)")
@@ -174,11 +166,7 @@ def test_interrupt_while_the_group_is_still_forming(torch_mesh):
     # First use: ranks 0-1 wait for rank 2 to build the communicator at all.
     fut = mesh.run("if rank == 2: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
     wait_running(mesh.slice(gpus=slice(0, 2)), "vr.all_reduce")
-    t0 = time.monotonic()
-    mesh.interrupt()
-    with pytest.raises(vr.MeshError, match="interrupted"):
-        fut.get(timeout=10)
-    assert time.monotonic() - t0 < 2
+    assert "interrupted" in str(fails_within(fut, mesh.interrupt, 2, timeout=10))
     assert_next_collective_is_right(mesh, 3)
 
 
@@ -244,12 +232,7 @@ def test_a_rank_dying_before_it_joins_releases_the_others_at_once_without_fail_f
     fut = mesh.run("t = torch.ones(2)\nif rank == 3:\n    time.sleep(60)\nvr.all_reduce(t)", block=False, fail_fast=False)
     wait_running(mesh.select([3]), "time.sleep")
     wait_running(mesh.select([0, 1, 2]), "vr.all_reduce")
-    t0 = time.monotonic()
-    os.kill(mesh.pids()[3], signal.SIGKILL)
-    with pytest.raises(vr.MeshError) as info:
-        fut.get(timeout=30)
-    assert time.monotonic() - t0 < 5
-    msg = str(info.value)
+    msg = str(fails_within(fut, lambda: os.kill(mesh.pids()[3], signal.SIGKILL), 5))
     # One message for the three that waited (none nested in another's), and the death itself.
     assert ("ranks 0-2: viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-3): "
             "rank 3 died, while the others waited for the group to form.\n") in msg, msg

@@ -20,9 +20,10 @@ from IPython.core.error import UsageError
 from viceroy.extension.args import RunOptions
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.inbox import Inbox
-from viceroy.extension.live import CellSink, LiveOutput, Sink, describe_ranks
+from viceroy.extension.live import CellSink, LiveOutput, Sink
 from viceroy.extension.output import format_rank_set
 from viceroy.runtime.handles import is_handle
+from viceroy.runtime.shape import describe_ranks
 
 if TYPE_CHECKING:
     from viceroy import Mesh

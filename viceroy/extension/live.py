@@ -21,7 +21,6 @@ from viceroy.extension.output import (
     RankStreams,
     format_line,
     format_progress,
-    format_rank_set,
 )
 
 PROGRESS_INTERVAL = 0.2  # seconds between progress block updates
@@ -246,8 +245,3 @@ class LiveOutput:
         self.sink.progress(format_progress(self._progress))
         self._progress_dirty = False
         self._progress_at = now
-
-
-def describe_ranks(ranks: Sequence[int]) -> str:
-    """``"rank 3"`` or ``"ranks 0-3"``."""
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_ranks
 
 _lock = threading.Lock()
 _main = threading.main_thread().ident
@@ -86,11 +86,7 @@ def gone(ranks: Sequence[int]) -> str:
     left = [r for r in ranks if r not in dead]
     parts = []
     if dead:
-        parts.append(f"{_ranks(dead)} died")
+        parts.append(f"{describe_ranks(dead)} died")
     if left:
-        parts.append(f"{_ranks(left)} finished the call without joining this collective")
+        parts.append(f"{describe_ranks(left)} finished the call without joining this collective")
     return " and ".join(parts)
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_ranks
 
 FailureKind = Literal["error", "died", "interrupted", "timeout", "unavailable"]
 
@@ -69,9 +69,8 @@ class MeshError(Exception):
         order.sort(key=lambda t: self.failures[groups[t][0]].kind == "interrupted")
         for text in order:
             ranks = groups[text]
-            label = ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
             first, _, rest = text.partition("\n")
-            lines.append(f"{label}: {first}")
+            lines.append(f"{describe_ranks(ranks)}: {first}")
             if rest:
                 lines.extend("    " + ln for ln in rest.splitlines())
         if self.hint:

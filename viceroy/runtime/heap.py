@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 from typing import Any
 
@@ -24,19 +25,17 @@ from viceroy.runtime import resources
 TRIM_AFTER = 32 << 20  # bytes freed since the last trim, at least
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"freed": 0, "trim": None}
+_state = {"freed": 0}  # bytes freed since the last trim
 
 
+@functools.cache
 def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or False where the C library has none."""
-    trim = _state["trim"]
-    if trim is None:
-        try:
-            trim = ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
-            trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
-            trim = False
-        _state["trim"] = trim
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
 
 
@@ -50,7 +49,7 @@ def freed(nbytes: int) -> bool:
             return False
         _state["freed"] = 0
     trim = _malloc_trim()
-    if not trim:
+    if trim is None:
         return False
     trim(0)
     return True

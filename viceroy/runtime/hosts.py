@@ -18,7 +18,7 @@ from typing import Any
 from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
 from viceroy.runtime.procs import HEARTBEAT_S, remove_socket_dir
-from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.shape import Shape, describe_ranks, format_rank_set
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import Signer
 
@@ -92,8 +92,7 @@ class HostLifecycle:
                 if self._dead and not error:  # no point waiting for the others: say why now
                     dead = sorted(self._dead)
                     why = sorted({self._exit_reason.get(r, "exited") for r in dead})
-                    who = ("rank " if len(dead) == 1 else "ranks ") + format_rank_set(dead)
-                    error = f"{who} exited while starting ({'; '.join(why)})"
+                    error = f"{describe_ranks(dead)} exited while starting ({'; '.join(why)})"
                 waiting = [r for r, s in self._state.items() if s != "idle"]
         except BaseException:  # an interrupt while waiting for the ranks, too
             self.shutdown()  # nothing half-started stays behind

@@ -308,6 +308,11 @@ def format_rank_set(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """``"rank 3"`` or ``"ranks 0-3"``."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
+
+
 S = TypeVar("S", bound="ShapeOps")
 
 
