@@ -251,3 +251,21 @@ def test_ranks_that_finished_are_blamed_only_by_groups_they_belong_to(torch_mesh
             "t.tolist()")
     assert mesh.run(code, timeout=30).values() == [[4.0, 4.0]] * 4
     assert mesh.slice(a=1).run("u.tolist()").values() == [[5.0, 5.0]] * 2
+
+
+def test_a_rank_that_finds_the_group_given_up_reports_its_own_collective_and_the_cause(torch_mesh):
+    """Rank 0 times out forming the group and records why; rank 1, which came later for a
+    different collective over the same group, reads that record: its error names its own
+    collective and the cause, without the other rank's message nested in it."""
+    mesh = torch_mesh(gpus=4)
+    code = ("from viceroy.runtime import collectives as C\nC.set_timeout(2)\n"
+            "if rank == 0: vr.all_reduce(torch.ones(1))\n"
+            "elif rank == 1: time.sleep(1); vr.broadcast(torch.ones(1), src=0)\n"
+            "else: time.sleep(8)  # ranks 2 and 3 never come")
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code, timeout=60, fail_fast=False)
+    summaries = {r: f.summary for r, f in info.value.failures.items()}
+    assert set(summaries) == {0, 1}, summaries
+    assert "all_reduce('sum') over" in summaries[0] and "ranks 2-3 did not join within 2 s" in summaries[0]
+    assert "broadcast over" in summaries[1] and "ranks 2-3 did not join within 2 s" in summaries[1]
+    assert "all_reduce" not in summaries[1], summaries[1]

@@ -152,6 +152,16 @@ class _StoreLost(Exception):
     pass
 
 
+def _group_failed(what: str, group: Group, cause: str) -> CollectiveError:
+    """The group could not form, for a cause every member shares (a rank that never came, one
+    that left the call): members that find it recorded raise it about their own collective, so
+    the ranks that waited get one message, grouped as one. The cause rides along as
+    ``_shared_cause`` for the record this rank leaves."""
+    err = CollectiveError(f"{what} over {group.label}: {cause}")
+    err._shared_cause = cause  # type: ignore[attr-defined]
+    return err
+
+
 class _Skipped(Exception):
     def __init__(self, ranks: list[int]) -> None:
         self.ranks = ranks
@@ -277,11 +287,11 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         _wait_for_members(what, group, helper, store, entry, timeout)
     except BaseException as exc:
         stale = isinstance(exc, _Stale)  # then leave quietly too: everyone moves on
-        why = _why_left(exc, me)
+        why, shared = _why_left(exc, me), hasattr(exc, "_shared_cause")
 
         def leave() -> None:
             helper.abandon()
-            _give_up(entry, why, stale=stale)
+            _give_up(entry, why, stale=stale, shared=shared)
 
         uninterrupted(leave)
         raise
@@ -303,6 +313,8 @@ def _why_left(exc: BaseException, me: int) -> str:
     """Why this rank left a group that was forming, for its peers' messages."""
     if isinstance(exc, KeyboardInterrupt):
         return f"rank {me} was interrupted while the group was forming"
+    if shared := getattr(exc, "_shared_cause", None):
+        return str(shared)
     if isinstance(exc, CollectiveError):
         return str(exc)
     if isinstance(exc, _Stale):
@@ -325,19 +337,16 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
             records = read_records(store, entry.prefix)
             if records and all(r.stale for r in records):
                 raise _Stale
-            if records:  # a member gave this build up
-                cause = root_cause(records, None, records[0].reason)
-                if cause.startswith(f"{what} over {group.label}: "):  # its own message about this one
-                    raise CollectiveError(cause)
-                raise CollectiveError(f"{what} over {group.label}: the group could not form: {cause}")
+            if records:  # a member gave this build up: why, in its words or the group's
+                first = records[0]
+                raise _group_failed(what, group, first.reason if first.shared else f"the group could not form: {first.reason}")
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
         if gone := call_peers.skipped(missing):
-            raise CollectiveError(f"{what} over {group.label}: {call_peers.gone(gone)}, while the others "
-                                  f"waited for the group to form.{_order_hint(gone)}")
+            raise _group_failed(what, group, f"{call_peers.gone(gone)}, while the others waited for the group "
+                                            f"to form.{_order_hint(gone)}")
         if now - began > timeout:
-            raise CollectiveError(
-                f"{what} over {group.label}: ranks {format_rank_set(missing)} did not join "
-                f"within {timeout:.0f} s (are they running this code?)")
+            raise _group_failed(what, group, f"ranks {format_rank_set(missing)} did not join within "
+                                            f"{timeout:.0f} s (are they running this code?)")
         if not noted and now - began > NOTE_AFTER_S and missing:
             noted = True
             print(f"viceroy: rank {context().rank}: {what} over {group.label} is waiting for "
@@ -355,7 +364,8 @@ def _forget(entry: Entry) -> None:
             del _entries[entry.key]
 
 
-def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = False) -> list[Record] | None:
+def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = False,
+             shared: bool = False) -> list[Record] | None:
     """Record why this rank gives the group up, then abort the communicator (in that order: a
     peer that sees our connections cut finds our record) and forget it. A build given up also
     moves the generation on. Returns the generation's records, or None without a store.
@@ -370,7 +380,7 @@ def _give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = F
             live = None if lost == 0 and store_on_rank0() else rendezvous.current()
             if live is not None and live[1] == entry.incarnation:
                 store = live[0]
-                write_record(store, entry.prefix, Record(context().rank, reason, time.time(), lost, stale))
+                write_record(store, entry.prefix, Record(context().rank, reason, time.time(), lost, stale, shared))
                 if entry.comm is None:
                     store.compare_set(f"{entry.base}/gen", str(entry.gen), str(entry.gen + 1))
                 records = read_records(store, entry.prefix)

@@ -18,6 +18,7 @@ class Record:
     time: float
     lost: int | None = None  # the rank whose connection it lost, if that was the failure
     stale: bool = False  # it left an attempt of its own that an interrupt cut short
+    shared: bool = False  # `reason` is the group's failure, not this member's ("ranks 2-3 did not join")
 
 
 def write_record(store: Any, prefix: str, record: Record) -> None:
@@ -30,7 +31,8 @@ def read_records(store: Any, prefix: str) -> list[Record]:
     out = []
     for line in store.get(f"{prefix}/aborts").decode().splitlines():
         d = json.loads(line)
-        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost"), bool(d.get("stale"))))
+        out.append(Record(int(d["rank"]), str(d["reason"]), float(d["time"]), d.get("lost"), bool(d.get("stale")),
+                          bool(d.get("shared"))))
     return out
 
 
