@@ -206,7 +206,7 @@ def test_a_lost_hosts_new_agent_waits_for_restart_and_a_timed_out_restart_can_be
         host1.kill()
         wait_until(lambda: 1 in mesh._controller.lost_hosts(), 15, "host 1 to be given up")
         # nobody attaches in time: the host is given up again, saying how to attach one
-        with pytest.raises(RuntimeError, match=r"(?s)ranks 1 did not come back within 2 s.*host 1 .*no agent "
+        with pytest.raises(RuntimeError, match=r"(?s)rank 1 did not come back within 2 s.*host 1 .*no agent "
                            rf"came back within 2 s of mesh.restart.*start one with `viceroy agent --connect {addr}"):
             mesh.restart(failed_only=True, timeout=2)
         assert mesh.states()[1] == "dead"

@@ -11,6 +11,7 @@ agent kills its ranks and exits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -200,11 +201,15 @@ class Agent:
         elif op == "restart":
             for r in mine:
                 slot = self.slots[r]
-                if slot.alive and slot.pid:
-                    slot.respawn = True
-                    os.kill(slot.pid, signal.SIGKILL)
-                elif not slot.alive:
+                if not slot.alive:
                     self._spawn(r)
+                    continue
+                slot.respawn = True
+                if slot.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(slot.pid, signal.SIGKILL)
+                # else its fork is still in flight (a rank that talks to the controller directly
+                # can be back there first): killed once the fork server names it
         elif op == "shutdown":
             self.stopping = True
 
@@ -249,6 +254,9 @@ class Agent:
         self.by_pid[pid] = r
         if pid in self.early_exits:
             self._on_death(pid, self.early_exits.pop(pid))
+        elif self.slots[r].respawn:  # restarted again while it was being forked
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _on_death(self, pid: int, status: int) -> None:
         if pid == self.zygote.pid:

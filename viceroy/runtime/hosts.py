@@ -101,7 +101,7 @@ class HostLifecycle:
             # A lost host's last words are in its reason already (its log may be gone by now).
             logs = "\n".join(a.log_tail() for h, a in self._agents.items() if h not in self._lost).strip()
             self.shutdown()
-            what = error or f"ranks {format_rank_set(waiting)} did not start within {timeout} s"
+            what = error or f"{describe_ranks(waiting)} did not start within {timeout} s"
             raise MeshStartError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
 
     def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
@@ -130,7 +130,7 @@ class HostLifecycle:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
-                    raise RuntimeError(f"ranks {format_rank_set(late)} did not come back within {timeout} s"
+                    raise RuntimeError(f"{describe_ranks(late)} did not come back within {timeout} s"
                                        + self._give_up_late({self._host_of[r] for r in late} & lost, timeout))
                 self._changed.wait(left)
 
