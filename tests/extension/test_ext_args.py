@@ -70,6 +70,23 @@ def test_line_form_splits_options_from_code():
         split_line_code("--ranks 0")
 
 
+@pytest.mark.parametrize(
+    "line, ranks, code",
+    [("-- rank", None, "rank"), ("--ranks 0 -- rank", [0], "rank"), ("--ranks 0 -- --x", [0], "--x")],
+)
+def test_a_lone_double_dash_ends_the_options(line: str, ranks: list[int] | None, code: str):
+    # `%px -- rank` was an AssertionError traceback from the parser
+    opts, rest = split_line_code(line)
+    assert (opts.ranks, rest) == (ranks, code)
+
+
+@pytest.mark.parametrize("line", ["--(x) + 1", "--=1 rank", "--ranks 0 --", "--", "--é rank"])
+def test_a_line_the_options_cannot_be_read_from_is_one_usage_error(line: str):
+    with pytest.raises(UsageError, match=r"^%px: ") as e:
+        split_line_code(line)
+    assert "\n" not in str(e.value)
+
+
 def test_up_parses_dims_and_options():
     cmd = parse_command("up hosts=2 gpus=4 --preload none")
     assert cmd.name == "up" and cmd.dims == {"hosts": 2, "gpus": 4} and cmd.preload == []

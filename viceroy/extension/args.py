@@ -166,13 +166,22 @@ def parse_run_options(line: str, prog: str = "%%mesh") -> RunOptions:
 
 
 def split_line_code(line: str, prog: str = "%px") -> tuple[RunOptions, str]:
-    """``%px --ranks 0 print(rank)`` -> the options, and the code after them."""
+    """``%px --ranks 0 print(rank)`` -> the options, and the code after them. A lone ``--``
+    ends the options: ``%px --ranks 0 -- --x`` runs ``--x``."""
     rest = line.lstrip()
     opt_text = []
     takes_value = {"--where", "--ranks", "--timeout"}
     while rest.startswith("--"):
-        m = re.match(r"(--[\w-]+)(=\S+)?\s*", rest)
-        assert m is not None
+        if rest == "--" or rest[2].isspace():  # `--`: what follows is code
+            rest = rest[2:].lstrip()
+            break
+        m = re.match(r"(--[\w-]+)(=\S+)?(?:\s+|$)", rest)
+        if m is None:
+            word = rest.split(None, 1)[0]
+            raise UsageError(
+                f"{prog}: cannot read option {word!r}; {RUN_OPTIONS_HELP}. "
+                f"Put `--` before code that starts with `--`: {prog} -- CODE"
+            )
         opt_text.append(m.group(0).strip())
         rest = rest[m.end() :]
         if m.group(1) in takes_value and not m.group(2):

@@ -36,7 +36,7 @@ HELP = """\
 %mesh sync [DIR] [--to PATH] [--dry-run]   copy DIR to every host of an ssh mesh (rsync)
 %%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]
                                    the cell runs on the ranks; output streams live
-%px CODE · %%px · %autopx          the same, as in ipyparallel"""
+%px [OPTIONS] [--] CODE · %%px · %autopx   the same, as in ipyparallel (`--` ends the options)"""
 
 
 def _closed_mesh_guard(fn: Any) -> Any:
@@ -94,7 +94,8 @@ class MeshMagics(Magics):
     @line_cell_magic
     @_closed_mesh_guard
     def px(self, line: str, cell: str | None = None) -> Any:
-        """ipyparallel habit: ``%px CODE`` / ``%%px`` run code on the ranks (same options)."""
+        """ipyparallel habit: ``%px CODE`` / ``%%px`` run code on the ranks (same options; on the
+        line, ``--`` ends them: ``%px --ranks 0 -- CODE``)."""
         if cell is None:
             opts, code = _split_line_code(line, "%px")
             return self._run(code, opts, "%px")
