@@ -75,6 +75,38 @@ def test_values_that_differ_beyond_what_is_shown_are_not_all_the_same():
     assert time.perf_counter() - t0 < 1.0, "showing large values should not repr them whole"
 
 
+class _ReprRaises:
+    """A value whose __repr__ raises; `lock` (when given) makes it unpicklable."""
+
+    def __init__(self, x: int = 0, lock: bool = False) -> None:
+        import threading
+
+        self.x = x
+        self.lock = threading.Lock() if lock else None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ReprRaises) and other.x == self.x
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr boom")
+
+
+def test_a_value_whose_repr_raises_is_shown_as_such_and_still_grouped():
+    # It was the controller's traceback through ValueMesh.__repr__, and the cell failed.
+    shown = "<_ReprRaises object: repr raised RuntimeError: repr boom>"
+    assert repr(vm({"gpus": 2}, [_ReprRaises(), _ReprRaises()])) == f"ValueMesh(gpus=2): all {shown}"
+    text = repr(vm({"gpus": 3}, [_ReprRaises(1), 5, 5]))
+    assert text.splitlines()[1:] == [f"  gpus=0: {shown}", "  gpus=1-2: 5"], text
+    unpicklable = vm({"gpus": 3}, [_ReprRaises(1, lock=True), _ReprRaises(1, lock=True), _ReprRaises(2, lock=True)])
+    lines = repr(unpicklable).splitlines()[1:]
+    assert lines == [  # equal (==) values are one group even when they cannot be pickled
+        f"  gpus=0-1: {shown}  [value 1: not equal (==) to the others]",
+        f"  gpus=2: {shown}  [value 2: not equal (==) to the others]",
+    ]
+
+
 def test_the_docstring_examples_hold_on_a_real_mesh(start_mesh):
     import doctest
 

@@ -77,16 +77,20 @@ class ValueMesh(ShapeOps, Generic[T]):
         head = f"ValueMesh({self._shape.describe()})"
         # Grouped by content, shown cut short: values that differ only past what is shown
         # (or inside numpy's "..." summary) are not "all" the same.
-        keys = [_content_key(v) for v in self.values()]
+        vals = self.values()
+        keys = [_content_key(v) for v in vals]
         keyed: dict[Any, list[int]] = {}
         for pos, key in enumerate(keys):
+            if _is_unique(key):  # cannot be pickled: group it with an earlier one it == equals
+                key = keys[pos] = next(
+                    (k for k, ps in keyed.items() if _is_unique(k) and _equal(vals[ps[0]], vals[pos])), key)
             keyed.setdefault(key, []).append(pos)
-        vals = self.values()
         texts = {k: _short_repr(vals[ps[0]]) for k, ps in keyed.items()}
         alike = Counter(texts.values())
         for n, k in enumerate(keyed, 1):
-            if alike[texts[k]] > 1:
-                texts[k] += f"  [value {n}: differs from the others beyond what is shown]"
+            if alike[texts[k]] > 1:  # a value that could not be pickled was compared by == alone
+                why = "not equal (==) to the others" if _is_unique(k) else "differs from the others beyond what is shown"
+                texts[k] += f"  [value {n}: {why}]"
         if len(keyed) == 1 and len(self) > 1:
             return f"{head}: all {texts[keys[0]]}"
         if not self._shape.dims:  # one rank, no dims (e.g. mesh.slice(gpus=0))
@@ -140,11 +144,24 @@ def _fmt_coords(coords: dict[str, int], dims: list[str]) -> str:
     return ", ".join(f"{d}={coords[d]}" for d in dims)
 
 
+def _safe_repr(v: object) -> str:
+    """``repr(v)``, or, where that raises, a stand-in that says so: one value's broken
+    ``__repr__`` must not hide the whole ValueMesh."""
+    try:
+        return repr(v)
+    except Exception as e:
+        try:
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        except Exception:
+            why = type(e).__name__
+    return f"<{type(v).__name__} object: repr raised {why}>"
+
+
 def _short_repr(v: object, limit: int = 200) -> str:
     if isinstance(v, (bytes, bytearray, str)) and len(v) > limit:  # repr of 300 MB takes seconds
         note = f"... ({len(v):,} {'characters' if isinstance(v, str) else 'bytes'})"
         return repr(v[:limit])[: limit - len(note)] + note
-    text = repr(v)
+    text = _safe_repr(v)
     if "\n" in text:
         text = text.replace("\n", "\n    ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -170,13 +187,17 @@ def _content_key(v: object) -> Any:
             return ("tensor", str(v.dtype), tuple(v.shape), v.requires_grad, _digest(raw))
         except (RuntimeError, TypeError):
             pass
-    text = repr(v)
+    text = _safe_repr(v)
     if type(v) in (int, float, bool, complex, type(None)) or (len(text) <= 80 and " object" not in text):
         return text
     try:  # an object whose repr may not tell it apart (<...HTML object>, cut lists)
         return ("pickled", text, _digest(pickle.dumps(v, protocol=5)))
     except Exception:
         return ("unique", id(v))
+
+
+def _is_unique(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) == 2 and key[0] == "unique"
 
 
 def _digest(data: Any) -> bytes:
