@@ -102,14 +102,18 @@ def test_values_that_cannot_travel_are_one_line_usage_errors_and_gather_is_named
         shell.run_line_magic("mesh", "push gen=(i for i in range(3))")
     with pytest.raises(UsageError, match=r"^%mesh scatter: parts \(list\) cannot be sent"):
         shell.run_line_magic("mesh", "scatter parts=[threading.Lock(), threading.Lock()]")
+    # A name the ranks lack was a NameError with a traceback through our wrapper's frame
+    # (File "<pull nosuch cell 1>"), as if it were the user's code.
+    shell.run_cell_magic("mesh", "", "if rank == 1:\n    half = 1")
     for magic in ("pull", "gather"):
-        with pytest.raises(Exception, match="nosuch failed on 2 of 2 ranks") as failed:
+        with pytest.raises(UsageError, match=rf"^%mesh {magic}: ranks 0-1 have no variable 'nosuch'$"):
             shell.run_line_magic("mesh", f"{magic} nosuch")
-        shown = failed.value._render_traceback_()  # type: ignore[attr-defined]  # what the notebook shows
-        assert f"{magic} nosuch failed on 2 of 2 ranks" in shown[0]
-        text = "\n".join(shown)
-        assert "NameError: name 'nosuch' is not defined" in text
-        assert "viceroy/" not in text, "the ranks' traceback shows the user's lines only"
+        with pytest.raises(UsageError, match=rf"^%mesh {magic}: rank 0 has no variable 'half'$"):
+            shell.run_line_magic("mesh", f"{magic} half")
+    shell.run_cell_magic("mesh", "", "def broken(): raise ValueError('no')\nclass B:\n    def __reduce__(self): broken()\nb = B()")
+    with pytest.raises(Exception, match="pull b failed on 2 of 2 ranks") as failed:
+        shell.run_line_magic("mesh", "pull b")  # any other failure keeps its grouped rendering
+    assert "failed on 2 of 2 ranks" in failed.value._render_traceback_()[0]  # type: ignore[attr-defined]
 
 
 def test_a_mesh_that_cannot_start_is_one_usage_error_naming_the_ranks(shell: InteractiveShell, monkeypatch, tmp_path):

@@ -114,6 +114,18 @@ def test_push_and_pull_move_values_by_name(start_mesh):
     assert sums == [int(np.arange(1 << 16).sum())] * 2
 
 
+def test_pulling_a_name_the_ranks_lack_shows_no_frame_of_ours(start_mesh):
+    # The error showed a traceback through File "<pull nothere cell 1>", our wrapper, as if
+    # it were the user's code.
+    mesh = start_mesh(gpus=2)
+    for read in (mesh.pull, mesh.gather):
+        with pytest.raises(vr.MeshError) as e:
+            read("nothere")
+        what = read.__name__
+        assert str(e.value) == f"{what} nothere failed on 2 of 2 ranks\nranks 0-1: NameError: name 'nothere' is not defined"
+        assert {f.exc_type for f in e.value.failures.values()} == {"NameError"}
+
+
 def test_large_arrays_come_back_intact_and_writable(start_mesh):
     mesh = start_mesh(gpus=2)
     out = mesh.run("import numpy as np\nnp.full(1 << 20, rank, dtype=np.float32)")

@@ -23,6 +23,7 @@ from viceroy.extension.errors import render_mesh_error
 from viceroy.extension.launching import sync_report
 from viceroy.extension.output import format_rank_set, terminal_line
 from viceroy.extension.session import MeshSession, describe_dims
+from viceroy.runtime.shape import describe_ranks
 
 HELP = """\
 %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] [--listen ADDR]
@@ -257,15 +258,30 @@ class MeshMagics(Magics):
 
     def _cmd_pull(self, cmd: Command) -> Any:
         mesh = self.session.require()
-        pulled = {name: mesh.pull(name) for name in cmd.names}
-        return pulled[cmd.names[0]] if len(pulled) == 1 else pulled
+        return self._read(cmd, mesh.pull)
 
     def _cmd_gather(self, cmd: Command) -> Any:
         """Every rank's value joined in rank order (arrays and tensors concatenated, lists
         chained)."""
         mesh = self.session.require()
-        gathered = {name: mesh.gather(name) for name in cmd.names}  # errors say "gather NAME failed"
-        return gathered[cmd.names[0]] if len(gathered) == 1 else gathered
+        return self._read(cmd, mesh.gather)  # other errors say "gather NAME failed"
+
+    def _read(self, cmd: Command, read: Any) -> Any:
+        """Each name of a pull or gather read; a name some ranks lack is one line naming them."""
+        got = {}
+        for name in cmd.names:
+            try:
+                got[name] = read(name)
+            except Exception as e:
+                failures = getattr(e, "failures", None)
+                if not failures or any(f.exc_type != "NameError" for f in failures.values()):
+                    raise
+                ranks = sorted(failures)
+                verb = "has" if len(ranks) == 1 else "have"
+                raise UsageError(
+                    f"%mesh {cmd.name}: {describe_ranks(ranks)} {verb} no variable {name!r}"
+                ) from None
+        return got[cmd.names[0]] if len(got) == 1 else got
 
     def _cmd_auto(self, cmd: Command) -> None:
         if cmd.on:

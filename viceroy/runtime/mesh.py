@@ -5,6 +5,7 @@ processes."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import linecache
 import os
@@ -17,6 +18,7 @@ import numpy as np
 
 from viceroy.runtime import serialize
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
+from viceroy.runtime.errors import MeshError
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.future import Future
 from viceroy.runtime.handles import Ref
@@ -167,14 +169,22 @@ class Mesh(MeshStarts, ShapeOps):
         self._controller.submit("push", self._shape, {}, signed, data, label=f"push {', '.join(values)}").get()
 
     def pull(self, name: str) -> ValueMesh[Any]:
-        """Each rank's value of a name in its namespace."""
+        """Each rank's value of a name in its namespace; a MeshError (NameError) names the
+        ranks that lack it."""
         return self._read(name, "pull")
 
     def _read(self, name: str, what: str) -> ValueMesh[Any]:
         # A lookup has nothing long-running to stop, so every rank answers for itself: a name
         # missing on all ranks is reported by all of them, not by whichever failed first.
         _check_names(what, [name])
-        return self.run(name, label=f"{what} {name}", fail_fast=False)
+        try:
+            return self.run(name, label=f"{what} {name}", fail_fast=False)
+        except MeshError as e:
+            # The ranks ran `name` alone: the one frame of a NameError's traceback is ours, not
+            # the user's code; "NameError: name 'x' is not defined" says it all.
+            failures = {r: dataclasses.replace(f, traceback="") if f.exc_type == "NameError" else f
+                        for r, f in e.failures.items()}
+            raise MeshError(e.what, failures, e.partial, e.hint, e.total) from None
 
     def scatter(self, name: str, values: Any) -> None:
         """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
