@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from viceroy.extension.output import (
+    LineGroup,
     LineGrouper,
     RankStreams,
     format_line,
@@ -36,6 +39,22 @@ def test_carriage_returns_make_progress_not_lines():
     assert s.feed(0, "stderr", "\r 20%|##  |").progress == " 20%|##  |"
     fed = s.feed(0, "stderr", "\r100%|####|\n")
     assert fed.lines == [("stderr", "100%|####|", True)]
+
+
+def test_a_long_running_progress_bar_stays_progress_and_never_leaks_lines():
+    """A bar redrawn with \r for minutes adds up to more than MAX_PARTIAL characters without a
+    newline; only what the terminal shows is kept, so no frozen copy of it becomes a line."""
+    from viceroy.extension.output import MAX_PARTIAL
+
+    s = RankStreams()
+    bar = "{:3d}%|" + "#" * 70 + "|"
+    for i in range(3 * MAX_PARTIAL // len(bar)):
+        fed = s.feed(0, "stderr", "\r" + bar.format(i % 100))
+        assert fed.lines == [], f"redraw {i} leaked {fed.lines[:1]}"
+        assert fed.progress == bar.format(i % 100)
+    assert s.feed(0, "stderr", "\n").lines == [("stderr", bar.format(i % 100), True)]
+    s.feed(0, "stdout", "50%\r")  # a redraw that ends on its carriage return
+    assert s.feed(0, "stdout", "60%\n").lines == [("stdout", "60%", True)]
 
 
 def test_windows_line_endings_are_not_progress():
@@ -108,6 +127,27 @@ def test_a_flood_of_lines_is_grouped_in_linear_time():
     assert time.perf_counter() - t0 < 2
     assert len(out) == 5000 and all(x.ranks == {0, 1, 2, 3} for x in out)
     assert format_line(out[0]) == "[0-3] loss: nan"
+
+
+@pytest.mark.parametrize("speakers", [[0, 1, 2, 3], [0]], ids=["every rank its own lines", "rank 0 of 4"])
+def test_a_flood_of_different_lines_is_shown_in_linear_time(speakers):
+    """Lines that never group (each rank numbers its own; or only rank 0 logs, the others
+    silent) made every line shown walk all pending lines: 8,000 lines per rank took 30 s."""
+    import time
+
+    g = LineGrouper(ranks=[0, 1, 2, 3], window=0.1)
+    shown: list[LineGroup] = []
+    t0 = time.perf_counter()
+    for chunk in range(100):  # as they arrive: chunks of lines, some due while more come
+        for r in speakers:
+            for i in range(chunk * 200, chunk * 200 + 200):
+                g.add(r, "stdout", f"line {i} of rank {r}", now=chunk * 0.01)
+        shown += g.ready(now=chunk * 0.01)
+    shown += g.drain()
+    assert time.perf_counter() - t0 < 3
+    assert len(shown) == 20_000 * len(speakers)
+    for r in speakers:  # every rank's lines, each once, in its order
+        assert [x.text for x in shown if x.ranks == {r}] == [f"line {i} of rank {r}" for i in range(20_000)]
 
 
 def test_lines_wait_longer_for_ranks_that_have_said_nothing_yet():

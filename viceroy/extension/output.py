@@ -14,6 +14,7 @@ and progress updates; `LineGrouper` merges the same line from several ranks into
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -70,6 +71,8 @@ class RankStreams:
                 complete.pop(0)
         for raw in complete:
             out.lines.append((stream, terminal_line(raw), "\r" in raw.rstrip("\r")))
+        if "\r" in rest:  # only what the terminal shows now, however long the bar has run
+            rest = "\r" + terminal_line(rest) + ("\r" if rest.endswith("\r") else "")
         if len(rest) > MAX_PARTIAL:
             out.lines.append((stream, terminal_line(rest), False))
             self._cut.add(key)
@@ -93,7 +96,7 @@ class RankStreams:
 
 @dataclass(eq=False)
 class LineGroup:
-    """One line of text written by a set of ranks."""
+    """One line of text written by a set of ranks (a node of `LineGrouper`'s timeline)."""
 
     stream: str
     text: str
@@ -101,6 +104,9 @@ class LineGroup:
     seq: int
     born: float
     payload: object = None  # a display (MIME bundle) from one rank: kept in order, never merged
+    prev: LineGroup | None = field(default=None, repr=False)
+    next: LineGroup | None = field(default=None, repr=False)
+    anchored: set[int] = field(default_factory=set, repr=False)  # ranks whose next line goes after it
 
 
 def format_line(group: LineGroup) -> str:
@@ -119,6 +125,11 @@ class LineGrouper:
 
     While some ranks of the call have written nothing yet (a rank scheduled late on a busy
     machine), lines wait up to ``silent_window`` for them instead, unless those ranks are done.
+
+    The timeline is a linked list, each rank's position a node of it (its next line goes right
+    after), and each rank keeps its pending lines in a queue: a line can be shown once it heads
+    the queue of every rank in it. Adding and showing a line cost the same however many lines
+    are pending (a flood that never groups, or one rank logging while the others stay silent).
     """
 
     LOOKAHEAD = 32  # how far ahead of its position a rank looks for an identical line
@@ -131,27 +142,40 @@ class LineGrouper:
         self.silent_window = max(window, silent_window)
         self._heard: set[int] = set()  # ranks that wrote something, or finished
         self._seq = 0
-        self._timeline: list[LineGroup] = []
-        self._pos: dict[int, int] = {}  # rank -> timeline index just after its last line
+        self._start = LineGroup("", "", set(), 0, 0.0)  # the timeline's sentinel: before every line
+        self._pending = 0
+        self._queues: dict[int, collections.deque[LineGroup]] = {}  # rank -> its pending lines, in order
+        self._at: dict[int, LineGroup] = {}  # rank -> the node its next line goes after
 
     def add(self, rank: int, stream: str, text: str, now: float, payload: object = None) -> None:
         """One line from ``rank`` (or, with ``payload``, a display to keep in its place)."""
         self._heard.add(rank)
-        pos = self._pos.get(rank, 0)
+        at = self._at.get(rank, self._start)
         if payload is None:
-            for i in range(pos, min(pos + self.LOOKAHEAD, len(self._timeline))):
-                g = self._timeline[i]
+            g = at.next
+            for _ in range(self.LOOKAHEAD):
+                if g is None:
+                    break
                 # rank is not in g (g lies past the rank's position)
                 if g.text == text and g.stream == stream and g.payload is None:
                     g.ranks.add(rank)
-                    self._pos[rank] = i + 1
+                    self._queues.setdefault(rank, collections.deque()).append(g)
+                    self._move(rank, at, g)
                     return
+                g = g.next
         self._seq += 1
-        self._timeline.insert(pos, LineGroup(stream, text, {rank}, self._seq, now, payload))
-        for r, p in self._pos.items():
-            if p > pos:
-                self._pos[r] = p + 1
-        self._pos[rank] = pos + 1
+        g = LineGroup(stream, text, {rank}, self._seq, now, payload, prev=at, next=at.next)
+        if at.next is not None:
+            at.next.prev = g
+        at.next = g
+        self._pending += 1
+        self._queues.setdefault(rank, collections.deque()).append(g)
+        self._move(rank, at, g)
+
+    def _move(self, rank: int, old: LineGroup, new: LineGroup) -> None:
+        old.anchored.discard(rank)
+        new.anchored.add(rank)
+        self._at[rank] = new
 
     def rank_done(self, rank: int) -> None:
         """``rank`` finished the call: no line needs to wait for it any more."""
@@ -160,23 +184,30 @@ class LineGrouper:
     def _window(self) -> float:
         return self.window if self._heard >= self.ranks else self.silent_window
 
-    def _heads(self) -> list[tuple[int, LineGroup]]:
+    def _heads(self) -> list[LineGroup]:
         """Pending lines with no earlier pending line of any of their ranks."""
-        heads: list[tuple[int, LineGroup]] = []
-        blocked: set[int] = set()
-        for i, g in enumerate(self._timeline):
-            if not (g.ranks & blocked):
-                heads.append((i, g))
-            blocked |= g.ranks
-            if len(blocked) >= len(self.ranks) and blocked >= self.ranks:
-                break
-        return heads
+        heads: dict[int, LineGroup] = {}
+        for q in self._queues.values():
+            if q:
+                g = q[0]
+                if id(g) not in heads and all(self._queues[r][0] is g for r in g.ranks):
+                    heads[id(g)] = g
+        return list(heads.values())
 
-    def _remove(self, i: int) -> None:
-        del self._timeline[i]
-        for r, p in self._pos.items():
-            if p > i:
-                self._pos[r] = p - 1
+    def _remove(self, g: LineGroup) -> None:
+        """Take head `g` off the timeline; ranks positioned at it move to the line before."""
+        assert g.prev is not None
+        g.prev.next = g.next
+        if g.next is not None:
+            g.next.prev = g.prev
+        for r in g.ranks:
+            self._queues[r].popleft()
+        for r in g.anchored:
+            self._at[r] = g.prev
+        g.prev.anchored |= g.anchored
+        g.anchored = set()
+        g.prev = g.next = None
+        self._pending -= 1
 
     def ready(self, now: float) -> list[LineGroup]:
         """Groups due at ``now`` (or that every rank joined), in display order."""
@@ -189,31 +220,32 @@ class LineGrouper:
     def next_deadline(self) -> float | None:
         """When the oldest pending line becomes due, or None if nothing is pending."""
         heads = self._heads()
-        return min(g.born for _, g in heads) + self._window() if heads else None
+        return min(g.born for g in heads) + self._window() if heads else None
 
     def _take(self, now: float) -> list[LineGroup]:
         out: list[LineGroup] = []
         cutoff: float | None = None  # lines born up to here count as simultaneous
-        while self._timeline:
+        while self._pending:
             heads = self._heads()
             if cutoff is None:
-                oldest = min(g.born for _, g in heads)
+                oldest = min(g.born for g in heads)
                 window = self._window()
                 if now - oldest >= window:
                     cutoff = oldest + window
             due = [
-                (i, g)
-                for i, g in heads
+                g
+                for g in heads
                 if g.ranks >= self.ranks
                 or (cutoff is not None and (g.born <= cutoff or now == float("inf")))
             ]
             if not due:
                 break
-            i, best = min(due, key=lambda ig: (min(ig[1].ranks), ig[1].seq))
-            self._remove(i)
+            best = min(due, key=lambda g: (min(g.ranks), g.seq))
+            self._remove(best)
             out.append(best)
-        if not self._timeline:
-            self._pos.clear()
+        if not self._pending:
+            self._start.anchored.clear()
+            self._at.clear()
         return out
 
 
