@@ -6,11 +6,11 @@ import pytest
 from IPython.core.error import UsageError
 
 from viceroy.extension.args import (
+    parse_assignments,
     parse_command,
     parse_ranks,
     parse_run_options,
     parse_where,
-    split_assignments,
     split_line_code,
 )
 
@@ -138,7 +138,41 @@ def test_commands():
 def test_push_takes_expressions_with_spaces_and_bare_names():
     cmd = parse_command("push lr=0.1 cfg=dict(a=1, b='x y') model")
     assert cmd.assignments == [("lr", "0.1"), ("cfg", "dict(a=1, b='x y')"), ("model", "model")]
-    assert split_assignments("a = 1, b=[1, 2]") == ["a=1", "b=[1, 2]"]
+    assert parse_assignments("a = 1, b=[1, 2]") == [("a", "1"), ("b", "[1, 2]")]
+
+
+@pytest.mark.parametrize(
+    "text, assignments",
+    [
+        ("x=1 + 2", [("x", "1 + 2")]),  # was "got '+'": the line was cut at its spaces
+        ("x=1 + 2, lr=0.1 * 2", [("x", "1 + 2"), ("lr", "0.1 * 2")]),
+        ("lr=0.1 * 2 y=3", [("lr", "0.1 * 2"), ("y", "3")]),
+        ("f=lambda: 1", [("f", "lambda: 1")]),
+        ("f=lambda a=1, b=2: a + b g=3", [("f", "lambda a=1, b=2: a + b"), ("g", "3")]),
+        ("a=x if y else z w", [("a", "x if y else z"), ("w", "w")]),
+        ("a=1 b c", [("a", "1"), ("b", "b"), ("c", "c")]),
+        ('s="a=1 b" t=f (1)', [("s", '"a=1 b"'), ("t", "f (1)")]),
+        ("a={1: 2} b={c: d for c, d in e}", [("a", "{1: 2}"), ("b", "{c: d for c, d in e}")]),
+    ],
+)
+def test_push_values_are_python_expressions_spaces_and_all(text: str, assignments: list[tuple[str, str]]):
+    assert parse_command(f"push {text}").assignments == assignments
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("x=1 +", r"x=1 \+ is not a Python expression \(invalid syntax\)"),
+        ("a=b=2", r"a=b=2 is not a Python expression"),
+        ("x='a", r"cannot parse"),
+        ("x=(1", r"cannot parse"),
+        ("None=1", r"got 'None=1'"),
+    ],
+)
+def test_push_values_that_are_not_expressions_are_one_line(text: str, message: str):
+    with pytest.raises(UsageError, match=r"^%mesh push: .*" + message) as e:
+        parse_command(f"push {text}")
+    assert "\n" not in str(e.value) and "e.g. `%mesh push lr=0.1`" in str(e.value)
 
 
 def test_help_is_a_command_not_a_mistake():

@@ -33,6 +33,9 @@ HELP = """\
 %mesh restart [--failed]           every rank (their state is lost), or only the dead ones
 %mesh logs RANK [--tail N]         a rank's recent output
 %mesh push NAME=EXPR... | pull NAME... | scatter NAME=EXPR... | gather NAME...
+                                   EXPR: any Python expression, evaluated here (x=1 + 2, lr=0.1 * 2);
+                                   items split at spaces or commas (a tuple needs parentheses);
+                                   a bare NAME sends that variable
 %mesh auto on|off                  run every following cell on the ranks (%autopx toggles it)
 %mesh sync [DIR] [--to PATH] [--dry-run]   copy DIR to every host of an ssh mesh (rsync)
 %%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]
