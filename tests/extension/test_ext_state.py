@@ -121,6 +121,21 @@ def test_reconciling_with_the_runtime_finds_ranks_a_finished_call_gave_up_on():
     assert s.set_states({0: "idle", 1: "idle"}) is False, "a running call's rank is left alone"
 
 
+def test_a_call_that_ends_after_one_given_up_on_leaves_its_ranks_done():
+    # After an interrupt the ranks ignored, the next call's success left them "running" (or,
+    # once reconciled, "interrupted", labelled with the call that succeeded) until a later call.
+    s = fresh()
+    s.apply(started(1, [0, 1], "busy"))
+    s.apply({"type": "call_finished", "call": 1, "ok": False})  # interrupted; the ranks go on
+    s.apply(started(2, [0, 1], "rank"))
+    s.apply({"type": "ranks_done", "call": 2, "ranks": [0, 1]})
+    s.apply({"type": "call_finished", "call": 2, "ok": True})
+    assert [(r["state"], r["label"]) for r in s.snapshot()["ranks"]] == [("done", "rank")] * 2
+    assert s.set_states({0: "idle", 1: "idle"}) is False
+    assert s.apply(done(1, 0, ok=False, kind="interrupted")) is False, "a late answer to call 1 is old news"
+    assert [r["state"] for r in s.snapshot()["ranks"]] == ["done", "done"]
+
+
 def test_stats_fill_memory_fields():
     s = fresh()
     assert s.apply_stats({0: {"rss": 50_000_000, "gpu_mem": None, "gpu_util": None}}) is True

@@ -247,7 +247,12 @@ class MeshState:
         r, call = rec["rank"], ev.get("call")
         calls = self._in_flight.get(r, [])
         if call in calls:
-            calls.remove(call)
+            # Calls started here before this one that have finished (given up on: interrupted
+            # ranks deaf to it ran on) are over on this rank too, though it never answered them.
+            at = calls.index(call)
+            calls[: at + 1] = [c for c in calls[:at] if c in self._calls]
+        elif call is not None and rec["call"] is not None and rec["call"] != call:
+            return False  # a late answer to a call given up on, after a later call started here
         if ev.get("ok"):
             outcome = "done"
         else:
