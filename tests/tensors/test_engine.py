@@ -54,6 +54,27 @@ def test_a_shape_error_is_raised_here_and_nothing_reaches_the_ranks(tmesh):
     assert seen == []
 
 
+def test_an_in_place_op_that_cannot_keep_the_dtype_is_refused_here(tmesh):
+    """Meta tensors let ``long_t.mul_(2.5)`` through (torch's CPU kernel refuses it): refused
+    here all the same, at the user's line, and nothing reaches the ranks."""
+    with tmesh.activate():
+        n = torch.ones(3, dtype=torch.long)
+    n.fetch()
+    seen = []
+    tmesh.subscribe(lambda ev: ev["type"] == "call_started" and seen.append(ev))
+    with tmesh.activate():
+        with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+            n.mul_(2.5)
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            n *= 2.5
+    assert seen == []
+    with tmesh.activate():
+        n.mul_(2)  # an int keeps it Long
+        f = torch.ones(3)
+        f.mul_(n)  # Long into Float casts
+    assert n.fetch(gpus=0).tolist() == [2, 2, 2] and f.fetch(gpus=0).tolist() == [2.0, 2.0, 2.0]
+
+
 def test_an_op_failing_on_a_rank_surfaces_at_the_next_fetch_with_its_line(tmesh):
     with tmesh.activate():
         a = torch.arange(4.0)
@@ -85,6 +106,26 @@ def test_ops_mixing_meshes_are_refused(start_mesh):
         b = torch.ones(2)
     with pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=1 and gpus=2\)"):
         a + b
+
+
+def test_ops_mixing_views_of_one_mesh_name_their_ranks_and_to_mesh(tmesh):
+    left, right = tmesh.slice(gpus=slice(0, 1)), tmesh.slice(gpus=slice(1, 2))
+    with left.activate():
+        a = torch.ones(2)
+    with right.activate():
+        b = torch.ones(2)
+    with pytest.raises(ValueError, match=r"views of one mesh \(.*rank 0 and .*rank 1\).*t\.to_mesh\(view\)"):
+        a + b
+    assert (a + b.to_mesh(left)).fetch(gpus=0).tolist() == [2.0, 2.0]
+
+
+def test_assemble_names_a_tensor_dim_the_pieces_lack(tmesh):
+    with tmesh.activate():
+        t = torch.ones(3)
+    with pytest.raises(ValueError, match=r"mesh dim 'gpus' maps to tensor dim 5, but the pieces have 1 dim "
+                                         r"\(shape \[3\]\): give a tensor dim from -1 to 0"):
+        vr.assemble(t, dims={"gpus": 5})
+    assert vr.assemble(t, dims={"gpus": -1}).shape == (6,)
 
 
 def _rank0_rss(mesh):

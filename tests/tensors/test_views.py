@@ -40,7 +40,7 @@ def test_equal_views_share_one_engine(mesh4):
     with mesh4.slice(gpus=slice(0, 2)).activate():
         b = torch.ones(2) * 2
     assert [t.tolist() for t in (a + b).fetch().values()] == [[3.0, 3.0]] * 2
-    with (pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=2 and gpus=4\)"),
+    with (pytest.raises(ValueError, match=r"different views of one mesh \(gpus=2, ranks 0-1 and gpus=4, ranks 0-3\); keep the work on one view"),
           mesh4.activate()):
         a + torch.ones(2)
 

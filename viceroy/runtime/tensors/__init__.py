@@ -79,6 +79,12 @@ def assemble(t: MeshTensor, dims: dict[str, int]) -> Any:
     unknown = [d for d in dims if d not in mesh_dims]
     if unknown:
         raise ValueError(f"assemble: the mesh has no dim {unknown[0]!r}; its dims are {', '.join(mesh_dims)}")
+    ndim = t.dim()
+    for d, k in dims.items():
+        if not isinstance(k, int) or isinstance(k, bool) or not -max(ndim, 1) <= k < max(ndim, 1):
+            raise ValueError(f"assemble: mesh dim {d!r} maps to tensor dim {k!r}, but the pieces have "
+                             f"{ndim} dim{'s' if ndim != 1 else ''} (shape {list(t.shape)}): give a tensor "
+                             f"dim from {-max(ndim, 1)} to {max(ndim, 1) - 1}")
     pieces = t.fetch()
     vm = pieces.slice(**{d: 0 for d in mesh_dims if d not in dims}) if len(dims) < len(mesh_dims) else pieces
     order = [d for d in vm.dims]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from viceroy.runtime.shape import describe_ranks
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
 
 if TYPE_CHECKING:
@@ -325,6 +326,12 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
     _check_local_target(name, args, kwargs)
     engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}
     if len(engines) > 1:
+        if len({id(e.mesh._controller) for e in engines}) == 1:  # views of one mesh
+            descs = sorted(f"{e.describe()}, {describe_ranks(e.mesh._shape.ranks)}" for e in engines)
+            fix = ("bring one onto the other's view first: t.to_mesh(view) moves it rank to rank"
+                   if len({len(e.mesh._shape.ranks) for e in engines}) == 1 else
+                   "keep the work on one view, or move data with .fetch() and push")
+            raise ValueError(f"{name} mixes tensors of different views of one mesh ({' and '.join(descs)}); {fix}")
         descs = sorted(e.describe() for e in engines)
         raise ValueError(f"{name} mixes tensors of different meshes ({' and '.join(descs)}); "
                          "move one with .fetch() and push, or keep the work on one mesh")

@@ -67,6 +67,8 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
             # In place: no autograd here, whose leaf checks do not know which MeshTensors are
             # leaves on the ranks (they check for themselves).
             with torch.no_grad() if in_place else contextlib.nullcontext():
+                if name in _PROMOTING_IN_PLACE:
+                    _check_cast(args)
                 out = _run_meta(func, args, kwargs, in_leaves)
         except (RuntimeError, NotImplementedError) as exc:
             raise _explained(name, args, exc) from None
@@ -107,6 +109,35 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
     slots = tuple(i for i, a in enumerate(args) if type(a) is MeshTensor)
     return Plan(kind, tuple(outputs), spec, answer=out if kind is VALUE else None, slots=slots,
                  cacheable=not changed)
+
+
+# In-place arithmetic whose result type must cast back to the target's dtype; torch's meta
+# kernels skip that check for some of them (``long_t.mul_(2.5)`` passes on meta tensors).
+_PROMOTING_IN_PLACE = frozenset({
+    "add_", "sub_", "mul_", "div_", "true_divide_", "floor_divide_", "remainder_", "fmod_", "pow_",
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+})
+
+
+def _check_cast(args: tuple[Any, ...]) -> None:
+    """Raise as torch does on real tensors when ``args[0] op= args[1]`` cannot keep args[0]'s dtype."""
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor):
+        return
+    try:
+        result = torch.result_type(args[0], args[1])
+    except (TypeError, RuntimeError):
+        return  # not a tensor-and-number pair: the meta run judges it
+    if not torch.can_cast(result, args[0].dtype):
+        raise RuntimeError(f"result type {_dtype_name(result)} can't be cast to the desired output type "
+                           f"{_dtype_name(args[0].dtype)}")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``Float``, ``Long``: torch's own wording in this error."""
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def _is_local(x: Any) -> bool:
