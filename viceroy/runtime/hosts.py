@@ -18,7 +18,7 @@ from typing import Any
 from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
 from viceroy.runtime.procs import HEARTBEAT_S, remove_socket_dir
-from viceroy.runtime.shape import Shape, describe_ranks, format_rank_set
+from viceroy.runtime.shape import Shape, describe_ranks
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import Signer
 
