@@ -30,6 +30,9 @@ def test_mesh_errors_render_as_their_grouped_message():
     assert "rank 2: died (SIGKILL)" in plain
     assert "      1/0" in plain
     assert plain[-1] == "Bring dead ranks back with `%mesh restart --failed`."
+    # The reply's evalue (what nbclient and other tools print) says the same as the output.
+    assert str(err).endswith("Bring dead ranks back with `%mesh restart --failed`.")
+    assert "failed_only" not in str(err) and str(err) == err.args[0]
 
 
 def test_interrupts_render_as_one_line():

@@ -10,8 +10,11 @@ failing ``%%mesh`` cell shows the ranks' grouped tracebacks and none of our plum
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TypeVar
+
+from viceroy.runtime.errors import RankFailure
 
 RED = "\x1b[0;31m"
 BOLD = "\x1b[1m"
@@ -40,11 +43,25 @@ def with_rendering(exc: E, lines: list[str]) -> E:
 _MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`"}
 
 
-def render_mesh_error(err: E) -> E:
-    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``)."""
-    message = str(err)
+def _in_magic_words(text: str) -> str:
     for api, magic in _MAGIC_WORDING.items():
-        message = message.replace(api, magic)
+        text = text.replace(api, magic)
+    return text
+
+
+def render_mesh_error(err: E) -> E:
+    """Attach the grouped rendering to a `viceroy.MeshError` raised by a magic (for ``raise``),
+    its hints reworded for the magic; the error's own message too, so that the reply's evalue
+    (what tools such as nbclient print) says what the output says."""
+    if isinstance(getattr(err, "hint", None), str):
+        err.hint = _in_magic_words(err.hint)  # type: ignore[attr-defined]
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for rank, f in failures.items():
+            if isinstance(f, RankFailure) and _in_magic_words(f.summary) != f.summary:
+                failures[rank] = dataclasses.replace(f, summary=_in_magic_words(f.summary))
+    message = _in_magic_words(str(err))
+    err.args = (message,)
     return with_rendering(err, render_message(message, type(err).__name__))
 
 
