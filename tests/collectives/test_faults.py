@@ -269,3 +269,15 @@ def test_a_rank_that_finds_the_group_given_up_reports_its_own_collective_and_the
     assert "all_reduce('sum') over" in summaries[0] and "ranks 2-3 did not join within 2 s" in summaries[0]
     assert "broadcast over" in summaries[1] and "ranks 2-3 did not join within 2 s" in summaries[1]
     assert "all_reduce" not in summaries[1], summaries[1]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ranks_passing_tensors_of_different_shapes_fail_naming_each_ranks(torch_mesh, n):
+    """Backends wait for bytes that never come when shapes differ (all ranks, or all but one
+    that got what it needed): the members still waiting compare what they passed and stop."""
+    mesh = torch_mesh(gpus=n)
+    took, msg = timed_failure(mesh, "t = torch.ones(rank + 1)\nvr.all_reduce(t)", fail_fast=False)
+    assert took < 15, msg
+    assert "passed different tensors or operations" in msg, msg
+    assert "rank 1: all_reduce('sum') float32[2]" in msg, msg
+    assert_next_collective_is_right(mesh, n)

@@ -93,14 +93,14 @@ def send(t: Any, dst: int) -> None:
     """Send `t` to rank `dst` (a global rank), which receives it with ``recv(buf, src=...)``."""
     backend, x = _native(t, "send")
     group = _pair(dst, "send")
-    _run(f"send to rank {dst}", backend, group, x, lambda c: c.send(x, group.index(dst)))
+    _run(f"send to rank {dst}", backend, group, x, lambda c: c.send(x, group.index(dst)), agree="send/recv")
 
 
 def recv(t: T, src: int) -> T:
     """Receive into `t` (in place) what rank `src` sent with ``send``; returns `t`."""
     backend, x = _native(t, "recv")
     group = _pair(src, "recv")
-    _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)))
+    _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)), agree="send/recv")
     return t
 
 
@@ -116,7 +116,7 @@ def exchange(out: Any, to: int | None, into: Any, frm: int | None, group: Group,
     rx = x if out is None else (None if into is None else _native(into, what)[1])
     to_i = None if to is None else group.index(to)
     frm_i = None if frm is None else group.index(frm)
-    _run(what, backend, group, x, lambda c: c.exchange(sx, to_i, rx, frm_i))
+    _run(what, backend, group, x, lambda c: c.exchange(sx, to_i, rx, frm_i), agree=None)
 
 
 def barrier(dims: Dims = None) -> None:
@@ -130,13 +130,21 @@ def barrier(dims: Dims = None) -> None:
 
 
 def _run(what: str, backend: Backend, group: Group, x: Any, start: Callable[[Communicator], Pending],
-         alone: Callable[[], Any] | None = None) -> None:
+         alone: Callable[[], Any] | None = None, agree: str | None = "") -> None:
+    """`agree`: what the members' calls must share besides `x`'s dtype and shape (default: `what`
+    itself; "send/recv" for a pair; None: nothing, as in exchanges of pieces of any size)."""
     if group.size == 1:  # nothing to exchange; only the local effect
         if alone is not None:
             alone()
         return
     device = backend.device_of(x) if x is not None else None
-    communicators.run(what, backend, group, device, start)
+    sig = None if agree is None else (agree or what) + ("" if x is None else f" {_describe(x)}")
+    communicators.run(what, backend, group, device, start, sig)
+
+
+def _describe(x: Any) -> str:
+    """``float32[4, 3]``: a tensor's dtype and shape, as members compare them."""
+    return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
 
 
 def _pair(peer: int, what: str) -> Group:
