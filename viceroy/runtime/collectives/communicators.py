@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from viceroy.runtime import call_peers
+from viceroy.runtime.collectives.agreement import Agreement
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.groups import Group
@@ -33,13 +34,12 @@ from viceroy.runtime.collectives.records import Record, read_records, root_cause
 from viceroy.runtime.collectives.store import rendezvous, store_on_rank0
 from viceroy.runtime.collectives.waiting import SLICE_S, interrupts_held, uninterrupted
 from viceroy.runtime.context import context
-from viceroy.runtime.shape import describe_ranks, format_rank_set
+from viceroy.runtime.shape import format_rank_set
 
 # Read when a group is built, not at import: ranks import this module in the template process
 # they are forked from, before the mesh's environment (Mesh.local(env=...)) is theirs.
 _timeout: float | None = None
 NOTE_AFTER_S = 10.0  # say who is missing when a group takes this long to form
-CHECK_AFTER_S = 2.0  # an operation waiting this long compares what each member passed
 
 
 def set_timeout(seconds: float) -> None:
@@ -94,7 +94,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     communicator is aborted everywhere and a CollectiveError names the root cause.
 
     `sig` says what every member must agree on (the operation, the tensor's dtype and shape):
-    an operation still waiting after CHECK_AFTER_S compares it with the members' that wait too,
+    an operation still waiting after `agreement.CHECK_AFTER_S` compares it with the members' that wait too,
     and a mismatch (which backends do not notice: they wait for bytes that never come) ends it
     everywhere, naming each rank's."""
     me = context().rank
@@ -110,7 +110,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     try:
         pending = start(comm)
         started = True
-        check = _Agreement(entry, op, sig) if sig is not None else None
+        check = Agreement(f"{entry.prefix}/sig{op}", entry.incarnation, sig) if sig is not None else None
         while not pending.wait(SLICE_S):
             if gone := call_peers.skipped(group.ranks):
                 raise _Skipped(gone)
@@ -143,43 +143,6 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
 
 class _Mismatch(Exception):
     pass
-
-
-class _Agreement:
-    """The slow path of `run`: once an operation has waited CHECK_AFTER_S, this member writes
-    its `sig` into the store under the operation's number, then compares it with the sigs of
-    the members that wrote theirs (members that finished the operation write none)."""
-
-    def __init__(self, entry: Entry, op: int, sig: str) -> None:
-        self.entry, self.sig = entry, sig
-        self.prefix = f"{entry.prefix}/sig{op}"
-        self.next_at = time.monotonic() + CHECK_AFTER_S
-        self.written = False
-
-    def mismatch(self) -> str | None:
-        """"rank 0: float32[1]; rank 1: float32[2]" when the members' sigs differ, else None."""
-        now = time.monotonic()
-        if now < self.next_at:
-            return None
-        self.next_at = now + 0.5
-        live = rendezvous.current()
-        if live is None or live[1] != self.entry.incarnation:
-            return None
-        store = live[0]
-        try:
-            if not self.written:  # one key for all: two store round trips per look, however many
-                store.append(self.prefix, f"{context().rank}\t{self.sig}\n")
-                self.written = True
-            written = store.get(self.prefix).decode()
-        except RuntimeError:  # the store is gone (with rank 0): the connections say more
-            return None
-        sigs: dict[str, list[int]] = {}
-        for line in written.splitlines():
-            rank, _, sig = line.partition("\t")
-            sigs.setdefault(sig, []).append(int(rank))
-        if len(sigs) < 2:
-            return None
-        return "; ".join(f"{describe_ranks(ranks)}: {sig}" for sig, ranks in sorted(sigs.items(), key=lambda kv: kv[1]))
 
 
 def _healthy(entry: Entry) -> bool:

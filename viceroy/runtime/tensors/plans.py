@@ -68,7 +68,7 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
             # leaves on the ranks (they check for themselves).
             with torch.no_grad() if in_place else contextlib.nullcontext():
                 if name in _PROMOTING_IN_PLACE:
-                    _check_cast(args)
+                    _check_cast(func, args)
                 out = _run_meta(func, args, kwargs, in_leaves)
         except (RuntimeError, NotImplementedError) as exc:
             raise _explained(name, args, exc) from None
@@ -119,25 +119,22 @@ _PROMOTING_IN_PLACE = frozenset({
 })
 
 
-def _check_cast(args: tuple[Any, ...]) -> None:
-    """Raise as torch does on real tensors when ``args[0] op= args[1]`` cannot keep args[0]'s dtype."""
+def _check_cast(func: Any, args: tuple[Any, ...]) -> None:
+    """Raise as torch does on real tensors when ``args[0] op= args[1]`` cannot keep args[0]'s
+    dtype: the op runs on one-element CPU stand-ins of the same dtypes (a zero-dim operand stays
+    zero-dim, as type promotion treats it apart), so torch itself judges and words it."""
     if len(args) < 2 or not isinstance(args[0], torch.Tensor):
         return
+    other, ndim = args[1], 0
+    if isinstance(other, torch.Tensor):
+        other, ndim = torch.empty((1,) * other.dim(), dtype=other.dtype), other.dim()
+    elif not isinstance(other, bool | int | float | complex):
+        return  # the meta run judges anything else
     try:
-        result = torch.result_type(args[0], args[1])
-    except (TypeError, RuntimeError):
-        return  # not a tensor-and-number pair: the meta run judges it
-    if not torch.can_cast(result, args[0].dtype):
-        raise RuntimeError(f"result type {_dtype_name(result)} can't be cast to the desired output type "
-                           f"{_dtype_name(args[0].dtype)}")
-
-
-def _dtype_name(dtype: Any) -> str:
-    """``Float``, ``Long``: torch's own wording in this error."""
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
-            torch.complex128: "ComplexDouble"}.get(dtype, str(dtype).removeprefix("torch."))
+        func(torch.empty((1,) * max(1, ndim), dtype=args[0].dtype), other)
+    except RuntimeError as exc:
+        if "can't be cast" in str(exc):
+            raise
 
 
 def _is_local(x: Any) -> bool:
