@@ -402,6 +402,21 @@ def test_a_line_printed_with_flush_just_before_a_kill_still_arrives(start_mesh, 
     assert "last words" in mesh.logs(1)
 
 
+def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
+    # A plain print waits up to 2 ms in the rank's queue for lines to go out with it; os._exit
+    # right after took it along. The rank's reader is held here, so only os._exit can save it.
+    mesh = start_mesh(gpus=2)
+    code = ("import gc, os, sys\nfrom viceroy.runtime.output import OutputCapture\n"
+            "capture = next(o for o in gc.get_objects() if isinstance(o, OutputCapture))\n"
+            "if rank == 1:\n    capture._sending.acquire()\n"
+            "    print('last words')\n    print('on stderr', file=sys.stderr)\n"
+            "    sys.stdout.write('unfinished')\n    os._exit(3)\n")
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(exit code 3\)"):
+        mesh.run(code, timeout=10)
+    wait_until(lambda: "unfinished" in mesh.logs(1), 5, "rank 1's last output in its log")
+    assert mesh.logs(1).splitlines() == ["last words", "on stderr", "unfinished"]
+
+
 def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):
     mesh = start_mesh(gpus=2)
     with pytest.raises(vr.MeshError, match=r"rank 0: died \(SIGSEGV\)"):

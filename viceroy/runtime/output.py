@@ -19,6 +19,7 @@ there, or, when the rank is killed first, its agent reads it out.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -27,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 Send = Callable[[str, bytes, "int | None"], None]  # (stream, data, call id)
 
@@ -89,6 +90,7 @@ class OutputCapture:
         self._streams = (_text_stream(self, "stdout", 1), _text_stream(self, "stderr", 2))
         sys.stdout = sys.__stdout__ = self._streams[0]  # type: ignore[misc]
         sys.stderr = sys.__stderr__ = self._streams[1]  # type: ignore[misc]
+        os._exit = self._exit_after_writing_out(os._exit)  # type: ignore[assignment]
         threading.Thread(target=self._reader, name="viceroy-output", daemon=True).start()
 
     # --- writers (any thread) ------------------------------------------------------------
@@ -128,11 +130,48 @@ class OutputCapture:
                 self._due = 0.0
                 self._wake()
                 return
-            batch, self._queue = self._queue, []
-            self._queued, self._due, self._line_start = 0, None, True
-            self._drained.notify_all()
+            batch = self._take_queue()
         for stream, data in batch:  # outside the lock: the reader drains a full pipe meanwhile
             _write_all(1 if stream == "stdout" else 2, bytes(data))
+
+    def _take_queue(self) -> list[tuple[str, bytearray]]:
+        """Empty the queue (holding the queue lock); what it held."""
+        batch, self._queue = self._queue, []
+        self._queued, self._due, self._line_start = 0, None, True
+        self._drained.notify_all()
+        return batch
+
+    def _exit_after_writing_out(self, real_exit: Callable[[int], NoReturn]) -> Callable[[int], NoReturn]:
+        """`os._exit` for the rank: what is queued (an unfinished line too) first goes into the
+        pipes, which the agent reads out after the exit. Never blocks for long: a pipe that
+        stays full (the agent gone, the reader stuck) gets what fits within a second. A child
+        forked by user code exits as it would anywhere, writing out nothing (its copy of the
+        queue is the parent's)."""
+
+        def _exit(code: int) -> NoReturn:
+            if not self._forked:
+                try:
+                    self._write_out_before_exit(time.monotonic() + 1.0)
+                except BaseException:  # nothing may stop an exit
+                    pass
+            real_exit(code)
+
+        _exit.__doc__ = real_exit.__doc__
+        return _exit
+
+    def _write_out_before_exit(self, deadline: float) -> None:
+        for stream in self._streams:  # the text layer's unfinished line, into the queue
+            with contextlib.suppress(OSError, ValueError):
+                io.TextIOWrapper.flush(stream)
+        if not self._queue_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return
+        try:
+            batch = self._take_queue()
+        finally:
+            self._queue_lock.release()
+        for name, data in batch:
+            if not _write_before(1 if name == "stdout" else 2, bytes(data), deadline):
+                return
 
     def _wake(self) -> None:
         try:
@@ -340,3 +379,21 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view):]
         except InterruptedError:
             continue
+
+
+def _write_before(fd: int, data: bytes, deadline: float) -> bool:
+    """Write `data` to the pipe `fd` in pieces the pipe has room for (a write of at most
+    PIPE_BUF bytes to a pipe poll calls writable never blocks); whether all of it went before
+    `deadline`."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            return False
+        try:
+            view = view[os.write(fd, view[: select.PIPE_BUF]):]
+        except InterruptedError:
+            continue
+    return True
