@@ -281,3 +281,18 @@ def test_ranks_passing_tensors_of_different_shapes_fail_naming_each_ranks(torch_
     assert "passed different tensors or operations" in msg, msg
     assert "rank 1: all_reduce('sum') float32[2]" in msg, msg
     assert_next_collective_is_right(mesh, n)
+
+
+@pytest.mark.parametrize("then", ["ends the call", "waits in the next collective", "computes, then ends the call"])
+def test_a_mismatch_with_a_member_that_already_returned_fails_too(torch_mesh, then):
+    """Rank 0 passes 1 element, rank 1 four: rank 0 gets what it needs and returns (its result
+    as the backend gives it), so only rank 1 waits. What rank 0 passed still reaches it: with
+    rank 0's answer when it ends the call, or from the store when it waits in a later one."""
+    mesh = torch_mesh(gpus=2)
+    after = {"ends the call": "", "waits in the next collective": "vr.all_reduce(torch.ones(2))\n",
+             "computes, then ends the call": "time.sleep(3 if rank == 0 else 0)\n"}[then]
+    took, msg = timed_failure(mesh, "import time\nt = torch.ones(1 + 3 * rank)\nvr.all_reduce(t)\n" + after, fail_fast=False)
+    assert took < 15, msg
+    assert "passed different tensors or operations" in msg, msg
+    assert "rank 0: all_reduce('sum') float32[1]; rank 1: all_reduce('sum') float32[4]" in msg, msg
+    assert_next_collective_is_right(mesh, 2)

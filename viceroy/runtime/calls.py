@@ -46,7 +46,7 @@ class Call:
     stuck_hint: str = STUCK_HINT
     # Telling the ranks still running it who finished (see call_peers): the collectives each
     # answered rank started, when to tell first, and who was told of already.
-    collectives: dict[int, dict[str, int]] = field(default_factory=dict)
+    collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
     notice_at: float | None = None
     told: set[int] = field(default_factory=set)
 

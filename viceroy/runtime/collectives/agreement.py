@@ -2,13 +2,20 @@
 `communicators.run`. Backends do not notice members that pass different shapes, dtypes or
 operations; they wait for bytes that never come. So an operation still waiting after
 CHECK_AFTER_S writes its signature (``all_reduce('sum') float32[4]``) into the rendezvous store
-under the operation's key, and compares it with those the other waiting members wrote (members
-that finished the operation write none)."""
+under the operation's key, and compares it with those the other waiting members wrote.
+
+A member that got its share despite the mismatch returned, and writes nothing for it; what it
+passed still reaches the members left waiting. Waiting in a later operation on the group, it
+writes the signature of its previous one too, under that one's key. Having finished the call,
+it reported the signature of its last one with its answer, and the controller passes it on
+(`call_peers.finished_with`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.collectives.store import rendezvous
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import describe_ranks
@@ -18,10 +25,14 @@ LOOK_EVERY_S = 0.5
 
 
 class Agreement:
-    """One member's signature for the operation keyed `key` in the store of `incarnation`."""
+    """One member's signature `sig` for operation number `op` on the communicator whose store
+    keys start with `prefix` (in the store of `incarnation`), and `previous`, its signature for
+    the operation before (None: the first), among `members`."""
 
-    def __init__(self, key: str, incarnation: str, sig: str) -> None:
-        self.key, self.incarnation, self.sig = key, incarnation, sig
+    def __init__(self, prefix: str, op: int, incarnation: str, sig: str, previous: str | None, members: Sequence[int]) -> None:
+        self.key, self.incarnation, self.sig = f"{prefix}/sig{op}", incarnation, sig
+        self.before = None if previous is None or op == 0 else (f"{prefix}/sig{op - 1}", previous)
+        self.members = members
         self.next_at = time.monotonic() + CHECK_AFTER_S
         self.written = False
 
@@ -35,18 +46,21 @@ class Agreement:
         live = rendezvous.current()
         if live is None or live[1] != self.incarnation:
             return None
-        store = live[0]
+        store, me = live[0], context().rank
         try:
             if not self.written:  # one key for all: two store round trips per look, however many
-                store.append(self.key, f"{context().rank}\t{self.sig}\n")
+                store.append(self.key, f"{me}\t{self.sig}\n")
+                if self.before is not None:  # for a member left waiting in it
+                    store.append(self.before[0], f"{me}\t{self.before[1]}\n")
                 self.written = True
             written = store.get(self.key).decode()
         except RuntimeError:  # the store is gone (with rank 0): the connections say more
             return None
+        by_rank = {int(rank): sig for rank, _, sig in (line.partition("\t") for line in written.splitlines())}
+        by_rank.update(call_peers.finished_with(self.members))
         sigs: dict[str, list[int]] = {}
-        for line in written.splitlines():
-            rank, _, sig = line.partition("\t")
-            sigs.setdefault(sig, []).append(int(rank))
+        for rank, sig in sorted(by_rank.items()):
+            sigs.setdefault(sig, []).append(rank)
         if len(sigs) < 2:
             return None
         return "; ".join(f"{describe_ranks(ranks)}: {sig}" for sig, ranks in sorted(sigs.items(), key=lambda kv: kv[1]))

@@ -66,6 +66,7 @@ class Entry:
     incarnation: str
     gen: int
     ops: int = 0  # operations started on this communicator (every member counts the same)
+    last_sig: str | None = None  # what this member passed to the last one (see agreement)
 
     @property
     def prefix(self) -> str:
@@ -94,11 +95,11 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     communicator is aborted everywhere and a CollectiveError names the root cause.
 
     `sig` says what every member must agree on (the operation, the tensor's dtype and shape):
-    an operation still waiting after `agreement.CHECK_AFTER_S` compares it with the members' that wait too,
+    an operation still waiting after `agreement.CHECK_AFTER_S` compares it with the other members',
     and a mismatch (which backends do not notice: they wait for bytes that never come) ends it
     everywhere, naming each rank's."""
     me = context().rank
-    call_peers.started(group.name)
+    call_peers.started(group.name, sig)
     entry = _get(what, backend, group, device)
     if not _healthy(entry):
         _forget(entry)  # the peers gave it up while we were elsewhere
@@ -107,10 +108,11 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     assert comm is not None
     started = False
     op, entry.ops = entry.ops, entry.ops + 1
+    previous, entry.last_sig = entry.last_sig, sig
     try:
         pending = start(comm)
         started = True
-        check = Agreement(f"{entry.prefix}/sig{op}", entry.incarnation, sig) if sig is not None else None
+        check = Agreement(entry.prefix, op, entry.incarnation, sig, previous, group.ranks) if sig is not None else None
         while not pending.wait(SLICE_S):
             if gone := call_peers.skipped(group.ranks):
                 raise _Skipped(gone)
