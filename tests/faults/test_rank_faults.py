@@ -272,6 +272,32 @@ def test_cancelling_an_awaiting_task_interrupts_the_ranks(start_mesh):
     assert mesh.run("rank").values() == [0, 1]
 
 
+ASYNC_CELL = (
+    "import asyncio\nlog = []\n"
+    "try:\n    await asyncio.sleep(30)\n    log.append('resumed')\n"
+    "except asyncio.CancelledError:\n    log.append('cancelled')\n    raise\n"
+    "finally:\n    log.append('finally')\n"
+)
+
+
+@pytest.mark.parametrize("how", ["interrupt", "timeout"])
+def test_async_code_interrupted_while_it_awaits_is_cancelled_there_and_never_resumes(start_mesh, how):
+    # The interrupt landed in the loop's wait and left the task pending on the rank's loop:
+    # its cleanup did not run, and the next async call resumed it ("resumed" in a later cell).
+    mesh = start_mesh(gpus=2)
+    fut = mesh.run(ASYNC_CELL, block=False, timeout=1.5 if how == "timeout" else None)
+    wait_running(mesh, "await asyncio.sleep(30)")  # the stacks show the line it awaits at
+    if how == "interrupt":
+        mesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=10)
+    for failure in info.value.failures.values():
+        assert "line 4: await asyncio.sleep(30)" in failure.summary, failure.summary
+    assert mesh.run("log").values() == [["cancelled", "finally"]] * 2
+    mesh.run("import asyncio\nawait asyncio.sleep(0.2)")
+    assert mesh.run("log").values() == [["cancelled", "finally"]] * 2
+
+
 def test_errors_in_functions_sent_by_value_show_the_users_file_and_line(start_mesh, tmp_path):
     import textwrap
 
@@ -457,3 +483,14 @@ with vr.Mesh.local(gpus=4, echo=False) as m:
     while not stop.is_set():
         m.run("for _ in range(20): vr.all_reduce(torch.ones(1000))")
 """
+
+
+def test_an_exception_that_cannot_say_what_it_is_fails_the_call_not_the_rank(start_mesh):
+    # str(exc) raised inside the rank's own error reporting, and the rank process died.
+    mesh = start_mesh(gpus=2)
+    mesh.run("x = 42")
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("class E(Exception):\n    def __str__(self):\n        raise RuntimeError('broken')\nraise E()")
+    assert {f.kind for f in info.value.failures.values()} == {"error"}
+    assert all(f.summary.startswith("E: <exception str() failed>") for f in info.value.failures.values()), info.value
+    assert mesh.run("x").values() == [42, 42]

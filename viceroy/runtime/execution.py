@@ -9,12 +9,13 @@ import inspect
 import io
 import linecache
 import os
+import re
 import sys
 import tokenize
 import traceback
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -95,11 +96,21 @@ def _run_after_call_hooks() -> None:
 
 
 class Executor:
-    """Runs code and calls in one persistent namespace, with one event loop for async code."""
+    """Runs code and calls in one persistent namespace, with one event loop for async code.
+
+    Async code runs as a task on that loop, kept between calls (tasks a call starts go on
+    while later calls await). When the call is interrupted (or times out, which interrupts it)
+    while it awaits, the task is cancelled there and then: its ``except CancelledError`` and
+    ``finally`` run before the call ends, and nothing of it runs later. A task whose cleanup
+    does not end when interrupted again is abandoned with its loop (the next async call gets a
+    new one), never resumed in a later call.
+    """
 
     def __init__(self, namespace: dict[str, Any]) -> None:
         self.namespace = namespace
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None  # the running call's, while it awaits
+        self._abandoned: list[asyncio.AbstractEventLoop] = []  # kept: never collected, never run
 
     def run_code(self, source: str, filename: str) -> Any:
         register_source(filename, source)
@@ -121,11 +132,55 @@ class Executor:
                 _run_after_call_hooks()
 
     def _await_if_needed(self, value: Any) -> Any:
-        if inspect.iscoroutine(value):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            return self._loop.run_until_complete(value)
-        return value
+        if not inspect.iscoroutine(value):
+            return value
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
+        task = self._task = loop.create_task(value)
+        try:
+            return loop.run_until_complete(task)
+        except BaseException as exc:
+            if task.done():
+                raise
+            # Interrupted in the loop's wait, outside the user's code: cancel it there, and let
+            # the traceback (which says where the call stopped) run through the user's lines.
+            cancelled = self._cancel(loop, task)
+            raise exc.with_traceback(cancelled.__traceback__ if cancelled is not None else exc.__traceback__) from None
+        finally:
+            self._task = None
+
+    def _cancel(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> BaseException | None:
+        """Cancel `task` and run its cleanup now; the CancelledError that came out of it (its
+        traceback goes through the user's code), if it ended that way."""
+        task.cancel()
+        ended: BaseException | None = None
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError as e:
+            ended = e
+        except BaseException:  # its cleanup failed, or was interrupted in turn
+            pass
+        if not task.done():
+            self._abandoned.append(loop)
+            self._loop = None
+        return ended
+
+    def awaiting(self) -> list[FrameType]:
+        """The frames of the code the running call awaits in, outermost first (empty when it
+        does not await): what a stack dump of the thread cannot show, as the loop runs there."""
+        task = self._task
+        frames: list[FrameType] = []
+        aw: Any = task.get_coro() if task is not None else None
+        if getattr(aw, "cr_running", False):  # running, not waiting: the thread's stack shows it
+            return frames
+        while aw is not None and len(frames) < 200:
+            frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None) or getattr(aw, "ag_frame", None)
+            if frame is None:
+                break
+            frames.append(frame)
+            aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None) or getattr(aw, "ag_await", None)
+        return frames
 
 
 def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
@@ -139,8 +194,13 @@ def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
             [f for f in stack.stack if not f.filename.startswith(_RUNTIME_DIR)]
         )
         stack = stack.__cause__ or stack.__context__
-    text = "".join(te.format())
-    return type(exc).__name__, _summary(te, exc), text
+    text = _OWN_MODULE.sub(r"\1", "".join(te.format()))
+    return type(exc).__name__, _OWN_MODULE.sub(r"\1", _summary(te, exc)), text
+
+
+# Exception classes defined on a rank live in its namespace's module ("__mesh__"); named as in
+# a script's __main__ or a notebook, without it.
+_OWN_MODULE = re.compile(r"^(\s*)__mesh__\.", re.MULTILINE)
 
 
 def _summary(te: traceback.TracebackException, exc: BaseException) -> str:
@@ -149,7 +209,10 @@ def _summary(te: traceback.TracebackException, exc: BaseException) -> str:
     lines = "".join(te.format_exception_only()).strip().splitlines()
     if isinstance(exc, SyntaxError):
         return lines[-1]
-    message = str(exc).strip()
+    try:
+        message = str(exc).strip()
+    except Exception:  # a broken __str__: format_exception_only said so already
+        message = ""
     more = "\n" in message or bool(getattr(exc, "__notes__", None))
     return lines[0] + (" ..." if more and not lines[0].endswith("...") else "")
 

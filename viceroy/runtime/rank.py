@@ -152,7 +152,7 @@ class Rank:
                     if self.current == header["id"]:
                         call_peers.peers_done({int(r): cc for r, cc in header["done"]})
             elif op == "stacks":
-                self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code).encode()])
+                self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code, self.executor.awaiting()).encode()])
             elif op == "stats":
                 self._send({"op": "stats", "id": header["id"], "dropped": self.signer.dropped, **resources.use()})
 
@@ -271,8 +271,7 @@ class Rank:
             return ({"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
                      "summary": "interrupted", "where": user_location(exc)}, [], [])
         except BaseException as exc:  # SystemExit too: the rank lives on
-            etype, summary, tb = format_user_traceback(exc)
-            summary = _explained(exc) or summary
+            etype, summary, tb = _described(exc)
             return ({"op": "result", "id": call_id, "ok": False, "kind": "error",
                      "etype": etype, "summary": summary, "tb": tb}, [], [])
         if value is None:
@@ -290,6 +289,17 @@ class Rank:
         return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
 
 
+def _described(exc: BaseException) -> tuple[str, str, str]:
+    """(type name, one-line summary, traceback) of a user error; never raises, whatever the
+    exception does when asked to describe itself."""
+    try:
+        etype, summary, tb = format_user_traceback(exc)
+        return etype, _explained(exc) or summary, tb
+    except Exception as e:
+        name = type(exc).__name__
+        return name, f"{name}: (its message could not be shown: {type(e).__name__}: {e})", "".join(traceback.format_tb(exc.__traceback__))
+
+
 def _explained(exc: BaseException) -> str | None:
     """A better summary for errors we know the cause of (a stock torch.distributed group whose
     connections were cut to release a blocked collective)."""
@@ -300,8 +310,9 @@ def _explained(exc: BaseException) -> str | None:
     return explain(exc)
 
 
-def _all_stacks(main_ident: int, main_busy: bool) -> str:
-    """The user's threads and frames; none of the runtime's own."""
+def _all_stacks(main_ident: int, main_busy: bool, awaiting: list[Any]) -> str:
+    """The user's threads and frames; none of the runtime's own. `awaiting`: the frames of the
+    code the main thread's call awaits in (its loop runs on that thread, with none of them)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
@@ -313,6 +324,9 @@ def _all_stacks(main_ident: int, main_busy: bool) -> str:
             continue
         frames = [f for f in traceback.extract_stack(frame) if not _is_runtime_file(f.filename)]
         stack = "".join(traceback.format_list(frames)) or "  (idle)\n"
+        if ident == main_ident and awaiting:
+            waits = traceback.StackSummary.extract(((f, f.f_lineno) for f in awaiting), lookup_lines=True)
+            stack += "  awaiting in:\n" + "".join(traceback.format_list(waits))
         parts.append(f"Thread {name}:\n{stack}")
     return "\n".join(parts)
 
