@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.runtime.errors import MeshError, RankFailure
 
@@ -74,6 +76,8 @@ def test_shell_escapes_and_magics_in_rank_code_get_a_hint():
     assert "subprocess.run(" in hint("!nvidia-smi")
     assert hint("files = !ls").startswith("shell escapes (!cmd)")
     assert hint("%timeit 1 + 1").startswith("%magics are IPython syntax")
+    for asked in ("os?", "?os", "os.path.join??", "x = 1\n  np.zeros ?"):
+        assert hint(asked).startswith("?/?? help is IPython syntax"), asked
     assert hint("x = 1 +") == "" and hint("a = 5 % 3\nb = (") == ""  # plain mistakes: no hint
     try:
         compile("!nvidia-smi", "<%%mesh>", "exec")
@@ -82,3 +86,15 @@ def test_shell_escapes_and_magics_in_rank_code_get_a_hint():
     lines = [ln.replace("\x1b[1m", "").replace("\x1b[0m", "") for ln in exc._render_traceback_()]
     assert lines[-1].startswith("hint: shell escapes (!cmd)")
     assert "!nvidia-smi" in "\n".join(lines)
+
+
+def test_a_call_that_did_not_stop_is_worded_for_the_magics():
+    # "mesh.restart() ends it" is the Python API's word; in a cell it is %mesh restart.
+    from viceroy.runtime.calls import STUCK_HINT
+
+    summary = f"timed out after 1.0 s; did not stop within 1.0 s {STUCK_HINT}"
+    err = MeshError("%%mesh", {0: RankFailure("busy", summary), 1: RankFailure("busy", summary)})
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(render_mesh_error(err)._render_traceback_()))
+    assert "ranks 0-1: timed out after 1.0 s; did not stop within 1.0 s (busy in native code?)" in text, text
+    assert "`%mesh restart`" in text and "mesh.restart()" not in text, text
+    assert "It stays" not in text  # one message for one rank or several

@@ -244,16 +244,21 @@ class CellRunner:
 
 
 _IPYTHON_SYNTAX = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*=\s*)?(!|%)")
+_HELP_SYNTAX = re.compile(r"^\s*(?:\?{1,2}\s*[A-Za-z_][\w.]*|[A-Za-z_][\w.]*\s*\?{1,2})\s*$")  # os? ?os obj.f??
 
 
 def ipython_syntax_hint(code: str, err: SyntaxError) -> str:
     """Why a cell the ranks cannot parse may have looked fine: IPython syntax (``!cmd``,
-    ``x = !cmd``, ``%magic``) is the controller's; ranks run plain Python. "" if none is used."""
+    ``x = !cmd``, ``%magic``, ``obj?``) is the controller's; ranks run plain Python. "" if none is used."""
     lines = code.splitlines()
-    suspects = [i for i, line in enumerate(lines, 1) if _IPYTHON_SYNTAX.match(line)]
+    suspects = [i for i, line in enumerate(lines, 1) if _IPYTHON_SYNTAX.match(line) or _HELP_SYNTAX.match(line)]
     if not suspects or (err.lineno is not None and err.lineno not in suspects):
         return ""
     line = lines[(err.lineno or suspects[0]) - 1].strip()
+    if _HELP_SYNTAX.match(line):
+        return ("?/?? help is IPython syntax, answered by the controller's kernel; ranks run plain "
+                "Python. Ask on the controller (a cell without %%mesh), or on the ranks use "
+                "help(...) or print(obj.__doc__)")
     kind = "shell escapes (!cmd)" if "!" in line.split("%", 1)[0] else "%magics"
     return (
         f"{kind} are IPython syntax, run by the controller's kernel; ranks run plain Python. "

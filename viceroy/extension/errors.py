@@ -40,7 +40,7 @@ def with_rendering(exc: E, lines: list[str]) -> E:
 
 
 # The runtime's hints name the Python API; in a magic cell, name the magic.
-_MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`"}
+_MAGIC_WORDING = {"mesh.restart(failed_only=True)": "`%mesh restart --failed`", "mesh.restart()": "`%mesh restart`"}
 
 
 def _in_magic_words(text: str) -> str:
