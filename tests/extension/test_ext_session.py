@@ -114,3 +114,34 @@ def test_a_cell_queued_behind_a_call_made_from_python_says_nothing(session: Mesh
     assert fut.done()
     assert sink.text("stderr") == ""
     assert "after" in sink.text("stdout")
+
+
+def test_an_interrupted_mesh_up_leaves_no_mesh_and_says_so_in_one_line(monkeypatch):
+    # A Ctrl-C landing after the ranks came up (while the cell set them up) showed a raw
+    # KeyboardInterrupt traceback through our frames, and left a half set-up mesh bound.
+    import psutil
+
+    started: list[Any] = []
+    before = set(psutil.Process().children(recursive=True))
+    real_attach = MeshSession._attach
+
+    def attach_then_interrupted(self: MeshSession, mesh: Any) -> None:
+        started.append(mesh)
+        real_attach(self, mesh)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(MeshSession, "_attach", attach_then_interrupted)
+    s = MeshSession(None)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            s.up({"gpus": 2}, preload=[])
+        assert s.mesh is None
+        assert info.value._render_traceback_() == [  # type: ignore[attr-defined]
+            "\x1b[0;31mKeyboardInterrupt\x1b[0m: %mesh up was interrupted; no mesh is up (run it again)"
+        ]
+        assert "shut down" in repr(started[0])
+        wait_until(lambda: set(psutil.Process().children(recursive=True)) <= before, 10, "the mesh's processes to be gone")
+    finally:
+        s.close()
+        for m in started:
+            m.shutdown()

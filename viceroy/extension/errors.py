@@ -65,6 +65,12 @@ def render_mesh_error(err: E) -> E:
     return with_rendering(err, render_message(message, type(err).__name__))
 
 
+def interrupted_start() -> KeyboardInterrupt:
+    """The exception ``%mesh up`` ends with when the user interrupts it."""
+    msg = "%mesh up was interrupted; no mesh is up (run it again)"
+    return with_rendering(KeyboardInterrupt(msg), [f"{RED}KeyboardInterrupt{RESET}: {msg}"])
+
+
 def interrupted(ranks: str, still_running: str = "") -> KeyboardInterrupt:
     """The exception a ``%%mesh`` cell ends with when the user interrupts it; `still_running`
     names the ranks (``"1"``, ``"0-3"``) that have not stopped yet, if any."""

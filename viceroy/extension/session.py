@@ -25,6 +25,7 @@ from viceroy.extension import display_hook, launching
 from viceroy.extension.args import RunOptions, parse_dims
 from viceroy.extension.cells import CellRunner
 from viceroy.extension.echo import ApiEcho
+from viceroy.extension.errors import interrupted_start
 from viceroy.extension.live import Sink
 from viceroy.extension.state import MeshState, rank_hosts
 
@@ -120,15 +121,19 @@ class MeshSession:
             old = describe_dims(self.mesh.dims)
             self.down()
             print(f"stopped the previous mesh ({old})")
-        mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file)
-        self._attach(mesh)
-        with self._setup_calls():
-            mesh.run(display_hook.install)
-            if torch_dist:
-                try:
-                    mesh.run(_init_torch_distributed, label="torch.distributed.init_process_group")
-                except Exception as e:
-                    raise UsageError(f"%mesh up --torch-dist: {str(e).splitlines()[-1]}") from None
+        try:
+            mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file)
+            self._attach(mesh)
+            with self._setup_calls():
+                mesh.run(display_hook.install)
+                if torch_dist:
+                    try:
+                        mesh.run(_init_torch_distributed, label="torch.distributed.init_process_group")
+                    except Exception as e:
+                        raise UsageError(f"%mesh up --torch-dist: {str(e).splitlines()[-1]}") from None
+        except KeyboardInterrupt:  # a mesh half set up is no mesh: stop what came up
+            self.down()
+            raise interrupted_start() from None
         if self.shell is not None:
             self.shell.user_ns["mesh"] = mesh
         return mesh
