@@ -345,3 +345,15 @@ def test_a_mesh_refused_at_the_start_leaves_nothing_behind(bad, message, monkeyp
         vr.Mesh.local(gpus=1, preload=[], interface=bad.get("interface", "127.0.0.1"))
     assert viceroy_temp_files() == before
     assert [t.name for t in set(threading.enumerate()) - threads if t.is_alive()] == []
+
+
+def test_strings_that_are_not_valid_unicode_reach_the_controller(start_mesh):
+    # Lone surrogates (file names os.listdir decodes with surrogateescape) in a result or an
+    # error message made the answer undecodable; it was dropped and the call never ended.
+    mesh = start_mesh(gpus=2)
+    mesh.run("name = b'caf\\xe9.txt'.decode('utf-8', 'surrogateescape')")
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    assert mesh.run("name", timeout=10).values() == [name, name]
+    with pytest.raises(vr.MeshError, match="cannot parse caf"):
+        mesh.run("raise ValueError(f'cannot parse {name}')", timeout=10)
+    assert mesh.run(lambda n: n * 2, name, timeout=10).values() == [name * 2] * 2

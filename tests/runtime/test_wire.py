@@ -10,6 +10,16 @@ def test_a_signed_message_round_trips():
     assert header["op"] == "run" and signed == [b"code"] and bytes(data[0]) == b"\0" * 100
 
 
+def test_a_header_with_a_lone_surrogate_round_trips():
+    # A file name os.listdir gives for non-UTF-8 bytes ('caf\udce9.txt') as a result, an
+    # argument or in an error message: the receiver's JSON parser refused it and the message
+    # was dropped as bad, so the call it answered never ended.
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    s = Signer(new_key())
+    header, _, _ = s.unpack(s.pack({"op": "result", "v": name, "summary": f"ValueError: {name}"}))
+    assert header["v"] == name and header["summary"] == f"ValueError: {name}" and s.dropped == 0
+
+
 @pytest.mark.parametrize(
     "tamper",
     [

@@ -43,7 +43,14 @@ try:  # orjson, where installed, packs a header in a fifth of the time; the same
         except TypeError:  # beyond what orjson writes (an int past 64 bits): as json would
             return _dumps_json(header)
 
-    _loads = orjson.loads
+    _DecodeError = orjson.JSONDecodeError
+
+    def _loads(h: bytes) -> Any:
+        try:
+            return orjson.loads(h)
+        except _DecodeError:  # a lone surrogate, which json writes (escaped) and orjson refuses
+            return _loads_json(h)  # (an undecodable file name, say); junk fails here as well
+
 except ImportError:  # pragma: no cover - orjson is a dependency
     _dumps, _loads = _dumps_json, _loads_json  # type: ignore[assignment]
 
