@@ -52,7 +52,7 @@ try:  # orjson, where installed, packs a header in a fifth of the time; the same
             return _loads_json(h)  # (an undecodable file name, say); junk fails here as well
 
 except ImportError:  # pragma: no cover - orjson is a dependency
-    _dumps, _loads = _dumps_json, _loads_json  # type: ignore[assignment]
+    _dumps, _loads = _dumps_json, _loads_json
 
 
 def _keyed(key: bytes) -> Any:
