@@ -476,3 +476,38 @@ def test_an_interrupted_spawn_leaves_no_actor_behind(start_mesh, how):
         mesh.spawn(SlowToStart, 3.0)
     assert time.monotonic() - t0 < 3.0  # the interrupt ended the wait
     wait_until(lambda: _actors_on_ranks(mesh) == [[], []], 10, "no actor left on any rank")
+
+
+class WhereAmI(vr.Actor):
+    def __init__(self) -> None:
+        self.at_start = vr.context().coords
+
+    @vr.endpoint
+    def where(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], tuple[int, ...]]:
+        from viceroy.runtime.collectives.groups import group_for
+
+        ctx = vr.context()
+        return self.at_start, ctx.coords, ctx.dims, group_for(None).ranks  # group_for(None): vr.all_reduce(t)'s
+
+    @vr.endpoint
+    async def where_async(self) -> dict[str, int]:
+        return vr.context().coords
+
+
+def test_an_actor_spawned_on_a_view_sees_the_view_in_its_constructor_and_endpoints(start_mesh):
+    # It saw the whole mesh: a vr.all_reduce(t) with no dims in an endpoint waited forever for
+    # ranks outside the actor mesh, and on a split the coords were {"gpus": n}.
+    mesh = start_mesh(gpus=4)
+    half = mesh.slice(gpus=slice(2, 4)).spawn(WhereAmI)
+    assert half.where.call().get(timeout=10).values() == [
+        ({"gpus": 0}, {"gpus": 0}, {"gpus": 2}, (2, 3)),
+        ({"gpus": 1}, {"gpus": 1}, {"gpus": 2}, (2, 3)),
+    ]
+    assert half.where_async.call().get(timeout=10).values() == [{"gpus": 0}, {"gpus": 1}]
+    split = mesh.split(gpus=("dp", "tp"), tp=2).spawn(WhereAmI)
+    got = split.where.call().get(timeout=10).values()
+    assert [g[1] for g in got] == [{"dp": 0, "tp": 0}, {"dp": 0, "tp": 1}, {"dp": 1, "tp": 0}, {"dp": 1, "tp": 1}]
+    assert got[0][2] == {"dp": 2, "tp": 2} and got[0][3] == (0, 1, 2, 3)
+    whole = mesh.spawn(WhereAmI)  # on the mesh itself: the mesh's coords, as before
+    assert whole.where.call().get(timeout=10).values()[3] == ({"gpus": 3}, {"gpus": 3}, {"gpus": 4}, (0, 1, 2, 3))
+    assert mesh.run("coords, mesh").values()[3] == ({"gpus": 3}, {"gpus": 4})  # the main thread's untouched

@@ -70,11 +70,9 @@ def _set_context(ctx: Context) -> None:
     _current = ctx
 
 
-@contextmanager
-def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> Iterator[None]:
-    """For one call made on a view of the mesh, on this thread: `context()` gives this rank's
-    `coords` and `dims` in the view (and the namespace's ``coords`` and ``mesh`` hold them),
-    then the mesh's again. Other threads (actors answering meanwhile) keep the mesh's."""
+def view_of(names: list[str], sizes: list[int], runs: list[list[int]]) -> Context:
+    """This rank's `Context` in the view whose dims are `names`/`sizes` (row-major) and whose
+    global ranks are the runs ``[start, stop)`` in `runs`; the rank must be one of them."""
     ctx = context()
     ranks = tuple(r for start, stop in runs for r in range(start, stop))
     pos = ranks.index(ctx.rank)
@@ -83,13 +81,30 @@ def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> I
         pos, coords[name] = divmod(pos, size)
     coords = {name: coords[name] for name in names}
     dims = dict(zip(names, sizes, strict=True))
-    ns = ctx.namespace
+    return dataclasses.replace(ctx, coords=coords, dims=dims, ranks=ranks,
+                               view_key=(tuple(names), tuple(sizes), ranks))
+
+
+def set_thread_view(view: Context | None) -> None:
+    """For a thread that runs on one view for its whole life (an actor spawned on a slice or
+    split of the mesh): `context()`, and the collectives that use it, give `view` on this
+    thread. The namespace's ``coords`` and ``mesh`` are the main thread's and stay as they are."""
+    _in_call.view = view
+
+
+@contextmanager
+def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> Iterator[None]:
+    """For one call made on a view of the mesh, on this thread: `context()` gives this rank's
+    `coords` and `dims` in the view (and the namespace's ``coords`` and ``mesh`` hold them),
+    then what it gave before. Other threads (actors answering meanwhile) keep theirs."""
+    view = view_of(names, sizes, runs)
+    ns = view.namespace
     saved = (ns.get("coords"), ns.get("mesh"))
-    _in_call.view = dataclasses.replace(ctx, coords=coords, dims=dims, ranks=ranks,
-                                        view_key=(tuple(names), tuple(sizes), ranks))
-    ns["coords"], ns["mesh"] = dict(coords), dict(dims)
+    before = getattr(_in_call, "view", None)
+    _in_call.view = view
+    ns["coords"], ns["mesh"] = dict(view.coords), dict(view.dims)
     try:
         yield
     finally:
-        _in_call.view = None
+        _in_call.view = before
         ns["coords"], ns["mesh"] = saved

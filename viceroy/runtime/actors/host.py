@@ -3,6 +3,10 @@ message and never blocks: each actor has its own thread and event loop, and a FI
 messages, so one actor handles its messages in order while other actors, and %%mesh cells on
 the main thread, go on.
 
+An actor spawned on a view of the mesh (a slice, a split) runs its constructor, endpoints and
+hooks within that view: `vr.context()` gives its coords and dims there, and collectives with no
+dims cover the actor mesh's ranks (as for `view.run(...)`).
+
 An actor mesh passed to an actor arrives as an `ActorMesh` whose client is
 `rank_client.RankClient`: its calls go to the controller as requests, which sends them on and
 replies (the replies come here, kind "reply")."""
@@ -46,7 +50,7 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             output.install(rank._send_output)
             for filename, source in header.get("sources", {}).items():
                 register_source(filename, source)
-            host = ActorHost(header["actor"], header["name"])
+            host = ActorHost(header["actor"], header["name"], header.get("spawned_on"))
             with _lock:
                 _actors[header["actor"]] = host
             host.files = header.get("files", {})
@@ -78,9 +82,10 @@ class ActorHost:
     message; an asyncio wake-up costs several times more), and runs the event loop only while
     an async endpoint runs or concurrent ones are pending."""
 
-    def __init__(self, actor_id: str, name: str) -> None:
+    def __init__(self, actor_id: str, name: str, view: list[Any] | None = None) -> None:
         self.id = actor_id
         self.name = name
+        self.view = view  # [names, sizes, runs] of the view it was spawned on; None: the whole mesh
         self.instance: Any = None
         self.files: dict[str, str] = {}
         self.stopped = False
@@ -148,6 +153,8 @@ class ActorHost:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
+        if self.view is not None:  # constructor and endpoints see the mesh it was spawned on
+            context_mod.set_thread_view(context_mod.view_of(*self.view))
         while not self.stopped:
             call_id, kind, ep, signed, data, oneway = self._next()
             devices.make_current()  # this thread's CUDA device: the rank's GPU, once CUDA runs

@@ -46,8 +46,11 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     info = ActorMeshInfo(registry.new_id(cls.__name__), cls.__name__, controller.token, endpoints)
     record = ActorRecord(controller, info, mesh._shape, owner, ({}, [], []))
     signed, data = _repack(record, cls, args, kwargs)
-    extra = {"a": "spawn", "actor": info.id, "name": cls.__name__, "sources": _sources_of(cls),
-             "files": _filenames_of(cls)}
+    extra: dict[str, Any] = {"a": "spawn", "actor": info.id, "name": cls.__name__, "sources": _sources_of(cls),
+                            "files": _filenames_of(cls)}
+    shape = mesh._shape
+    if shape is not controller.shape and shape != controller.shape:  # the actors run within the view
+        extra["spawned_on"] = [list(shape.dims), list(shape.dims.values()), shape.runs()]
     record.spawn_msg = (extra, signed, data)
     registry.records[info.id] = record
     try:
