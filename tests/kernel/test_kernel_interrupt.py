@@ -71,6 +71,8 @@ def test_interrupting_an_async_cell_that_awaits_the_mesh_stops_the_ranks(
     assert ex.status == "error"
     assert latency < 1.0, f"interrupt of an async cell took {latency:.2f} s"
     assert not any("viceroy/runtime" in line for line in ex.errors[0]["traceback"])
+    # What the cancellation stands for, not a bare "CancelledError: ''".
+    assert (ex.errors[0]["ename"], ex.errors[0]["evalue"]) == ("KeyboardInterrupt", "interrupted while the cell awaited")
     ex = mesh_kernel.ok("mesh.run('rank'), mesh.states()", timeout=20)
     assert "{0: 'idle', 1: 'idle'}" in ex.of_type("execute_result")[0]["data"]["text/plain"]
 

@@ -23,7 +23,11 @@ import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
 from viceroy.kernel.iostream import batch_history_writes, bound_output_history, wake_iopub_once
-from viceroy.kernel.tracebacks import install_mesh_error_rendering, release_failed_cells
+from viceroy.kernel.tracebacks import (
+    INTERRUPTED,
+    install_mesh_error_rendering,
+    release_failed_cells,
+)
 
 
 def _skip_debug_records(log: Any) -> None:
@@ -167,7 +171,7 @@ class ViceroyKernel(IPythonKernel):
 
         def cancel() -> None:
             if not future.done():
-                future.cancel()
+                future.cancel(msg=INTERRUPTED)  # shown as the KeyboardInterrupt it is
 
         def handle_sigint(*_: Any) -> None:
             loop.call_soon_threadsafe(cancel)

@@ -31,12 +31,19 @@ def user_frames_only(tb: types.TracebackType | None) -> types.TracebackType | No
     return new
 
 
+# What an async cell the user interrupts is cancelled with (see ViceroyKernel._cancel_on_sigint):
+# the CancelledError that ends it is shown as the KeyboardInterrupt it stands for.
+INTERRUPTED = "interrupted while the cell awaited"
+
+
 def install_mesh_error_rendering(shell: Any) -> None:
     """Make ``shell`` render MeshErrors compactly (ours to do: the kernel owns its shell)."""
 
     def handler(
         shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None
     ) -> list[str]:
+        if isinstance(value, asyncio.CancelledError) and value.args[:1] == (INTERRUPTED,):
+            etype, value = KeyboardInterrupt, KeyboardInterrupt(INTERRUPTED)
         render = getattr(value, "_render_traceback_", None)
         if render is not None:
             stb = list(render())
