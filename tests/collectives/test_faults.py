@@ -296,3 +296,16 @@ def test_a_mismatch_with_a_member_that_already_returned_fails_too(torch_mesh, th
     assert "passed different tensors or operations" in msg, msg
     assert "rank 0: all_reduce('sum') float32[1]; rank 1: all_reduce('sum') float32[4]" in msg, msg
     assert_next_collective_is_right(mesh, 2)
+
+
+def test_a_rank_gloo_aborts_for_a_size_mismatch_is_said_to_have_died_of_it(torch_mesh):
+    # gloo ends a process (std::terminate, SIGABRT) that receives more bytes than it expects,
+    # before any check of ours can run; the death said only "died (SIGABRT)".
+    mesh = torch_mesh(gpus=2)
+    took, msg = timed_failure(
+        mesh, "t = torch.ones(2, dtype=torch.float64 if rank == 1 else torch.float32)\nvr.all_reduce(t)", fail_fast=False)
+    assert took < 10, msg
+    assert "rank 0: died (SIGABRT): gloo ended it on receiving more bytes than it expected: the ranks passed tensors of different sizes or dtypes" in msg, msg
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 2)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from viceroy.runtime import shm
+from viceroy.runtime import deaths, shm
 from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
 from viceroy.runtime.errors import RankFailure
 from viceroy.runtime.logs import RankLogs
@@ -169,6 +169,7 @@ class CallOutcomes:
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool, pid: int | None = None) -> None:
         finished: list[Call] = []
+        why = deaths.explain(reason, self.logs.tail(r, 60))  # its agent sent its last words first
         with self._changed:
             if pid is not None and self._pids.get(r) not in (None, pid):
                 return  # a process already replaced (see `_replaced`): the new one is up
@@ -178,7 +179,7 @@ class CallOutcomes:
             self._pids.pop(r, None)
             for call in list(self._calls.values()):
                 if r in call.shape.ranks and not call.answered(r):
-                    call.failures[r] = RankFailure("died", f"died ({reason})")
+                    call.failures[r] = RankFailure("died", f"died ({reason})" + (f": {why}" if why else ""))
                     if call.fail_fast:
                         self._stop(call, f"stopped by fail-fast after rank {r} died")
                     if not call.missing():
