@@ -104,9 +104,13 @@ class ActorMesh(ShapeOps):
 
     # --- lifecycle (controller only) ---------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop these actors (their ``__cleanup__`` runs); calling them afterwards raises."""
-        self._client.control(self._info).stop(self._shape)
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop these actors: calls sent before are answered (running and queued async
+        endpoints are cancelled: "interrupted"), their ``__cleanup__`` runs, their threads
+        end; calling them afterwards raises. Waits up to `timeout` s (None: no limit): an
+        actor busy in a sync endpoint stops when it ends; if that is later, stop() says so on
+        stderr and the repr shows it "stopping" until it has."""
+        self._client.control(self._info).stop(self._shape, timeout)
 
     def restart(self, timeout: float = 60.0) -> None:
         """Respawn the actors that failed (their rank died), with the arguments they were first

@@ -14,6 +14,7 @@ replies (the replies come here, kind "reply")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import threading
@@ -58,7 +59,9 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             return
         with _lock:
             host_ = _actors.get(header["actor"])
-        if host_ is None:
+        if host_ is None and kind == "stop":
+            _ok(call_id)  # stopped already (a drop's stop, say): what the stop asks for
+        elif host_ is None:
             _error(call_id, "RuntimeError", f"RuntimeError: no actor {header['actor']!r} on rank {rank.rank} "
                    "(it was stopped, or never started here)", "", (header["actor"], header.get("ep", "")))
         elif kind == "call":
@@ -69,7 +72,8 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
                              for ep, payload in zip(header["eps"], signed, strict=True)])
         elif kind == "supervise":
             host_.post((call_id, "supervise", None, signed, data, False))
-        elif kind == "stop":
+        elif kind == "stop":  # at once: no new calls, running async endpoints cancelled
+            host_.begin_stop()
             host_.post((call_id, "stop", None, signed, data, False))
     except BaseException as exc:  # never let the control thread die
         _error(call_id, *format_user_traceback(exc))
@@ -88,6 +92,7 @@ class ActorHost:
         self.view = view  # [names, sizes, runs] of the view it was spawned on; None: the whole mesh
         self.instance: Any = None
         self.files: dict[str, str] = {}
+        self.stopping = False  # a stop arrived: calls sent after it are refused, async endpoints cancelled
         self.stopped = False
         self.loop = asyncio.new_event_loop()
         # A plain deque: a burst of messages (pipelined broadcasts) costs one wake-up, not one each.
@@ -107,7 +112,7 @@ class ActorHost:
 
     def post_many(self, msgs: list[Any]) -> None:
         with self.qlock:
-            if self.stopped:
+            if self.stopped or (self.stopping and msgs[0][1] != "stop"):
                 for msg in msgs:
                     self._refuse(msg)
                 return
@@ -118,12 +123,27 @@ class ActorHost:
         elif idle == "loop":
             self.loop.call_soon_threadsafe(self.wake.set)
 
+    def begin_stop(self) -> None:
+        """On the control thread, as a stop arrives (before it is queued): calls that come
+        after it are refused, and async endpoints running or queued before it are cancelled
+        (their callers get "interrupted"); a running sync endpoint runs to its end, then the
+        stop runs (``__cleanup__``) and the thread ends."""
+        with self.qlock:
+            self.stopping = True
+            tasks = [t for t in self.running.values() if t is not None]
+        for task in tasks:
+            with contextlib.suppress(RuntimeError):  # its loop closed: the actor ended meanwhile
+                self.loop.call_soon_threadsafe(task.cancel)
+
     def cancel(self, call_id: int) -> bool:
         """Drop a queued call, or cancel a running async one; False if it is not ours. A sync
-        endpoint cannot be stopped from outside its thread: it runs to its end."""
+        endpoint cannot be stopped from outside its thread: it runs to its end. A stop is never
+        dropped (the actor would live on with nobody able to reach it): it goes on."""
         with self.qlock:
             for msg in self.queue:
                 if msg[0] == call_id:
+                    if msg[1] == "stop":
+                        return True
                     self.queue.remove(msg)
                     _interrupted(call_id, "interrupted before it started")
                     return True
@@ -209,7 +229,11 @@ class ActorHost:
             args, kwargs = _arguments(signed, data)
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
-                task = self.running[call_id] = asyncio.ensure_future(value, loop=self.loop)
+                task = asyncio.ensure_future(value, loop=self.loop)
+                with self.qlock:  # a stop that came meanwhile cancels it (see begin_stop)
+                    self.running[call_id] = task
+                    if self.stopping:
+                        task.cancel()
                 value = self.loop.run_until_complete(task)
         except asyncio.CancelledError:
             self._end_interrupted(call_id)
@@ -253,6 +277,9 @@ class ActorHost:
 
     def _refuse(self, msg: Any) -> None:
         call_id, kind, ep = msg[:3]
+        if kind == "stop":  # stopping or stopped already: what it asks for
+            _ok(call_id)
+            return
         _error(call_id, "RuntimeError", f"RuntimeError: actor {self.name} on rank {_rank.rank} was stopped",
                "", (self.id, ep or kind))
 

@@ -4,11 +4,16 @@ flight (for `choose`), and relay the requests ranks send for actor meshes they w
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import itertools
+import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from viceroy.runtime import serialize
@@ -24,7 +29,7 @@ from viceroy.runtime.values import ValueMesh
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
 ONEWAY_ERROR = "viceroy.actors.oneway_error"  # ... and for broadcasts that raised
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0  # how long stop() waits by default (an actor busy in a sync endpoint)
 _SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait for
 _SENT._set_result(None)
 
@@ -32,6 +37,13 @@ _SENT._set_result(None)
 # What a MeshError for a dead rank says to do, for calls on actors (restarting ranks is not enough).
 _DIED_HINT = ("restart() on the actor mesh brings back the dead ranks and respawns their actors "
               "(mesh.restart alone brings back no actor); the other actors keep their state.")
+
+
+@dataclass
+class _PendingStop:
+    ranks: tuple[int, ...]
+    fut: Future[Any]
+    late: bool = False  # stop() returned before it was done (said so then)
 
 
 class ActorRecord:
@@ -51,6 +63,7 @@ class ActorRecord:
         self._keys = itertools.count()
         self._turn = itertools.count()
         self._lock = threading.Lock()
+        self._stops: list[_PendingStop] = []
         self.oneway = Oneway(controller, info.id)  # broadcasts, coalesced
 
     @property
@@ -78,10 +91,13 @@ class ActorRecord:
         if self.controller.closed:
             raise RuntimeError(f"actor mesh {self.label(shape)} belongs to a mesh that was shut down")
         with self._lock:
-            stopped = [r for r in shape.ranks if self.status[r] == "stopped"]
+            stopped = [r for r in shape.ranks if self.status[r] in ("stopped", "stopping")]
+            stopping = [r for r in stopped if self.status[r] == "stopping"]
         if stopped:
+            state = (f"is stopping (still busy on {format_rank_set(stopping)})" if stopping
+                     else "was stopped")
             raise RuntimeError(
-                f"actor mesh {self.label(shape)} was stopped ({'rank' if len(stopped) == 1 else 'ranks'} "
+                f"actor mesh {self.label(shape)} {state} ({'rank' if len(stopped) == 1 else 'ranks'} "
                 f"{format_rank_set(stopped)}); "
                 f"spawn a new one with mesh.spawn({self.name}, ...)"
             )
@@ -191,20 +207,56 @@ class ActorRecord:
             raise
         self.mark(ranks, "live")
 
-    def stop(self, shape: Shape) -> None:
+    def stop(self, shape: Shape, timeout: float | None = STOP_TIMEOUT_S) -> None:
+        """Stop the live actors of `shape` and wait up to `timeout` s for them. An actor busy in
+        a sync endpoint stops when it ends; one not done by then is "stopping" (repr says so,
+        and a line on stderr), takes no new call, and becomes "stopped" when its stop answers.
+        An interrupt while waiting leaves the stop going on."""
         with self._lock:
             live = [r for r in shape.ranks if self.status[r] == "live"]
             for r in shape.ranks:
-                self.status[r] = "stopped"
-        if live and not self.controller.closed:
+                if self.status[r] != "stopping":
+                    self.status[r] = "stopping" if r in live else "stopped"
+            waits = [p for p in self._stops if not p.fut.done() and set(p.ranks) & set(shape.ranks)]
+        if live and self.controller.closed:
+            self.mark(live, "stopped")  # its ranks are gone, and their actors with them
+        elif live:
             self.oneway.flush()
             fut = self.controller.submit("actor", Shape({"ranks": len(live)}, live),
                                          {"a": "stop", "actor": self.info.id}, label=f"stop {self.name}",
-                                         fail_fast=False, timeout=STOP_TIMEOUT_S)
-            try:
-                fut.get()
-            except MeshError:
-                pass  # dead or stuck ranks: the actor is unreachable either way
+                                         fail_fast=False, on_result=self._stop_answered)
+            fut._on_interrupt = None  # Ctrl-C in stop(): the actors stop all the same
+            pending = _PendingStop(tuple(live), fut)
+            with self._lock:
+                self._stops.append(pending)
+            fut.add_done_callback(functools.partial(self._stop_done, pending))
+            waits.append(pending)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        late: list[int] = []
+        for pending in waits:
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                pending.fut._cf.exception(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                if not pending.fut.done():
+                    pending.late = True
+                    late += [r for r in pending.ranks if self.status[r] == "stopping"]
+        if late:
+            ranks = f"{'rank' if len(late) == 1 else 'ranks'} {format_rank_set(late)}"
+            print(f"viceroy: stop() of actor mesh {self.label(shape)}: not stopped yet on {ranks} after "
+                  f"{timeout} s (busy in a sync endpoint, which runs to its end): {'it stops' if len(late) == 1 else 'they stop'} "
+                  "then, running __cleanup__, and take no new calls meanwhile. repr() says 'stopping' until then.",
+                  file=sys.stderr)
+
+    def _stop_answered(self, rank: int, ok: bool, value: Any) -> None:
+        """A rank answered a stop (on the IO thread): its actor is stopped, unless the stop was
+        given up on there (an interrupt): it may still be running, so it stays "stopping"."""
+        if ok or value.kind not in ("interrupted", "timeout"):
+            with self._lock:
+                self.status[rank] = "stopped"
+
+    def _stop_done(self, pending: _PendingStop, fut: Future[Any]) -> None:
+        with self._lock:
+            self._stops.remove(pending)
 
     def drop(self) -> None:
         """No handle is left: stop every live actor without waiting (on the IO thread). Calls

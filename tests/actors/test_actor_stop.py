@@ -1,0 +1,89 @@
+"""`stop()`: what it does to calls in flight, `__cleanup__`, and the actors' threads, and what it
+says when an actor is busy in a sync endpoint for longer than stop() waits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+_ACTOR_THREADS = "import threading\nsorted(t.name for t in threading.enumerate() if t.name.startswith('actor '))"
+
+
+class Busy(vr.Actor):
+    def __init__(self, marks: str) -> None:
+        self.marks = marks
+
+    @vr.endpoint
+    async def asleep(self, seconds: float) -> str:
+        open(os.path.join(self.marks, f"started-{vr.context().rank}"), "w").close()
+        await asyncio.sleep(seconds)
+        return "done"
+
+    @vr.endpoint
+    def until(self, path: str) -> str:
+        """Sync, busy until `path` exists (a test's gate; at most 60 s)."""
+        open(os.path.join(self.marks, f"started-{vr.context().rank}"), "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "released"
+
+    @vr.endpoint
+    def ping(self) -> int:
+        return 1
+
+    def __cleanup__(self) -> None:
+        open(os.path.join(self.marks, f"cleanup-{vr.context().rank}"), "w").close()
+
+
+def _marks(path: object) -> list[str]:
+    return sorted(os.listdir(str(path)))
+
+
+def test_stop_cancels_a_running_async_endpoint_at_once_and_the_actor_really_stops(start_mesh, tmp_path):
+    # It waited 10 s, then returned saying "stopped" while the actor ran on: its stop message
+    # was cancelled on the ranks with the call that timed out, so __cleanup__ never ran.
+    mesh = start_mesh(gpus=2)
+    actors = mesh.spawn(Busy, str(tmp_path))
+    fut = actors.asleep.call(60)
+    wait_until(lambda: _marks(tmp_path) == ["started-0", "started-1"], 10, "the endpoints to start")
+    t0 = time.monotonic()
+    actors.stop()
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        fut.get(timeout=5)
+    assert "2 stopped" in repr(actors)
+    assert _marks(tmp_path) == ["cleanup-0", "cleanup-1", "started-0", "started-1"]
+    wait_until(lambda: mesh.run(_ACTOR_THREADS, timeout=10).values() == [[], []], 10, "the actor threads to end")
+
+
+def test_stop_during_a_long_sync_endpoint_says_it_is_not_done_and_stops_when_it_ends(start_mesh, tmp_path, capfd):
+    mesh = start_mesh(gpus=2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    gate = tmp_path / "gate"
+    actors = mesh.spawn(Busy, str(marks))
+    fut = actors.slice(gpus=1).until.call_one(str(gate))
+    wait_until(lambda: _marks(marks) == ["started-1"], 10, "the endpoint to start")
+    t0 = time.monotonic()
+    actors.stop(timeout=0.5)
+    assert time.monotonic() - t0 < 3
+    err = capfd.readouterr().err
+    assert "not stopped yet on rank 1 after 0.5 s" in err and "repr() says 'stopping'" in err, err
+    assert "1 stopped, 1 stopping" in repr(actors)
+    with pytest.raises(RuntimeError, match=r"is stopping \(still busy on 1\)"):
+        actors.ping.call()
+    assert _marks(marks) == ["cleanup-0", "started-1"]  # rank 0 stopped; rank 1 not yet
+    gate.touch()
+    assert fut.get(timeout=10) == "released"  # the endpoint ran to its end, and answered
+    wait_until(lambda: "2 stopped" in repr(actors), 10, "the stop to be answered")
+    assert _marks(marks) == ["cleanup-0", "cleanup-1", "started-1"]
+    assert mesh.run(_ACTOR_THREADS, timeout=10).values() == [[], []]
+    actors.stop()  # stopped already: nothing to do, nothing said
+    assert "not stopped yet" not in capfd.readouterr().err
