@@ -205,6 +205,35 @@ def test_a_tensor_bound_to_a_name_of_rank_code_is_freed_with_its_handle(tmesh):
     assert tmesh.run("(kept.tolist(), mine.tolist())").values() == [([2.0] * 3, [1.0] * 3)] * 2
 
 
+def test_rank_code_runs_after_the_tensor_ops_issued_before_it(tmesh):
+    """A call reaching the ranks (run, pull, gather, push, scatter) sends the ops queued before
+    it first, so rank code reading a MeshTensor bound to a name sees what they made, inside
+    activate() or not, on the mesh or a view of it; never a stale value."""
+    with tmesh.activate():
+        t = torch.zeros(2)
+    tmesh.run("pass", tt=t)  # each rank binds tt to its own t
+    t.add_(5)  # outside activate(): queued
+    assert tmesh.run("tt.tolist()").values() == [[5.0, 5.0]] * 2
+    with tmesh.activate():
+        t.add_(1)
+        assert tmesh.run(lambda: vr.context().namespace["tt"].tolist()).values() == [[6.0, 6.0]] * 2
+        t.add_(1)
+        assert tmesh.pull("tt").values()[0].tolist() == [7.0, 7.0]
+        t.add_(1)
+        assert tmesh.gather("tt").tolist() == [8.0, 8.0] * 2
+        t.add_(1)
+        tmesh.push(k=1)
+        tmesh.scatter("j", [0, 1])
+        assert tmesh.run("tt.tolist()").values() == [[9.0, 9.0]] * 2
+    view = tmesh.slice(gpus=1)
+    with view.activate():
+        v = torch.zeros(1)
+    view.run("pass", vv=v)
+    v.add_(3)
+    assert tmesh.run("vv.tolist() if rank == 1 else None").values() == [None, [3.0]]
+    assert t.fetch(gpus=0).tolist() == [9.0, 9.0]
+
+
 def test_inspect_and_assemble(tmesh):
     with tmesh.activate():
         a = torch.ones(2, 3)

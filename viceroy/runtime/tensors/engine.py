@@ -217,7 +217,7 @@ class Engine:
         target.flush()
         label = f"to_mesh ({self.describe()} -> {target.describe()})"
         view = src._reshaped(src._controller.shape.select(union))
-        fut = view.run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
+        fut = view._run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
                        block=False, label="to_mesh", fail_fast=True)
         for engine in (self, target):
             with engine._send_lock:
@@ -294,7 +294,7 @@ class Engine:
                         self._sent_modes = None if dtype is torch.float32 and grad else op[1]
                         break
             last = n == len(chunks) - 1  # frees go last: after every op that uses them
-            fut = self.mesh.run(worker.apply_batch, worker.pack_ops(chunk), frees if last else [], start, talks,
+            fut = self.mesh._run(worker.apply_batch, worker.pack_ops(chunk), frees if last else [], start, talks,
                                 block=False, label="tensor ops", fail_fast=False)
             pending.append(fut)
         if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
@@ -324,13 +324,13 @@ class Engine:
     def fetch(self, t: MeshTensor, coords: dict[str, int]) -> Any:
         self.sync()
         view = self.mesh.slice(**coords) if coords else self.mesh
-        vals = view.run(worker.get, t._id, label="fetch")
+        vals = view._run(worker.get, t._id, label="fetch")
         return vals.values()[0] if coords and len(view.ranks) == 1 else vals
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""
         self.sync()
-        return self.mesh.run(fn, *args, label=label)
+        return self.mesh._run(fn, *args, label=label)
 
 
 def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bool]]:
