@@ -87,3 +87,55 @@ def test_stop_during_a_long_sync_endpoint_says_it_is_not_done_and_stops_when_it_
     assert mesh.run(_ACTOR_THREADS, timeout=10).values() == [[], []]
     actors.stop()  # stopped already: nothing to do, nothing said
     assert "not stopped yet" not in capfd.readouterr().err
+
+
+class FailsToClean(vr.Actor):
+    @vr.endpoint
+    def ping(self) -> int:
+        return 1
+
+    def __cleanup__(self) -> None:
+        if vr.context().rank == 1:
+            raise RuntimeError("could not flush checkpoint")
+
+
+def test_a_cleanup_that_raises_makes_stop_raise_naming_its_ranks(start_mesh):
+    # stop() returned normally and the error was seen nowhere.
+    mesh = start_mesh(gpus=2)
+    actors = mesh.spawn(FailsToClean)
+    with pytest.raises(vr.MeshError) as info:
+        actors.stop()
+    err = info.value
+    assert err.ranks == [1] and err.what == "FailsToClean.__cleanup__"
+    assert "RuntimeError: could not flush checkpoint" in str(err)
+    assert 'raise RuntimeError("could not flush checkpoint")' in str(err)  # the actor's line
+    assert "stopped all the same" in str(err)
+    assert "2 stopped" in repr(actors)
+    with pytest.raises(RuntimeError, match="was stopped"):
+        actors.ping.call()
+
+
+def test_shutting_the_mesh_down_runs_cleanup_and_never_waits_long_on_a_busy_actor(start_mesh, tmp_path, capfd):
+    # __cleanup__ never ran when the mesh shut down (a with-block's end, say).
+    mesh = start_mesh(gpus=2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    idle = mesh.spawn(Busy, str(marks))
+    failing = mesh.spawn(FailsToClean)
+    stuck_marks = tmp_path / "stuck"
+    stuck_marks.mkdir()
+    stuck = mesh.slice(gpus=slice(0, 1)).spawn(Busy, str(stuck_marks))
+    stuck.until.call(str(tmp_path / "never"))
+    wait_until(lambda: _marks(stuck_marks) == ["started-0"], 10, "the sync endpoint to start")
+    t0 = time.monotonic()
+    mesh.shutdown()
+    took = time.monotonic() - t0
+    assert took < 6, took  # about 1.5 s for the actors, then the ranks stop as before
+    assert _marks(marks) == ["cleanup-0", "cleanup-1"]
+    err = capfd.readouterr().err
+    assert "as the mesh shut down: FailsToClean.__cleanup__ failed on 1 of 2 ranks" in err, err
+    assert "could not flush checkpoint" in err
+    assert "the mesh shut down while actor mesh Busy (gpus=1) was busy on rank 0" in err
+    assert "it did not run __cleanup__" in err
+    assert _marks(stuck_marks) == ["started-0"]
+    assert "stopped" in repr(idle) and "stopped" in repr(failing)

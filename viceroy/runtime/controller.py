@@ -117,6 +117,10 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
     # --- lifecycle -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        actors = getattr(self, "_actor_registry", None)  # actors' __cleanup__ runs first (bounded)
+        if actors is not None and not self._closed:
+            with contextlib.suppress(Exception):
+                actors.stop_all()
         with self._lock:
             if self._closed:
                 return

@@ -31,7 +31,10 @@ class Actor:
     Optional hooks, run on the actor's own thread:
       ``__supervise__(self, failure)``: an actor mesh this actor owns lost an actor (its rank
           died, or a `broadcast` to it raised); return True when handled.
-      ``__cleanup__(self)``: runs when the actor mesh is stopped.
+      ``__cleanup__(self)``: runs when the actor mesh is stopped: by ``stop()`` (which raises a
+          MeshError naming the ranks where it raised), once no handle is left, or as the mesh
+          shuts down (within ~1.5 s for all actors; errors, and actors still busy in a sync
+          endpoint then, are printed).
     """
 
 

@@ -29,6 +29,7 @@ from viceroy.runtime.values import ValueMesh
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
 ONEWAY_ERROR = "viceroy.actors.oneway_error"  # ... and for broadcasts that raised
+SHUTDOWN_STOP_S = 1.5  # how long a mesh's shutdown waits for its actors' __cleanup__, all together
 STOP_TIMEOUT_S = 10.0  # how long stop() waits by default (an actor busy in a sync endpoint)
 _SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait for
 _SENT._set_result(None)
@@ -44,6 +45,16 @@ class _PendingStop:
     ranks: tuple[int, ...]
     fut: Future[Any]
     late: bool = False  # stop() returned before it was done (said so then)
+    reported: bool = False  # its __cleanup__ errors were raised (or printed)
+
+
+def _cleanup_errors(fut: Future[Any]) -> dict[int, RankFailure]:
+    """The ranks whose ``__cleanup__`` raised, of a stop that ended (dead ranks are no error:
+    their actors are gone as asked)."""
+    exc = fut.exception()
+    if not isinstance(exc, MeshError):
+        return {}
+    return {r: f for r, f in exc.failures.items() if f.kind == "error"}
 
 
 class ActorRecord:
@@ -211,7 +222,21 @@ class ActorRecord:
         """Stop the live actors of `shape` and wait up to `timeout` s for them. An actor busy in
         a sync endpoint stops when it ends; one not done by then is "stopping" (repr says so,
         and a line on stderr), takes no new call, and becomes "stopped" when its stop answers.
-        An interrupt while waiting leaves the stop going on."""
+        A ``__cleanup__`` that raised raises a MeshError naming its ranks, with the traceback
+        (the actors are stopped all the same; one that raises after stop() returned is
+        printed). Dead ranks are no error. An interrupt while waiting leaves the stop going on."""
+        waits = self.send_stop(shape)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for pending in waits:
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                pending.fut._cf.exception(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.settle(waits, shape, f"stop() of actor mesh {self.label(shape)}: not stopped yet on {{ranks}} after "
+                    f"{timeout} s (busy in a sync endpoint, which runs to its end): {{they}} stop then, running "
+                    "__cleanup__, and take no new calls meanwhile. repr() says 'stopping' until then.")
+
+    def send_stop(self, shape: Shape) -> list[_PendingStop]:
+        """Send a stop to the live actors of `shape`, without waiting; -> the stops to wait on
+        (this one, and earlier ones still going on there)."""
         with self._lock:
             live = [r for r in shape.ranks if self.status[r] == "live"]
             for r in shape.ranks:
@@ -231,21 +256,29 @@ class ActorRecord:
                 self._stops.append(pending)
             fut.add_done_callback(functools.partial(self._stop_done, pending))
             waits.append(pending)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return waits
+
+    def settle(self, waits: list[_PendingStop], shape: Shape, not_yet: str) -> None:
+        """After waiting on `waits`: say which actors of `shape` are not stopped yet (`not_yet`,
+        with {ranks} and {they}), and raise a MeshError for ``__cleanup__``s that raised."""
         late: list[int] = []
-        for pending in waits:
-            with contextlib.suppress(concurrent.futures.TimeoutError):
-                pending.fut._cf.exception(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            with self._lock:
+        errors: dict[int, RankFailure] = {}
+        total = 0
+        with self._lock:
+            for pending in waits:
                 if not pending.fut.done():
                     pending.late = True
-                    late += [r for r in pending.ranks if self.status[r] == "stopping"]
+                    late += [r for r in pending.ranks if r in shape.ranks and self.status[r] == "stopping"]
+                elif not pending.reported:
+                    pending.reported = True
+                    total += len(pending.ranks)
+                    errors |= _cleanup_errors(pending.fut)
         if late:
             ranks = f"{'rank' if len(late) == 1 else 'ranks'} {format_rank_set(late)}"
-            print(f"viceroy: stop() of actor mesh {self.label(shape)}: not stopped yet on {ranks} after "
-                  f"{timeout} s (busy in a sync endpoint, which runs to its end): {'it stops' if len(late) == 1 else 'they stop'} "
-                  "then, running __cleanup__, and take no new calls meanwhile. repr() says 'stopping' until then.",
-                  file=sys.stderr)
+            print("viceroy: " + not_yet.format(ranks=ranks, they="it" if len(late) == 1 else "they"), file=sys.stderr)
+        if errors:
+            raise MeshError(f"{self.name}.__cleanup__", errors, total=total,
+                            hint="The actors are stopped all the same.")
 
     def _stop_answered(self, rank: int, ok: bool, value: Any) -> None:
         """A rank answered a stop (on the IO thread): its actor is stopped, unless the stop was
@@ -255,8 +288,17 @@ class ActorRecord:
                 self.status[rank] = "stopped"
 
     def _stop_done(self, pending: _PendingStop, fut: Future[Any]) -> None:
+        """A stop ended (IO thread). When its caller stopped waiting before, nobody raises its
+        ``__cleanup__`` errors: print them."""
         with self._lock:
             self._stops.remove(pending)
+            report = pending.late and not pending.reported
+            pending.reported = pending.reported or report
+        errors = _cleanup_errors(fut) if report else {}
+        if errors:
+            err = MeshError(f"{self.name}.__cleanup__", errors, total=len(pending.ranks),
+                            hint="The actors are stopped all the same.")
+            print(f"viceroy: after stop() returned: {err}", file=sys.stderr)
 
     def drop(self) -> None:
         """No handle is left: stop every live actor without waiting (on the IO thread). Calls
@@ -372,6 +414,35 @@ class Registry:
             record.drop()
 
     # --- events (controller IO thread) -------------------------------------------------------
+
+    def stop_all(self, timeout: float = SHUTDOWN_STOP_S) -> None:
+        """As the mesh shuts down (`Controller.shutdown`, before it closes): stop every live
+        actor mesh, so their ``__cleanup__``s run, waiting at most `timeout` s for all of them
+        together. What raised, or was not done by then (an actor busy in a sync endpoint), is
+        printed to stderr; nothing raises, and an interrupt only ends the wait."""
+        sends: list[tuple[ActorRecord, list[_PendingStop]]] = []
+        for record in list(self.records.values()):
+            try:
+                sends.append((record, record.send_stop(record.shape)))
+            except Exception:  # the controller is closing: nothing more can be sent
+                break
+        if not any(waits for _, waits in sends) or threading.current_thread() is self.controller._io:
+            return  # (on the IO thread, which reads the answers, waiting would only stall)
+        deadline = time.monotonic() + timeout
+        try:
+            for _, waits in sends:
+                for pending in waits:
+                    with contextlib.suppress(concurrent.futures.TimeoutError):
+                        pending.fut._cf.exception(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass  # shutting down all the same: the wait is what the interrupt ends
+        for record, waits in sends:
+            try:
+                record.settle(waits, record.shape, f"the mesh shut down while actor mesh {record.label(record.shape)} "
+                              f"was busy on {{ranks}} (a sync endpoint, {timeout} s after the stop): "
+                              "{they} did not run __cleanup__")
+            except MeshError as exc:
+                print(f"viceroy: as the mesh shut down: {exc}", file=sys.stderr)
 
     def _on_event(self, event: Event) -> None:
         if event["type"] == "rank_exit":
