@@ -8,22 +8,50 @@ from viceroy.extension.live import LiveOutput
 
 
 class FakeSink:
+    """Records the sink calls, and keeps the cell's outputs as a front end would: displays
+    updated in place by display_id, the progress block a display of its own."""
+
     def __init__(self) -> None:
         self.writes: list[tuple[str, str]] = []
         self.displays: list[tuple[dict, dict]] = []
         self.progress_updates: list[str] = []
+        self.outputs: list[dict[str, Any]] = []  # {"stream": name, "text": ...} or {"data": ..., "id": ...}
+        self._block: dict[str, Any] | None = None
 
     def write(self, stream: str, text: str) -> None:
         self.writes.append((stream, text))
+        self.outputs.append({"stream": stream, "text": text})
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def display(
+        self, data: dict[str, Any], metadata: dict[str, Any], display_id: str | None = None, update: bool = False
+    ) -> None:
         self.displays.append((data, metadata))
+        if update:
+            for o in self.outputs:
+                if display_id is not None and o.get("id") == display_id:
+                    o["data"] = data
+        else:
+            self.outputs.append({"data": data, "id": display_id})
 
     def progress(self, text: str) -> None:
         self.progress_updates.append(text)
+        data = {"text/plain": text} if text else {}
+        if self._block is None:
+            self._block = {"data": data, "id": "progress"}
+            self.outputs.append(self._block)
+        else:
+            self._block["data"] = data
 
     def text(self, stream: str = "stdout") -> str:
         return "".join(t for s, t in self.writes if s == stream)
+
+    def shown(self) -> list[str]:
+        """The lines the cell shows now, top to bottom (an empty display shows nothing)."""
+        lines: list[str] = []
+        for o in self.outputs:
+            text = o["text"] if "stream" in o else o["data"].get("text/plain", "")
+            lines += text.splitlines()
+        return lines
 
 
 def out(rank: int, text: str, call: int | None = 1, stream: str = "stdout") -> dict:
@@ -81,12 +109,12 @@ def test_progress_updates_are_throttled_and_end_on_the_final_state():
     sink = FakeSink()
     live = LiveOutput([0], call_id=1, sink=sink)
     for i in range(100):
-        live.handle(out(0, f"\r{i}%", stream="stderr"), now=i * 0.01)
+        live.handle(out(0, f"\r{i:3d}%", stream="stderr"), now=i * 0.01)
+    assert 2 <= len(sink.progress_updates) <= 8
     live.handle(out(0, "\r100%\n", stream="stderr"), now=1.0)
     live.close()
-    assert 2 <= len(sink.progress_updates) <= 8
-    assert sink.progress_updates[-1] == "[0] 100%"
-    assert sink.text("stderr") == ""
+    assert sink.text("stderr") == "[0] 100%\n", "the finished bar, once"
+    assert sink.progress_updates[-1] == "", "is not left in the block too"
 
 
 def test_a_rank_exit_is_reported_as_it_happens():
@@ -172,3 +200,85 @@ def test_an_interrupt_while_a_batch_is_written_loses_and_repeats_nothing():
     assert sink.writes == [
         ("stdout", "[0] a\n"), ("stderr", "[0] warned\n"), ("stdout", "[0] b\n[0] stopped\n")
     ]
+
+
+# --- progress bars: finished ones stay, running ones are one live block below them ----------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def feed(self, live: LiveOutput, *events: dict, step: float = 0.05) -> None:
+        for ev in events:
+            self.now += step
+            live.handle(ev, now=self.now)
+
+
+def test_sequential_bars_each_stay_in_the_cell_and_the_block_shows_the_running_one():
+    """tqdm(leave=True), one per epoch: a terminal keeps every finished bar."""
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    clock = Clock()
+    for epoch in range(3):
+        clock.feed(live, *(out(0, f"\repoch {epoch}: {p:3d}%", stream="stderr") for p in (0, 50, 100)))
+        clock.feed(live, out(0, "\n", stream="stderr"), out(0, f"loss {epoch}\n"), step=0.3)
+        if epoch == 1:
+            clock.feed(live, out(0, "\repoch 2:   0%", stream="stderr"), step=0.3)
+            assert sink.shown() == [
+                "[0] epoch 2:   0%", "[0] epoch 0: 100%", "[0] loss 0", "[0] epoch 1: 100%", "[0] loss 1"
+            ], "the block, where the first bar appeared, shows the running one"
+    live.close()
+    assert sink.shown() == [
+        "[0] epoch 0: 100%", "[0] loss 0", "[0] epoch 1: 100%", "[0] loss 1", "[0] epoch 2: 100%", "[0] loss 2"
+    ]
+    assert sink.text("stderr") == "[0] epoch 0: 100%\n[0] epoch 1: 100%\n[0] epoch 2: 100%\n"
+
+
+def test_lines_drawn_with_a_carriage_return_are_kept_once_finished():
+    """print(f'\\rstep {i}', end=''); print(f' loss={i}'): each line is finished, none lost."""
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    clock = Clock()
+    for i in range(4):
+        clock.feed(live, out(0, f"\rstep {i}"), out(0, f" loss={i}\n"), step=0.3)
+    clock.feed(live, out(0, "end\n"))
+    live.close()
+    assert sink.shown() == [f"[0] step {i} loss={i}" for i in range(4)] + ["[0] end"]
+
+
+def test_ranks_finishing_a_bar_together_leave_one_grouped_line():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    clock = Clock()
+    for p in (10, 60, 100):
+        clock.feed(live, out(0, f"\r{p:3d}%", stream="stderr"), out(1, f"\r{p:3d}%", stream="stderr"))
+    live.tick(clock.now + 0.3)
+    assert sink.shown() == ["[0-1] 100%"]
+    clock.feed(live, out(0, "\n", stream="stderr"), out(0, "done\n"), step=0.1)
+    clock.feed(live, out(1, "\n", stream="stderr"), out(1, "done\n"), step=0.1)
+    live.close()
+    assert sink.shown() == ["[0-1] 100%", "[0-1] done"]
+    assert len([o for o in sink.outputs if "id" in o]) == 1, "one block"
+
+
+def test_stacked_bars_show_in_the_block_and_both_stay_when_finished():
+    """tqdm(position=0) and tqdm(position=1): tqdm moves the cursor up to redraw bar 0."""
+    sink = FakeSink()
+    live = LiveOutput([0], call_id=1, sink=sink)
+    clock = Clock()
+    clock.feed(live, out(0, "\rloss-bar:   0%", stream="stderr"), out(0, "\n\rdata-bar:   0%", stream="stderr"))
+    for p in (50, 100):
+        clock.feed(
+            live,
+            out(0, f"\x1b[A\rloss-bar: {p:3d}%", stream="stderr"),
+            out(0, f"\n\rdata-bar: {p:3d}%", stream="stderr"),
+            step=0.25,
+        )
+    clock.feed(live, out(0, "\x1b[A", stream="stderr"))
+    assert sink.shown() == ["[0] loss-bar: 100%", "[0] data-bar: 100%"]
+    clock.feed(live, out(0, "\rloss-bar: 100%\n", stream="stderr"), out(0, "\rdata-bar: 100%\n", stream="stderr"))
+    clock.feed(live, out(0, "done\n"))
+    live.close()
+    assert sink.shown() == ["[0] loss-bar: 100%", "[0] data-bar: 100%", "[0] done"]
+    assert not any("\x1b" in text for text in [*sink.progress_updates, sink.text("stderr")])

@@ -27,18 +27,23 @@ def test_rank_sets_are_written_as_ranges():
 def test_chunks_are_reassembled_into_lines_per_rank_and_stream():
     s = RankStreams()
     assert s.feed(0, "stdout", "hel").lines == []
-    assert s.feed(1, "stdout", "other\n").lines == [("stdout", "other", False)]
-    assert s.feed(0, "stdout", "lo\nwor").lines == [("stdout", "hello", False)]
-    assert s.flush() == [(0, "stdout", "wor")]
+    assert s.feed(1, "stdout", "other\n").lines == [("stdout", "other")]
+    assert s.feed(0, "stdout", "lo\nwor").lines == [("stdout", "hello")]
+    assert [(rank, fed.lines) for rank, fed in s.flush().items()] == [
+        (0, [("stdout", "wor")]), (1, [])
+    ]
 
 
 def test_carriage_returns_make_progress_not_lines():
     s = RankStreams()
     fed = s.feed(0, "stderr", "\r 10%|#   |")
-    assert fed.lines == [] and fed.progress == " 10%|#   |"
-    assert s.feed(0, "stderr", "\r 20%|##  |").progress == " 20%|##  |"
+    assert fed.lines == [] and fed.progress == {"stderr": [" 10%|#   |"]}
+    assert s.feed(0, "stderr", "\r 20%|##  |").progress == {"stderr": [" 20%|##  |"]}
     fed = s.feed(0, "stderr", "\r100%|####|\n")
-    assert fed.lines == [("stderr", "100%|####|", True)]
+    assert fed.lines == [] and fed.progress == {"stderr": ["100%|####|"]}, "held: a stacked bar may follow"
+    fed = s.feed(0, "stdout", "done\n")
+    assert fed.lines == [("stderr", "100%|####|"), ("stdout", "done")]
+    assert fed.progress == {"stderr": []}
 
 
 def test_a_long_running_progress_bar_stays_progress_and_never_leaks_lines():
@@ -51,14 +56,15 @@ def test_a_long_running_progress_bar_stays_progress_and_never_leaks_lines():
     for i in range(3 * MAX_PARTIAL // len(bar)):
         fed = s.feed(0, "stderr", "\r" + bar.format(i % 100))
         assert fed.lines == [], f"redraw {i} leaked {fed.lines[:1]}"
-        assert fed.progress == bar.format(i % 100)
-    assert s.feed(0, "stderr", "\n").lines == [("stderr", bar.format(i % 100), True)]
+        assert fed.progress == {"stderr": [bar.format(i % 100)]}
+    s.feed(0, "stderr", "\n")
+    assert s.flush()[0].lines == [("stderr", bar.format(i % 100))]
     s.feed(0, "stdout", "50%\r")  # a redraw that ends on its carriage return
-    assert s.feed(0, "stdout", "60%\n").lines == [("stdout", "60%", True)]
+    assert s.feed(0, "stdout", "60%\nnext\n").lines == [("stdout", "60%"), ("stdout", "next")]
 
 
 def test_windows_line_endings_are_not_progress():
-    assert RankStreams().feed(0, "stdout", "hi\r\n").lines == [("stdout", "hi", False)]
+    assert RankStreams().feed(0, "stdout", "hi\r\n").lines == [("stdout", "hi")]
     assert terminal_line("abc\r") == "abc"
 
 
@@ -96,7 +102,8 @@ def test_stdout_and_stderr_lines_do_not_merge():
 
 
 def test_the_progress_block_groups_equal_progress():
-    assert format_progress({2: "10%", 0: "50%", 1: "50%"}) == "[0-1] 50%\n[2] 10%"
+    assert format_progress({2: ["10%"], 0: ["50%"], 1: ["50%"]}) == "[0-1] 50%\n[2] 10%"
+    assert format_progress({0: ["a", "b"], 1: ["a", "b"], 2: []}) == "[0-1] a\n[0-1] b"
 
 
 def test_a_shared_line_after_different_lines_is_still_grouped():
@@ -175,16 +182,126 @@ def test_a_line_longer_than_the_cut_comes_out_in_pieces_with_no_empty_line_after
     lines = []
     for i in range(0, len(text), 50_000):  # as a rank's output arrives: in chunks
         lines += s.feed(2, "stdout", text[i : i + 50_000]).lines
-    lines += [(stream, t, False) for _, stream, t in s.flush()]
-    assert "".join(t for _, t, _ in lines) == text[:-1]
-    assert all(t for _, t, _ in lines), "no empty line where the long line ends"
+    lines += [line for fed in s.flush().values() for line in fed.lines]
+    assert "".join(t for _, t in lines) == text[:-1]
+    assert all(t for _, t in lines), "no empty line where the long line ends"
     # the next line is unaffected, and an empty line of its own still shows
-    assert s.feed(2, "stdout", "next\n\n").lines == [("stdout", "next", False), ("stdout", "", False)]
+    assert s.feed(2, "stdout", "next\n\n").lines == [("stdout", "next"), ("stdout", "")]
 
 
 def test_a_cut_line_ended_by_a_newline_in_its_own_chunk_adds_no_empty_line():
     from viceroy.extension.output import MAX_PARTIAL
 
     s = RankStreams()
-    assert [t for _, t, _ in s.feed(0, "stdout", "y" * (MAX_PARTIAL + 1)).lines] == ["y" * (MAX_PARTIAL + 1)]
-    assert s.feed(0, "stdout", "\nafter\n").lines == [("stdout", "after", False)]
+    assert [t for _, t in s.feed(0, "stdout", "y" * (MAX_PARTIAL + 1)).lines] == ["y" * (MAX_PARTIAL + 1)]
+    assert s.feed(0, "stdout", "\nafter\n").lines == [("stdout", "after")]
+
+
+# --- a rank's stream as a terminal shows it: finished lines stay, bars are live rows ---------
+
+
+def tqdm_chunks(run) -> list[str]:
+    """What tqdm bars made by ``run(file)`` write, one chunk per flush (as a rank sends it)."""
+    tqdm = pytest.importorskip("tqdm")
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.chunks: list[str] = []
+            self._buf = ""
+
+        def write(self, text: str) -> None:
+            self._buf += text
+
+        def flush(self) -> None:
+            if self._buf:
+                self.chunks.append(self._buf)
+                self._buf = ""
+
+    rec = Recorder()
+    run(rec, tqdm.tqdm)
+    rec.flush()
+    return rec.chunks
+
+
+def feed_all(chunks: list[str], rank: int = 0) -> tuple[list[str], list[list[str]]]:
+    """Finished lines and every progress state, after the stream ends."""
+    s = RankStreams()
+    lines: list[str] = []
+    progress: list[list[str]] = []
+    feds = [s.feed(rank, "stderr", c) for c in chunks]
+    feds += list(s.flush().values())
+    for fed in feds:
+        lines += [t for _, t in fed.lines]
+        if "stderr" in fed.progress:
+            progress.append(fed.progress["stderr"])
+    return lines, progress
+
+
+def test_a_line_drawn_with_a_carriage_return_is_finished_by_its_newline():
+    s = RankStreams()
+    assert s.feed(0, "stdout", "\rstep 0").progress == {"stdout": ["step 0"]}
+    s.feed(0, "stdout", " loss=0\n")
+    fed = s.feed(0, "stderr", "warned\n")
+    assert fed.lines == [("stdout", "step 0 loss=0"), ("stderr", "warned")]
+    fed = s.feed(0, "stdout", "\repoch 0 100%\n\repoch 1   0%")
+    assert fed.lines == [] and fed.progress == {"stdout": ["epoch 0 100%", "epoch 1   0%"]}, "stacked bars?"
+    fed = s.feed(0, "stdout", "\repoch 1  10%")  # no: the bar below is redrawn in place
+    assert fed.lines == [("stdout", "epoch 0 100%")] and fed.progress == {"stdout": ["epoch 1  10%"]}
+    assert s.feed(0, "stdout", "\repoch 1 100%\nepoch 1 loss=3\n").lines == [
+        ("stdout", "epoch 1 100%"), ("stdout", "epoch 1 loss=3")
+    ]
+
+
+def test_stacked_tqdm_bars_are_live_rows_and_both_finished_bars_are_lines():
+    def run(f, tqdm):
+        b1 = tqdm(total=3, desc="loss-bar", position=0, file=f, mininterval=0)
+        b2 = tqdm(total=3, desc="data-bar", position=1, file=f, mininterval=0)
+        for _ in range(3):
+            b1.update()
+            b2.update()
+        b1.close()
+        b2.close()
+
+    chunks = tqdm_chunks(run)
+    assert any("\x1b[A" in c for c in chunks), "tqdm moves the cursor up to redraw bar 0"
+    lines, progress = feed_all(chunks)
+    assert [line.split("|")[0] for line in lines] == ["loss-bar: 100%", "data-bar: 100%"]
+    assert [[row.split("|")[0] for row in p] for p in progress][:2] == [
+        ["loss-bar:   0%"], ["loss-bar:   0%", "data-bar:   0%"]
+    ], "the block shows both bars"
+    assert not any("\x1b" in text for p in progress for text in p) and not any("\x1b" in t for t in lines)
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_nested_tqdm_bars_end_as_a_terminal_shows_them(leave):
+    def run(f, tqdm):
+        for _ in tqdm(range(2), desc="outer", file=f, mininterval=0):
+            for _ in tqdm(range(2), desc="inner", file=f, mininterval=0, leave=leave):
+                pass
+
+    lines, progress = feed_all(tqdm_chunks(run))
+    finished = ["inner: 100%", "inner: 100%", "outer: 100%"] if leave else ["outer: 100%"]
+    assert [line.split("|")[0] for line in lines] == finished
+    assert ["outer:  50%", "inner:  50%"] in [[row.split("|")[0] for row in p] for p in progress]
+    assert all(row.strip() for p in progress for row in p), "an erased bar leaves no blank row"
+
+
+def test_erasing_escapes_leave_no_junk_and_colours_stay():
+    s = RankStreams()
+    fed = s.feed(0, "stdout", "\x1b[2K\r")  # IPython's clear_output without a shell
+    assert fed.lines == [] and fed.progress == {}
+    assert s.feed(0, "stdout", "old\x1b[2K\rnew\n").lines == []
+    assert s.feed(0, "stdout", "\x1b[?25lplain \x1b[31mred\x1b[0m\n").lines == [
+        ("stdout", "new"), ("stdout", "plain \x1b[31mred\x1b[0m")
+    ]
+    assert s.flush()[0].lines == []
+
+
+def test_an_escape_cut_between_chunks_is_put_back_together():
+    s = RankStreams()
+    assert s.feed(0, "stderr", "\rbar 0\n\rbar 1\x1b").progress == {"stderr": ["bar 0", "bar 1"]}
+    assert s.feed(0, "stderr", "[").progress == {}
+    fed = s.feed(0, "stderr", "A\rbar 0 done")
+    assert fed.lines == [] and fed.progress == {"stderr": ["bar 0 done", "bar 1"]}
+    fed = s.feed(0, "stderr", "\n\rbar 1 done\x1b[A")
+    assert fed.progress == {"stderr": ["bar 0 done", "bar 1 done"]}

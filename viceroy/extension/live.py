@@ -1,7 +1,8 @@
 """Shows a running mesh call in the cell: grouped lines, one progress block, rank displays.
 
 `LiveOutput` takes runtime events (on the main thread) and writes to a `Sink`; `CellSink` is the
-one that writes into the current notebook cell.
+one that writes into the current notebook cell. `ProgressBlock` keeps the ranks' progress bars
+in one display updated in place.
 
 >>> live = LiveOutput(ranks=[0, 1], call_id=7, sink=CellSink())
 >>> live.handle({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 7}, now=0)
@@ -13,10 +14,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from viceroy.extension.output import (
+    Fed,
     LineGrouper,
     RankStreams,
     format_line,
@@ -33,7 +35,9 @@ class Sink(Protocol):
 
     def write(self, stream: str, text: str) -> None: ...
     def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
-    def progress(self, text: str) -> None: ...
+    def progress(self, text: str) -> None:
+        """Show ``text`` in the progress block (made on first use, then updated in place; an
+        empty text shows nothing)."""
 
 
 class CellSink:
@@ -60,7 +64,7 @@ class CellSink:
     def progress(self, text: str) -> None:
         from IPython.display import display
 
-        bundle = {"text/plain": text}
+        bundle = {"text/plain": text} if text else {}
         if self._handle is None:
             if self._flush:
                 sys.stdout.flush()
@@ -81,6 +85,53 @@ def tag_display(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> tu
     return data, {**metadata, "viceroy": {"rank": rank}}
 
 
+class ProgressBlock:
+    """A call's running progress bars (each rank stream's rows still being redrawn), in one
+    display updated in place at most every PROGRESS_INTERVAL seconds.
+
+    It stays where the first bar appeared: a notebook shows a cell's first 50 outputs and
+    folds the rest, so one block is visible however long the loop (a block per bar would push
+    the running one out of sight). A finished bar is an ordinary line of the cell; while no bar
+    runs the block shows nothing.
+    """
+
+    def __init__(self, sink: Sink, before_draw: Callable[[], None] = lambda: None) -> None:
+        self.sink = sink
+        self._before_draw = before_draw  # writes what the cell must show above a new block
+        self._rows: dict[tuple[int, str], list[str]] = {}  # (rank, stream) -> its live rows
+        self._shown = False  # the block exists
+        self._dirty = False
+        self._drawn_at = float("-inf")
+
+    def rows(self, rank: int, stream: str, rows: list[str]) -> None:
+        """The live rows of a rank's stream now (none: its bars finished or were erased)."""
+        if rows:
+            self._rows[(rank, stream)] = rows
+        else:
+            self._rows.pop((rank, stream), None)
+        self._dirty = self._shown or bool(self._rows)
+
+    def tick(self, now: float) -> None:
+        """Draw the block, if due at ``now``."""
+        if self._dirty and now - self._drawn_at >= PROGRESS_INTERVAL:
+            self._dirty = False
+            self._drawn_at = now
+            shown: dict[int, list[str]] = {}
+            for (rank, _), rows in sorted(self._rows.items()):
+                shown.setdefault(rank, []).extend(rows)
+            self._before_draw()
+            self.sink.progress(format_progress(shown))
+            self._shown = True
+
+    def next_due(self) -> float | None:
+        """When `tick` has something to draw, or None."""
+        return self._drawn_at + PROGRESS_INTERVAL if self._dirty else None
+
+    def close(self) -> None:
+        """The call is over: bars still running show their last state."""
+        self.tick(float("inf"))
+
+
 class LiveOutput:
     """Renders one call's events: lines grouped by rank set, progress, displays, exits."""
 
@@ -98,9 +149,7 @@ class LiveOutput:
         self.finished = False  # the runtime said the call finished
         self._streams = RankStreams()
         self._grouper = LineGrouper(ranks, window)
-        self._progress: dict[int, str] = {}
-        self._progress_dirty = False
-        self._progress_at = float("-inf")
+        self._block = ProgressBlock(sink, before_draw=self._write_held)
         self._shown = 0
         self._hidden = 0
         self._held: collections.deque[tuple[str, str]] = collections.deque()  # not yet written
@@ -148,24 +197,20 @@ class LiveOutput:
         self.tick(now)
 
     def _output(self, rank: int, stream: str, text: str, now: float) -> None:
-        fed = self._streams.feed(rank, stream, text)
-        for s, line, was_progress in fed.lines:
-            if was_progress:
-                self._progress[rank] = line  # a finished bar stays in the progress block
-                self._progress_dirty = True
-            else:
-                self._grouper.add(rank, s, line, now)
-        if fed.progress is not None:
-            self._progress[rank] = fed.progress
-            self._progress_dirty = True
+        self._take(rank, self._streams.feed(rank, stream, text), now)
+
+    def _take(self, rank: int, fed: Fed, now: float) -> None:
+        for stream, line in fed.lines:  # a finished bar too: the line it ended on
+            self._grouper.add(rank, stream, line, now)
+        for stream, rows in fed.progress.items():
+            self._block.rows(rank, stream, rows)
 
     # --- time --------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
         """Emit what is due at ``now``."""
         self._write_groups(self._grouper.ready(now))
-        if self._progress_dirty and now - self._progress_at >= PROGRESS_INTERVAL:
-            self._show_progress(now)
+        self._block.tick(now)
 
     def next_wakeup(self, now: float) -> float:
         """Seconds until something is due (capped, so interrupts and completion are seen)."""
@@ -173,8 +218,9 @@ class LiveOutput:
         deadline = self._grouper.next_deadline()
         if deadline is not None:
             due.append(deadline - now)
-        if self._progress_dirty:
-            due.append(self._progress_at + PROGRESS_INTERVAL - now)
+        block = self._block.next_due()
+        if block is not None:
+            due.append(block - now)
         return max(0.0, min(due))
 
     def close(self) -> None:
@@ -184,13 +230,10 @@ class LiveOutput:
 
     def _close(self) -> None:
         self._flush_lines()
-        for rank, stream, text in self._streams.flush():
-            if rank in self._progress and text == self._progress[rank]:
-                continue
-            self._grouper.add(rank, stream, text, 0.0)
+        for rank, fed in self._streams.flush().items():
+            self._take(rank, fed, 0.0)  # unfinished lines too; running bars stay in the block
         self._flush_lines()
-        if self._progress_dirty:
-            self._show_progress(float("inf"))
+        self._block.close()
         if self._hidden:
             self._write(
                 "stderr",
@@ -239,9 +282,3 @@ class LiveOutput:
             while held and held[0][0] == stream:
                 run.append(held.popleft()[1])
             self.sink.write(stream, "".join(run))
-
-    def _show_progress(self, now: float) -> None:
-        self._write_held()
-        self.sink.progress(format_progress(self._progress))
-        self._progress_dirty = False
-        self._progress_at = now

@@ -1,0 +1,101 @@
+"""What a %%mesh cell finally shows, as a front end renders its messages: progress bars that
+finished stay, displays from ranks update in place, widgets from ranks are not half-shown."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from kernel_harness import Execution, Kernel
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def rendered(ex: Execution) -> list[str]:
+    """The cell's output lines at its end, as a front end shows them: stream messages in a
+    row joined, displays updated in place by their transient display_id."""
+    outputs: list[dict[str, Any]] = []
+    for m in ex.outputs:
+        kind, content = m["msg_type"], m["content"]
+        display_id = content.get("transient", {}).get("display_id")
+        if kind == "stream":
+            if outputs and outputs[-1].get("stream") == content["name"]:
+                outputs[-1]["text"] += content["text"]
+            else:
+                outputs.append({"stream": content["name"], "text": content["text"]})
+        elif kind == "update_display_data":
+            for o in outputs:
+                if display_id is not None and o.get("id") == display_id:
+                    o["data"] = content["data"]
+        elif kind in ("display_data", "execute_result"):
+            outputs.append({"data": content["data"], "id": display_id})
+    lines: list[str] = []
+    for o in outputs:
+        lines += (o["text"] if "stream" in o else o["data"].get("text/plain", "")).splitlines()
+    return lines
+
+
+def ranks_showing(lines: list[str], text: str) -> set[int]:
+    """The ranks whose lines (``[0-1] ...``, ``[1] ...``) contain ``text``."""
+    ranks: set[int] = set()
+    for line in lines:
+        m = re.match(r"\[([0-9,-]+)\] ", line)
+        if m and text in line:
+            for part in m.group(1).split(","):
+                lo, _, hi = part.partition("-")
+                ranks.update(range(int(lo), int(hi or lo) + 1))
+    return ranks
+
+
+def all_text(ex: Execution) -> str:
+    return "".join(
+        m["content"].get("text", "") + str(m["content"].get("data", "")) for m in ex.outputs
+    )
+
+
+# --- progress bars ---------------------------------------------------------------------------
+
+
+def test_every_finished_tqdm_bar_of_a_loop_stays_in_the_cell(mesh_kernel: Kernel):
+    pytest.importorskip("tqdm")
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom tqdm import tqdm\nimport time\n"
+        "for epoch in range(3):\n"
+        "    for _ in tqdm(range(3), desc=f'epoch {epoch}'):\n"
+        "        time.sleep(0.05)\n"
+        "print('trained')"
+    )
+    lines = rendered(ex)
+    for epoch in range(3):
+        assert ranks_showing(lines, f"epoch {epoch}: 100%") == {0, 1}, lines
+    assert lines[-1] == "[0-1] trained", lines
+    assert len(lines) <= 7, f"each finished bar once: {lines}"
+
+
+def test_lines_drawn_with_a_carriage_return_are_all_kept(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nimport time\nfor i in range(4):\n"
+        "    print(f'\\rstep {i}', end='')\n    print(f' loss={i}')\n    time.sleep(0.1)\n"
+        "print('end')"
+    )
+    assert [line for line in rendered(ex) if "loss" in line] == [
+        f"[0-1] step {i} loss={i}" for i in range(4)
+    ]
+
+
+def test_stacked_tqdm_bars_both_stay_and_leave_no_escapes(mesh_kernel: Kernel):
+    pytest.importorskip("tqdm")
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom tqdm import tqdm\nimport time\n"
+        "b1 = tqdm(total=3, desc='loss-bar', position=0)\n"
+        "b2 = tqdm(total=3, desc='data-bar', position=1)\n"
+        "for i in range(3):\n    b1.update(); b2.update(); time.sleep(0.3)\n"
+        "b1.close(); b2.close()\nprint('done')"
+    )
+    lines = rendered(ex)
+    assert ranks_showing(lines, "loss-bar: 100%") == ranks_showing(lines, "data-bar: 100%") == {0, 1}
+    assert "\x1b" not in all_text(ex), "no cursor movement shown as text"
+    blocks = [m["content"]["data"].get("text/plain", "") for m in ex.outputs
+              if m["msg_type"] in ("display_data", "update_display_data")]
+    assert any("loss-bar" in b and "data-bar" in b for b in blocks), "the live block shows both bars"
