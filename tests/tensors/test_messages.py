@@ -38,6 +38,30 @@ def test_metadata_questions_are_answered_here(t, mesh):
         len(t.sum())
 
 
+def test_reading_metadata_sends_nothing_to_the_ranks(t, mesh):
+    """``t.shape``, ``t.dtype``, ``t.device``, ``t.ndim`` (properties: torch sees their
+    ``__get__``) are answered from the meta tensor, inside activate() or not: nothing queued,
+    no call; a failed tensor's shape read later fails nothing else."""
+    t.fetch()
+    sent = _sent(mesh)
+    engine = t._engine
+    for _ in range(2):
+        assert (t.shape, t.dtype, t.ndim, t.requires_grad, t.is_leaf) == ((2, 3), torch.float32, 2, False, True)
+        assert t.device.type == "meta" and t.dim() == 2 and t.size(1) == 3
+        with mesh.activate():
+            assert (t.shape, t.dtype, t.ndim) == ((2, 3), torch.float32, 2) and t.device.type == "meta"
+    assert engine._queue == []
+    t.fetch()
+    assert sent == [call for call in sent if call["label"] == "fetch"]
+    with mesh.activate():
+        bad = torch.linalg.cholesky(torch.zeros(2, 2))  # fails on the ranks
+        ok = torch.ones(2)
+    with pytest.raises(vr.MeshError, match="cholesky"):
+        ok.fetch()
+    assert (bad.shape, bad.dtype) == ((2, 2), torch.float32)
+    assert ok.fetch(gpus=0).tolist() == [1.0, 1.0]  # nothing of bad's went out to fail
+
+
 @pytest.mark.parametrize("op, what", [
     (lambda t: 3.0 in t, "`x in t`"),
     (lambda t: torch.equal(t, t), "equal()"),

@@ -87,7 +87,10 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
                     changed = True
     leaves, spec = pytree.tree_flatten(out)
     if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
-        if not (name.endswith("_") or name == "__setitem__"):
+        # A question (``t.shape``, ``t.dtype``: a property's ``__get__``; ``t.dim()``) is
+        # answered here; an op that changes its input (``add_``, ``t[i] = v``, ``t.data = x``:
+        # ``__set__``) runs on the ranks too.
+        if not (mutates(name, kwargs) or name == "__set__"):
             return Plan(ANSWER, answer=out)
         kind = VALUE
     else:
