@@ -511,3 +511,42 @@ def test_an_actor_spawned_on_a_view_sees_the_view_in_its_constructor_and_endpoin
     whole = mesh.spawn(WhereAmI)  # on the mesh itself: the mesh's coords, as before
     assert whole.where.call().get(timeout=10).values()[3] == ({"gpus": 3}, {"gpus": 3}, {"gpus": 4}, (0, 1, 2, 3))
     assert mesh.run("coords, mesh").values()[3] == ({"gpus": 3}, {"gpus": 4})  # the main thread's untouched
+
+
+class StreamNapper(vr.Actor):
+    @vr.endpoint
+    async def nap(self) -> str:
+        print("napping", flush=True)
+        await asyncio.sleep(30)
+        return "woke"
+
+    @vr.endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_ctrl_c_while_iterating_a_stream_cancels_the_call_on_the_ranks(start_mesh):
+    # The KeyboardInterrupt came, but the endpoints ran on (call().get() cancels them): the
+    # next call waited behind them.
+    import os
+    import signal
+    import threading
+
+    mesh = start_mesh(gpus=2)
+    nappers = mesh.spawn(StreamNapper)
+
+    def ctrl_c_once_napping() -> None:
+        wait_until(lambda: all("napping" in mesh.logs(r) for r in (0, 1)), 10, "both endpoints to be awaiting")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    ctrl_c = threading.Thread(target=ctrl_c_once_napping)
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in nappers.nap.stream():
+                pass
+    finally:
+        ctrl_c.join()
+    t0 = time.monotonic()
+    assert nappers.ping.call().get(timeout=20).values() == ["pong", "pong"]
+    assert time.monotonic() - t0 < 3  # not behind a 30 s nap

@@ -183,7 +183,8 @@ class Endpoint:
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         """Every actor runs it; yields results as they arrive. When some actors failed, a
-        MeshError listing them is raised after the successful results."""
+        MeshError listing them is raised after the successful results. An interrupt (Ctrl-C)
+        while it waits cancels the call on the ranks."""
         q: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
 
         def on_result(rank: int, ok: bool, value: Any) -> None:
@@ -200,8 +201,15 @@ def _keep(_handle: ActorMesh, _fut: Future[Any]) -> None:
 
 
 def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator[Any]:
+    """The values of a stream as they come. Interrupted while it waits (Ctrl-C), the call is
+    cancelled on the ranks, as `Future.get` does, then KeyboardInterrupt goes on."""
     while True:
-        is_value, item = q.get()
+        try:
+            is_value, item = q.get()
+        except KeyboardInterrupt:
+            if fut._on_interrupt is not None and not fut.done():
+                fut._on_interrupt()
+            raise
         if is_value:
             yield item
             continue
