@@ -171,3 +171,32 @@ def test_a_call_from_an_actor_that_times_out_names_the_endpoint(start_mesh):
     assert msg.startswith("Slow.wait still running after 0.2 s; it goes on"), msg
     assert "call -1" not in msg
     assert slow.wait.call_one(0.0).get(timeout=20) == 0.0  # after the first, which went on
+
+
+class Forwarder(vr.Actor):
+    def __init__(self, loaders: vr.ActorMesh) -> None:
+        self.loaders = loaders
+
+    @vr.endpoint
+    def send_a_lock(self) -> object:
+        import threading
+
+        return self.loaders.note.call(threading.Lock()).get(timeout=10)
+
+
+def test_an_unpicklable_argument_from_an_actor_is_named_as_on_the_controller(start_mesh):
+    # It was cloudpickle's bare "cannot pickle '_thread.lock' object", with its frames.
+    import re
+    import threading
+
+    mesh = start_mesh(gpus=2)
+    loaders = mesh.slice(gpus=slice(1, 2)).spawn(Loader, 1)
+    named = "Loader.note argument 0 (lock) cannot be sent to the ranks: cannot pickle '_thread.lock' object"
+    with pytest.raises(TypeError, match=re.escape(named)):
+        loaders.note.call(threading.Lock())
+    forwarders = mesh.slice(gpus=slice(0, 1)).spawn(Forwarder, loaders)
+    with pytest.raises(vr.MeshError) as info:
+        forwarders.send_a_lock.call_one().get(timeout=20)
+    message = str(info.value)
+    assert f"TypeError: {named}" in message, message
+    assert "cloudpickle" not in message, message

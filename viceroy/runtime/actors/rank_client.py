@@ -38,7 +38,13 @@ class RankClient:
 
     def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
-        payload, bufs = plain.dumps((args, kwargs))
+        try:
+            payload, bufs = plain.dumps((args, kwargs))
+        except Exception:  # name the argument, as on the controller (ActorRecord.pack)
+            qualname = f"{info.cls_name}.{endpoint}"
+            serialize.check_picklable({f"{qualname} argument {i}": a for i, a in enumerate(args)}
+                                      | {f"{qualname} argument {k!r}": v for k, v in kwargs.items()})
+            raise
         req = next(self._ids)
         fut: Future[Any] = RankFuture(f"{info.cls_name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})"))
         if adverb != "broadcast":
