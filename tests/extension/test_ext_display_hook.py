@@ -94,3 +94,50 @@ def test_figures_a_call_leaves_open_are_shown_and_closed_at_its_end():
         "failed cell: 3 0",
         "agg: 3 1",
     ]
+
+
+def run_on_a_fake_rank(body: str) -> list[tuple[str, dict]]:
+    """Run ``body`` in a fresh interpreter as a rank with the display hook installed; what it
+    published."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import viceroy.runtime.context as ctx
+        sent, ns = [], {}
+        ctx._set_context(ctx.Context(0, {"gpus": 0}, {"gpus": 1}, 0, 1, 0, ns,
+                                     lambda kind, data: sent.append((kind, data))))
+        from viceroy.extension import display_hook
+        display_hook.install()
+        """
+    ) + textwrap.dedent(body) + "\nprint(json.dumps(sent))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return [tuple(x) for x in json.loads(out.stdout.splitlines()[-1])]  # type: ignore[misc]
+
+
+def test_a_display_id_on_a_rank_gives_a_handle_and_updates_are_sent_as_updates():
+    sent = run_on_a_fake_rank(
+        """
+        from IPython.display import DisplayHandle, display, update_display
+        display("step 0", display_id="status")
+        update_display("step 1", display_id="status")
+        h = display("epoch 0", display_id=True)
+        assert isinstance(h, DisplayHandle), h
+        h.update("epoch 1")
+        h.display("epoch 1 again")
+        assert display("no id") is None
+        """
+    )
+    ids = [(d["data"]["text/plain"], d.get("display_id"), d.get("update", False)) for _, d in sent]
+    handle = ids[2][1]
+    assert ids == [
+        ("'step 0'", "status", False),
+        ("'step 1'", "status", True),
+        ("'epoch 0'", handle, False),
+        ("'epoch 1'", handle, True),
+        ("'epoch 1 again'", handle, False),
+        ("'no id'", None, False),
+    ]
+    assert handle and handle != "status"

@@ -83,7 +83,7 @@ def test_a_display_keeps_its_place_among_lines_and_is_tagged_with_its_rank():
     live = LiveOutput([0, 1], call_id=1, sink=sink)
     order: list[str] = []
     sink.write = lambda stream, text: order.append(text)  # type: ignore[method-assign]
-    sink.display = lambda data, md: order.append(f"display {md['viceroy']['rank']}")  # type: ignore[method-assign]
+    sink.display = lambda data, md, **_: order.append(f"display {md['viceroy']['rank']}")  # type: ignore[method-assign]
     bundle = {"data": {"text/plain": "<Figure>"}, "metadata": {}}
     for r in (1, 0):
         live.handle(out(r, "before\n"), now=0)
@@ -162,7 +162,7 @@ def test_a_display_in_a_batch_comes_after_the_lines_before_it():
     live = LiveOutput([0], call_id=1, sink=sink)
     order: list[str] = []
     sink.write = lambda stream, text: order.append(text)  # type: ignore[method-assign]
-    sink.display = lambda data, md: order.append("display")  # type: ignore[method-assign]
+    sink.display = lambda data, md, **_: order.append("display")  # type: ignore[method-assign]
     sink.progress = lambda text: order.append(f"progress {text}")  # type: ignore[method-assign]
     bundle = {"data": {"text/plain": "<Figure>"}, "metadata": {}}
     with live.batch():
@@ -282,3 +282,24 @@ def test_stacked_bars_show_in_the_block_and_both_stay_when_finished():
     live.close()
     assert sink.shown() == ["[0] loss-bar: 100%", "[0] data-bar: 100%", "[0] done"]
     assert not any("\x1b" in text for text in [*sink.progress_updates, sink.text("stderr")])
+
+
+# --- displays from ranks ---------------------------------------------------------------------
+
+
+def shown_display(rank: int, data: dict, call: int = 1, **fields: Any) -> dict:
+    return {"type": "publish", "rank": rank, "call": call, "kind": "display",
+            "data": {"data": data, "metadata": {}, **fields}}
+
+
+def test_a_ranks_display_id_updates_that_ranks_display_in_place_and_no_other():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    for r in (0, 1):
+        live.handle(shown_display(r, {"text/plain": "step 0"}, display_id="status"), now=0)
+    live.handle(shown_display(1, {"text/plain": "step 1"}, display_id="status", update=True), now=0)
+    live.handle(shown_display(0, {"text/plain": "step 2"}, display_id="status", update=True), now=0)
+    live.close()
+    assert sink.shown() == ["[0] step 2", "[1] step 1"]
+    ids = [o["id"] for o in sink.outputs]
+    assert len(set(ids)) == 2 and all(ids), "each rank's display has its own id"

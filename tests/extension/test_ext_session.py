@@ -23,7 +23,7 @@ class Sink:
     def write(self, stream: str, text: str) -> None:
         self.writes.append((stream, text))
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def display(self, data: dict[str, Any], metadata: dict[str, Any], **_: Any) -> None:
         pass
 
     def progress(self, text: str) -> None:

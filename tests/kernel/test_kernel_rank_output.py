@@ -99,3 +99,26 @@ def test_stacked_tqdm_bars_both_stay_and_leave_no_escapes(mesh_kernel: Kernel):
     blocks = [m["content"]["data"].get("text/plain", "") for m in ex.outputs
               if m["msg_type"] in ("display_data", "update_display_data")]
     assert any("loss-bar" in b and "data-bar" in b for b in blocks), "the live block shows both bars"
+
+
+# --- displays from ranks ---------------------------------------------------------------------
+
+
+def test_update_display_and_display_handles_on_ranks_update_in_place(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom IPython.display import display, update_display\n"
+        "display(f'step 0 on {rank}', display_id='status')\n"
+        "for i in range(1, 4):\n    update_display(f'step {i} on {rank}', display_id='status')\n"
+        "h = display('epoch 0', display_id=True)\nh.update(f'epoch 1 on {rank}')"
+    )
+    assert sorted(rendered(ex)) == [
+        "[0] 'epoch 1 on 0'", "[0] 'step 3 on 0'", "[1] 'epoch 1 on 1'", "[1] 'step 3 on 1'"
+    ]
+    assert len(ex.of_type("display_data")) == 4 and ex.of_type("update_display_data")
+    first = {d["transient"]["display_id"] for d in ex.of_type("display_data")}
+    later = mesh_kernel.ok("%%mesh\nfrom IPython.display import update_display\n"
+                           "update_display('done', display_id='status')")
+    assert later.of_type("display_data") == []
+    assert {u["transient"]["display_id"] for u in later.of_type("update_display_data")} < first, (
+        "a later cell updates the displays in the earlier one, as in IPython"
+    )

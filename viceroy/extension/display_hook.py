@@ -3,7 +3,8 @@
 The notebook runs `install` on every rank when a mesh comes up (``mesh.run(install)``). After that,
 ``display(obj)`` on a rank (the predefined name, or ``from IPython.display import display``) and
 ``plt.show()`` send a MIME bundle to the controller, which shows it in the running cell tagged
-with the rank.
+with the rank. As in IPython, ``display(obj, display_id=...)`` (``True`` for a new id) returns a
+`DisplayHandle`, and ``update_display`` / ``handle.update`` send updates of that display.
 
 >>> mesh.run(install)                                    # done by %mesh up
 >>> mesh.run("from IPython.display import HTML; display(HTML('<b>hi</b>'))")
@@ -20,34 +21,69 @@ from typing import Any
 MPL_BACKEND = "module://viceroy.extension.mpl_backend"
 
 
-def publish_bundle(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
-    """Send one MIME bundle to the controller as a display event."""
+def publish_bundle(
+    data: dict[str, Any],
+    metadata: dict[str, Any] | None = None,
+    display_id: str | None = None,
+    update: bool = False,
+) -> None:
+    """Send one MIME bundle to the controller as a display event (with ``display_id``: one
+    that later updates replace; ``update``: replacing the displays with that id)."""
     from viceroy import context
 
-    context().publish("display", {"data": data, "metadata": metadata or {}})
+    event: dict[str, Any] = {"data": data, "metadata": metadata or {}}
+    if display_id is not None:
+        event["display_id"] = display_id
+    if update:
+        event["update"] = True
+    context().publish("display", event)
 
 
-def mimebundle(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def mimebundle(
+    obj: Any, include: Any = None, exclude: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """IPython's formatting of ``obj`` (``_repr_html_``, ``_repr_png_``, ...) without a shell."""
     from IPython.core.formatters import DisplayFormatter
 
-    data, md = DisplayFormatter().format(obj)
+    data, md = DisplayFormatter().format(obj, include=include, exclude=exclude)
     return data, md
 
 
 def display(
-    *objs: Any, raw: bool = False, metadata: dict[str, Any] | None = None, **_: Any
-) -> None:
-    """Rank-side stand-in for ``IPython.display.display``."""
+    *objs: Any,
+    include: Any = None,
+    exclude: Any = None,
+    metadata: dict[str, Any] | None = None,
+    transient: dict[str, Any] | None = None,
+    display_id: Any = None,
+    raw: bool = False,
+    update: bool = False,
+    **_: Any,
+) -> Any:
+    """Rank-side stand-in for ``IPython.display.display`` (the same arguments and result)."""
+    display_id = display_id or (transient or {}).get("display_id")
+    if display_id is True:
+        import uuid
+
+        display_id = uuid.uuid4().hex
+    if update and not display_id:
+        raise TypeError("display_id required for update_display")
+    if not objs and display_id:  # an empty output, to be updated later
+        objs, raw = ({},), True
     for obj in objs:
         md: dict[str, Any] = {}
         if raw:
             data = obj
         else:
-            data, md = mimebundle(obj)
-        if not data:
+            data, md = mimebundle(obj, include, exclude)
+        if not data and not (raw and display_id):
             continue
-        publish_bundle(data, {**md, **(metadata or {})})
+        publish_bundle(data, {**md, **(metadata or {})}, display_id, update)
+    if not display_id:
+        return None
+    from IPython.core.display_functions import DisplayHandle  # its methods call our display
+
+    return DisplayHandle(display_id)
 
 
 _DISPLAY_MODULE = "IPython.core.display_functions"  # IPython.display re-exports from here

@@ -34,7 +34,15 @@ class Sink(Protocol):
     """Where a cell's mesh output goes."""
 
     def write(self, stream: str, text: str) -> None: ...
-    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
+    def display(
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any],
+        display_id: str | None = None,
+        update: bool = False,
+    ) -> None:
+        """Show a MIME bundle (with ``display_id``: one that later updates replace), or, with
+        ``update``, replace the displays with that id."""
     def progress(self, text: str) -> None:
         """Show ``text`` in the progress block (made on first use, then updated in place; an
         empty text shows nothing)."""
@@ -53,13 +61,20 @@ class CellSink:
         if self._flush:
             out.flush()
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def display(
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any],
+        display_id: str | None = None,
+        update: bool = False,
+    ) -> None:
         from IPython.display import publish_display_data
 
         if self._flush:
             sys.stdout.flush()
             sys.stderr.flush()
-        publish_display_data(data=data, metadata=metadata)
+        transient = {"display_id": display_id} if display_id is not None else None
+        publish_display_data(data=data, metadata=metadata, transient=transient, update=update)
 
     def progress(self, text: str) -> None:
         from IPython.display import display
@@ -251,13 +266,18 @@ class LiveOutput:
         for g in groups:
             if g.payload is not None:
                 (rank,) = g.ranks
-                data, md = tag_display(
-                    rank, g.payload.get("data", {}), g.payload.get("metadata", {})
-                )
-                self._write_held()
-                self.sink.display(data, md)
+                self._display(rank, g.payload)
             else:
                 self._emit(g.stream, format_line(g))
+
+    def _display(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's display (or update of one: ``display_id``, ``update``), tagged with it."""
+        data, md = tag_display(rank, event.get("data", {}), event.get("metadata", {}))
+        display_id = event.get("display_id")
+        if display_id is not None:  # the rank's own id: other ranks may use the same
+            display_id = f"viceroy-{rank}-{display_id}"
+        self._write_held()
+        self.sink.display(data, md, display_id=display_id, update=bool(event.get("update")))
 
     def _emit(self, stream: str, line: str) -> None:
         if self._shown >= self.max_lines:
