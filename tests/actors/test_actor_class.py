@@ -71,3 +71,36 @@ def test_spawn_refuses_what_is_not_an_actor_and_names_that_clash():
         spawn(None, Plain)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"endpoint name\(s\) stop clash with ActorMesh"):
         spawn(None, Clash)  # type: ignore[arg-type]
+
+
+class Account(vr.Actor):
+    def __init__(self, owner: str, balance: int = 0) -> None:
+        self.owner, self.balance = owner, balance
+
+    @vr.endpoint
+    def who(self) -> str:
+        return self.owner
+
+
+class Ledger(vr.Actor):
+    def __init__(self, *, owner: str = "bank") -> None:
+        self.owner = owner
+
+
+def test_a_constructor_owner_given_as_a_keyword_is_said_to_be_spawns_own(start_mesh):
+    # It said only "missing a required argument: 'owner'", or "owner must be an ActorMesh or
+    # have a __supervise__ method, got str": nothing about why, nor what to do.
+    clash = (r"owner= is spawn's own keyword \(who hears of failures no caller waits for\), and "
+             r"Account.__init__ also takes `owner`: pass Account's owner positionally, e\.g\. "
+             r"mesh\.spawn\(Account, 'alice', \.\.\.\)")
+    with pytest.raises(TypeError, match=r"missing a required argument: 'owner'\. Note: " + clash):
+        spawn(None, Account, owner="alice")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=clash):
+        spawn(None, Account, balance=5, owner="alice")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"owner must be an ActorMesh .* got str\. Note: .*Ledger's is "
+                                        r"keyword-only, so spawn cannot pass it: rename that parameter"):
+        spawn(None, Ledger, owner="alice")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got str$"):  # no note for a class without an `owner`
+        spawn(None, Base, 1, owner="alice")  # type: ignore[arg-type]
+    mesh = start_mesh(gpus=1)
+    assert mesh.spawn(Account, "alice").slice(gpus=0).who.call_one().get(timeout=10) == "alice"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 from viceroy.runtime.actors.actor import Actor, check_constructor, endpoints_of
@@ -25,7 +27,8 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     The class travels by value (it may be defined in the notebook). Arguments are checked
     against ``cls.__init__`` here, before anything is sent; a constructor that raises on some
     ranks raises a MeshError naming them (the actors made elsewhere are stopped).
-    owner (spawn's own keyword): who hears of failures no caller waits for (a rank death, a
+    owner (spawn's own keyword; a constructor parameter named ``owner`` is passed positionally):
+    who hears of failures no caller waits for (a rank death, a
     broadcast that raised): an ActorMesh, whose actors' ``__supervise__(failure)`` run, or any
     object with a ``__supervise__`` method (run on the controller). Default: nobody; the failure
     is kept in ``actors.unhandled`` and printed once.
@@ -37,9 +40,13 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     if clash:
         raise TypeError(f"{cls.__name__}: endpoint name(s) {', '.join(clash)} clash with ActorMesh's own "
                         "attributes; rename them")
+    owner_note = _owner_clash(cls, owner)
+    try:
+        check_constructor(cls, args, kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{exc}{owner_note}") from None
     if owner is not None and not isinstance(owner, ActorMesh) and not callable(getattr(owner, "__supervise__", None)):
-        raise TypeError(f"owner must be an ActorMesh or have a __supervise__ method, got {type(owner).__name__}")
-    check_constructor(cls, args, kwargs)
+        raise TypeError(f"owner must be an ActorMesh or have a __supervise__ method, got {type(owner).__name__}{owner_note}")
     controller = mesh._controller
     controller._check_open()
     registry = registry_for(controller)
@@ -59,6 +66,27 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
         registry.records.pop(info.id, None)
         raise
     return registry.mesh(info, mesh._shape)
+
+
+def _owner_clash(cls: type, owner: Any) -> str:
+    """What to add to an error when ``owner=`` was given and ``cls.__init__`` takes an `owner`
+    too (spawn keeps the keyword for itself); "" otherwise."""
+    if owner is None or cls.__init__ is object.__init__:  # type: ignore[misc]
+        return ""
+    try:
+        param = inspect.signature(cls.__init__).parameters.get("owner")  # type: ignore[misc]
+    except (TypeError, ValueError):
+        return ""
+    if param is None:
+        return ""
+    name = cls.__name__
+    if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+        how = (f"pass {name}'s owner positionally, e.g. mesh.spawn({name}, {reprlib.repr(owner)}, ...), and "
+               "spawn's owner= only for a supervisor")
+    else:
+        how = f"{name}'s is keyword-only, so spawn cannot pass it: rename that parameter"
+    return (f". Note: owner= is spawn's own keyword (who hears of failures no caller waits for), and "
+            f"{name}.__init__ also takes `owner`: {how}")
 
 
 def _repack(record: ActorRecord, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
