@@ -86,6 +86,22 @@ def test_bad_arguments_fail_on_the_rank_with_what_to_do(torch_mesh):
     assert mesh.run("t = torch.ones(1); vr.all_reduce(t); t.item()").item(gpus=0) == 2.0
 
 
+def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh):
+    """As vr.reduce does: a ValueError saying what to do, the tensor untouched (not left holding
+    the sum), and the group's communicator kept (not aborted and rebuilt)."""
+    mesh = torch_mesh(gpus=2)
+    mesh.run("from viceroy.runtime.collectives import communicators as C\nvr.all_reduce(torch.ones(1))\n"
+             "built = {k: id(e) for k, e in C._entries.items()}")
+    for code in ("vr.all_reduce(t, op='avg')", "vr.reduce_scatter(torch.arange(4) + rank, op='avg')"):
+        with pytest.raises(vr.MeshError, match="ValueError: .*'avg' needs a floating-point tensor; this one is "
+                                               r"int64: convert it first \(t.float\(\)\)") as info:
+            mesh.run(f"t = torch.tensor([rank + 1])\n{code}")
+        assert "aborted" not in str(info.value) and "CollectiveError" not in str(info.value)
+        assert mesh.run("t.tolist()").values() == [[1], [2]]
+    assert mesh.run("built == {k: id(e) for k, e in C._entries.items()}").values() == [True, True]
+    assert mesh.run("t = torch.tensor([rank + 1.0]); vr.all_reduce(t, op='avg'); t.item()").values() == [1.5, 1.5]
+
+
 def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh):
     mesh = torch_mesh(dp=2, tp=2)
     out = mesh.run(
