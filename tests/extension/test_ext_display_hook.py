@@ -141,3 +141,22 @@ def test_a_display_id_on_a_rank_gives_a_handle_and_updates_are_sent_as_updates()
         ("'no id'", None, False),
     ]
     assert handle and handle != "status"
+
+
+def test_clear_output_on_a_rank_is_sent_to_the_controller_not_printed_as_escapes():
+    sent = run_on_a_fake_rank(
+        """
+        import io, contextlib
+        from IPython.display import clear_output, display
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            clear_output(wait=True)
+            clear_output()
+            display("frame", clear=True)
+        assert printed.getvalue() == "", repr(printed.getvalue())
+        """
+    )
+    assert [(kind, d.get("wait", d.get("data"))) for kind, d in sent] == [
+        ("clear_output", True), ("clear_output", False), ("clear_output", True),
+        ("display", {"text/plain": "'frame'"}),
+    ]

@@ -303,3 +303,43 @@ def test_a_ranks_display_id_updates_that_ranks_display_in_place_and_no_other():
     assert sink.shown() == ["[0] step 2", "[1] step 1"]
     ids = [o["id"] for o in sink.outputs]
     assert len(set(ids)) == 2 and all(ids), "each rank's display has its own id"
+
+
+def cleared(rank: int, wait: bool, call: int = 1) -> dict:
+    return {"type": "publish", "rank": rank, "call": call, "kind": "clear_output", "data": {"wait": wait}}
+
+
+def test_clear_output_wait_then_display_replaces_that_ranks_displays_in_place():
+    """The live-plot loop: clear_output(wait=True); display(fig). Each rank keeps one figure,
+    updated, where it first appeared; other ranks' output and the lines stay."""
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    live.handle(out(1, "start\n"), now=0)
+    live.handle(shown_display(1, {"text/plain": "rank 1 figure"}), now=0)
+    for i in range(3):
+        live.handle(cleared(0, wait=True), now=0)
+        live.handle(shown_display(0, {"text/plain": f"frame {i}"}), now=0)
+        live.handle(shown_display(0, {"text/plain": f"legend {i}"}), now=0)
+        live.handle(out(0, f"step {i}\n"), now=0)
+    live.close()
+    assert sink.shown() == [
+        "[0] frame 2", "[0] legend 2", "[0] step 0", "[0] step 1", "[0] step 2",
+        "[1] start", "[1] rank 1 figure",
+    ]
+    assert len(sink.outputs) < 10, "frames are updates, not new outputs"
+
+
+def test_clear_output_empties_that_ranks_displays_and_a_shorter_frame_leaves_no_stale_one():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    for r in (0, 1):
+        live.handle(shown_display(r, {"text/plain": "a"}), now=0)
+        live.handle(shown_display(r, {"text/plain": "b"}), now=0)
+    live.handle(cleared(1, wait=False), now=0)
+    live.tick(now=1)
+    assert sink.shown() == ["[0] a", "[0] b"]
+    live.handle(cleared(0, wait=True), now=1)
+    live.handle(shown_display(0, {"text/plain": "c"}), now=1)
+    live.close()
+    assert sink.shown() == ["[0] c"]
+    assert not any("\x1b" in line for line in sink.shown())

@@ -122,3 +122,13 @@ def test_update_display_and_display_handles_on_ranks_update_in_place(mesh_kernel
     assert {u["transient"]["display_id"] for u in later.of_type("update_display_data")} < first, (
         "a later cell updates the displays in the earlier one, as in IPython"
     )
+
+
+def test_clear_output_in_a_rank_loop_keeps_one_updated_frame_per_rank(mesh_kernel: Kernel):
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom IPython.display import clear_output, display\nprint('start')\n"
+        "for i in range(3):\n    clear_output(wait=True)\n    display(f'frame {i} of {rank}')"
+    )
+    assert sorted(rendered(ex)) == ["[0-1] start", "[0] 'frame 2 of 0'", "[1] 'frame 2 of 1'"]
+    assert "\x1b" not in all_text(ex), "no escape shown as text"
+    assert not [m for m in ex.outputs if m["msg_type"] == "clear_output"], "other ranks' output stays"

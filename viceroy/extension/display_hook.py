@@ -4,7 +4,9 @@ The notebook runs `install` on every rank when a mesh comes up (``mesh.run(insta
 ``display(obj)`` on a rank (the predefined name, or ``from IPython.display import display``) and
 ``plt.show()`` send a MIME bundle to the controller, which shows it in the running cell tagged
 with the rank. As in IPython, ``display(obj, display_id=...)`` (``True`` for a new id) returns a
-`DisplayHandle`, and ``update_display`` / ``handle.update`` send updates of that display.
+`DisplayHandle`, and ``update_display`` / ``handle.update`` send updates of that display;
+``clear_output(wait)`` asks the controller to clear this rank's displays (not the whole cell,
+which all ranks share: see `viceroy.extension.live.RankDisplays`).
 
 >>> mesh.run(install)                                    # done by %mesh up
 >>> mesh.run("from IPython.display import HTML; display(HTML('<b>hi</b>'))")
@@ -57,6 +59,7 @@ def display(
     transient: dict[str, Any] | None = None,
     display_id: Any = None,
     raw: bool = False,
+    clear: bool = False,
     update: bool = False,
     **_: Any,
 ) -> Any:
@@ -70,6 +73,8 @@ def display(
         raise TypeError("display_id required for update_display")
     if not objs and display_id:  # an empty output, to be updated later
         objs, raw = ({},), True
+    if clear:
+        clear_output(wait=True)
     for obj in objs:
         md: dict[str, Any] = {}
         if raw:
@@ -86,11 +91,27 @@ def display(
     return DisplayHandle(display_id)
 
 
+def clear_output(wait: bool = False) -> None:
+    """Rank-side stand-in for ``IPython.display.clear_output``: clears this rank's displays in
+    the cell (``wait``: when its next display comes, which replaces them). IPython's, without
+    a shell, prints terminal escapes instead."""
+    from viceroy import context
+
+    context().publish("clear_output", {"wait": bool(wait)})
+
+
 _DISPLAY_MODULE = "IPython.core.display_functions"  # IPython.display re-exports from here
 
 
+def _patch(module: Any) -> None:
+    """Our `display` and `clear_output` in one of IPython's display modules (its
+    `update_display` and `DisplayHandle` call the module's `display`, so they are ours too)."""
+    module.display = display
+    module.clear_output = clear_output
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Swap in our `display` when IPython's display module is first imported.
+    """Swap in our `display` and `clear_output` when IPython's display module is first imported.
 
     Importing IPython costs ~0.2 s of CPU per rank, so `install` does not import it eagerly.
     """
@@ -106,7 +127,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             original(module)
-            module.display = display
+            _patch(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -118,9 +139,9 @@ def install() -> bool:
 
     context().namespace["display"] = display
     if _DISPLAY_MODULE in sys.modules:
-        sys.modules[_DISPLAY_MODULE].display = display  # type: ignore[attr-defined]
+        _patch(sys.modules[_DISPLAY_MODULE])
         if "IPython.display" in sys.modules:
-            sys.modules["IPython.display"].display = display  # type: ignore[attr-defined]
+            _patch(sys.modules["IPython.display"])
     elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
     os.environ["MPLBACKEND"] = MPL_BACKEND

@@ -2,7 +2,8 @@
 
 `LiveOutput` takes runtime events (on the main thread) and writes to a `Sink`; `CellSink` is the
 one that writes into the current notebook cell. `ProgressBlock` keeps the ranks' progress bars
-in one display updated in place.
+in one display updated in place; `RankDisplays` gives each rank's displays an id, so that a
+rank's updates and ``clear_output`` act on its own displays only.
 
 >>> live = LiveOutput(ranks=[0, 1], call_id=7, sink=CellSink())
 >>> live.handle({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 7}, now=0)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -147,6 +149,71 @@ class ProgressBlock:
         self.tick(float("inf"))
 
 
+class RankDisplays:
+    """The displays ranks show in a call's cell, each published with a display_id, so a rank
+    can update and clear its own.
+
+    A cell's outputs are shared by every rank (and by the grouped lines), so a rank's
+    ``clear_output`` cannot clear the cell as IPython's does. It clears the rank's own
+    displays instead: at once (``wait=False``: they show nothing), or, with ``wait=True``, the
+    rank's next displays replace them in place, in order; the live-plot loop
+    (``clear_output(wait=True); display(fig)``) keeps one figure per rank, updated where it
+    first appeared. Lines the rank printed stay, and so do displays it gave its own
+    display_id (those it updates itself).
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self._prefix = f"viceroy-{uuid.uuid4().hex[:8]}"  # this call's own display ids
+        self._count = 0
+        self._slots: dict[int, list[str]] = {}  # rank -> its displays' ids, in order
+        self._used: dict[int, int] = {}  # rank -> how many of them it showed since clearing
+        self._blank: set[str] = set()  # ids emptied by a clear (and not reused since)
+        self._waiting: set[int] = set()  # ranks whose next display replaces their first
+
+    def show(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's display, or an update of one it gave a display_id (``update``)."""
+        data, md = tag_display(rank, event.get("data", {}), event.get("metadata", {}))
+        if event.get("display_id") is not None:  # ranks may use the same id: one each
+            own = f"viceroy-{rank}-{event['display_id']}"
+            self.sink.display(data, md, display_id=own, update=bool(event.get("update")))
+            return
+        if rank in self._waiting:
+            self._waiting.discard(rank)
+            self._used[rank] = 0
+        slots = self._slots.setdefault(rank, [])
+        i = self._used.get(rank, 0)
+        self._used[rank] = i + 1
+        if i < len(slots):
+            self._blank.discard(slots[i])
+            self.sink.display(data, md, display_id=slots[i], update=True)
+        else:
+            self._count += 1
+            slots.append(f"{self._prefix}-{rank}-{self._count}")
+            self.sink.display(data, md, display_id=slots[-1])
+
+    def clear(self, rank: int, wait: bool) -> None:
+        """The rank's ``clear_output(wait)``."""
+        if wait:  # what an earlier, longer frame left goes now; the rest when replaced
+            self._empty(rank, self._used.get(rank, 0))
+            self._waiting.add(rank)
+        else:
+            self._empty(rank, 0)
+            self._used[rank] = 0
+            self._waiting.discard(rank)
+
+    def close(self) -> None:
+        """The call is over: what the ranks' last frames did not replace goes."""
+        for rank in self._slots:
+            self._empty(rank, self._used.get(rank, 0))
+
+    def _empty(self, rank: int, start: int) -> None:
+        for display_id in self._slots.get(rank, [])[start:]:
+            if display_id not in self._blank:
+                self._blank.add(display_id)
+                self.sink.display({}, {"viceroy": {"rank": rank}}, display_id=display_id, update=True)
+
+
 class LiveOutput:
     """Renders one call's events: lines grouped by rank set, progress, displays, exits."""
 
@@ -165,6 +232,7 @@ class LiveOutput:
         self._streams = RankStreams()
         self._grouper = LineGrouper(ranks, window)
         self._block = ProgressBlock(sink, before_draw=self._write_held)
+        self._displays = RankDisplays(sink)
         self._shown = 0
         self._hidden = 0
         self._held: collections.deque[tuple[str, str]] = collections.deque()  # not yet written
@@ -195,9 +263,9 @@ class LiveOutput:
             return
         if kind == "output":
             self._output(ev["rank"], ev.get("stream", "stdout"), ev.get("text", ""), now)
-        elif kind == "publish" and ev.get("kind") == "display":
+        elif kind == "publish" and ev.get("kind") in ("display", "clear_output"):
             # queued with the rank's lines, so it keeps its place among them
-            payload = ev.get("data") or {}
+            payload = (ev["kind"], ev.get("data") or {})
             self._grouper.add(ev["rank"], "display", "", now, payload=payload)
         elif kind == "rank_exit":
             self._flush_lines()
@@ -249,6 +317,7 @@ class LiveOutput:
             self._take(rank, fed, 0.0)  # unfinished lines too; running bars stay in the block
         self._flush_lines()
         self._block.close()
+        self._displays.close()
         if self._hidden:
             self._write(
                 "stderr",
@@ -266,18 +335,14 @@ class LiveOutput:
         for g in groups:
             if g.payload is not None:
                 (rank,) = g.ranks
-                self._display(rank, g.payload)
+                kind, event = g.payload
+                self._write_held()
+                if kind == "display":
+                    self._displays.show(rank, event)
+                else:
+                    self._displays.clear(rank, bool(event.get("wait")))
             else:
                 self._emit(g.stream, format_line(g))
-
-    def _display(self, rank: int, event: dict[str, Any]) -> None:
-        """A rank's display (or update of one: ``display_id``, ``update``), tagged with it."""
-        data, md = tag_display(rank, event.get("data", {}), event.get("metadata", {}))
-        display_id = event.get("display_id")
-        if display_id is not None:  # the rank's own id: other ranks may use the same
-            display_id = f"viceroy-{rank}-{display_id}"
-        self._write_held()
-        self.sink.display(data, md, display_id=display_id, update=bool(event.get("update")))
 
     def _emit(self, stream: str, line: str) -> None:
         if self._shown >= self.max_lines:
