@@ -44,6 +44,19 @@ def test_device_mesh_takes_a_splits_dim_names_and_refuses_a_slice(torch_mesh):
         mesh.slice(gpus=slice(0, 2)).run("vr.device_mesh()", timeout=30)
 
 
+def test_device_mesh_is_made_again_over_the_group_reinit_process_group_gives(torch_mesh):
+    """vr.reinit_process_group() on every rank (the documented recovery once a stock group was
+    cut) leaves vr.device_mesh() working: cached while the default group stays, made over the
+    new group after it (before, the cached one named the destroyed group's subgroups)."""
+    sp = torch_mesh(gpus=4).split(gpus=("dp", "tp"), tp=2)
+    sp.run("import torch.distributed as dist\ndm = vr.device_mesh()")
+    use = "t = torch.ones(1); dist.all_reduce(t, group=vr.device_mesh().get_group('tp')); t.item()"
+    assert sp.run(f"vr.device_mesh() is dm\n{use}").values() == [2.0] * 4
+    sp.run("vr.reinit_process_group()", timeout=60)
+    assert sp.run(f"{use}", timeout=60).values() == [2.0] * 4
+    assert sp.run("vr.device_mesh() is not dm and vr.device_mesh() is vr.device_mesh()").values() == [True] * 4
+
+
 class Where(vr.Actor):
     @vr.endpoint
     def coords_then_release(self):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-_meshes: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
+# Per device type and dims: (the default process group it was made over, the DeviceMesh).
+_meshes: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[Any, Any]] = {}
 
 
 def device_mesh(device_type: str | None = None) -> Any:
     """This rank's torch ``DeviceMesh`` over the whole viceroy mesh, made once per shape and
-    cached. Called in a call made on a view that covers every rank in order (a split, rename
+    cached while torch's default process group stays the same (after
+    ``vr.reinit_process_group()``, or a destroy and init, it is made again over the new one). Called in a call made on a view that covers every rank in order (a split, rename
     or flatten of the mesh), it has the view's dims: ``mesh.split(gpus=("dp", "tp"), tp=2)``.
 
     Initialises torch's default process group first if user code has not (``env://``: the
@@ -34,8 +36,9 @@ def device_mesh(device_type: str | None = None) -> Any:
     ctx = context()
     kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     key = (kind, tuple(ctx.dims.items()))
-    if key in _meshes:
-        return _meshes[key]
+    cached = _meshes.get(key)
+    if cached is not None and dist.is_initialized() and cached[0] is dist.group.WORLD:
+        return cached[1]
     if ctx.ranks is not None and ctx.ranks != tuple(range(ctx.world_size)):
         raise ValueError(
             f"device_mesh() spans every rank of the mesh, in order; this call runs on a view of "
@@ -49,5 +52,6 @@ def device_mesh(device_type: str | None = None) -> Any:
         torch.cuda.set_device(ctx.device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
-    dm = _meshes[key] = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
+    dm = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
+    _meshes[key] = (dist.group.WORLD, dm)
     return dm
