@@ -138,4 +138,6 @@ def test_shutting_the_mesh_down_runs_cleanup_and_never_waits_long_on_a_busy_acto
     assert "the mesh shut down while actor mesh Busy (gpus=1) was busy on rank 0" in err
     assert "it did not run __cleanup__" in err
     assert _marks(stuck_marks) == ["started-0"]
-    assert "stopped" in repr(idle) and "stopped" in repr(failing)
+    for actors in (idle, failing):
+        assert actors._client.control(actors._info).status == {0: "stopped", 1: "stopped"}
+        assert "its mesh was shut down" in repr(actors)

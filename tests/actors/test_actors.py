@@ -550,3 +550,18 @@ def test_ctrl_c_while_iterating_a_stream_cancels_the_call_on_the_ranks(start_mes
     t0 = time.monotonic()
     assert nappers.ping.call().get(timeout=20).values() == ["pong", "pong"]
     assert time.monotonic() - t0 < 3  # not behind a 30 s nap
+
+
+def test_a_call_that_times_out_names_its_endpoint_and_a_shut_down_meshs_actors_say_so(start_mesh):
+    # The timeout said "call 5 still running after 0.2 s"; the repr after shutdown "2 live".
+    mesh = start_mesh(gpus=2)
+    counters = mesh.spawn(Counter, 0)
+    with pytest.raises(TimeoutError) as info:
+        counters.slow.call("x", 30).get(timeout=0.2)
+    assert str(info.value).startswith("Counter.slow still running after 0.2 s; wait longer"), info.value
+    with pytest.raises(TimeoutError, match=r"^Counter\.slow still running after 0\.2 s"):
+        counters.slice(gpus=0).slow.call_one("y", 30).get(timeout=0.2)
+    mesh.interrupt()
+    assert repr(counters) == "<viceroy.ActorMesh Counter (gpus=2): 2 live>"
+    mesh.shutdown()
+    assert repr(counters) == "<viceroy.ActorMesh Counter (gpus=2): its mesh was shut down>"

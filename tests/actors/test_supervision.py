@@ -175,7 +175,7 @@ def test_a_broadcast_that_raises_everywhere_is_reported_in_one_line_with_its_ran
     err = wait_until(lambda: "unhandled actor failure" in (e := capfd.readouterr().err) and e, 10, "the report")
     lines = [ln for ln in err.splitlines() if "unhandled actor failure" in ln]
     assert len(lines) == 1, err  # not one per rank
-    assert "Worker (gpus=3): rank 0-2: Worker.fail: KeyError: 'lost batch'" in lines[0]
+    assert "Worker (gpus=3): ranks 0-2: Worker.fail: KeyError: 'lost batch'" in lines[0]
     assert len(workers.unhandled) == 3  # each rank's failure is kept
 
 
@@ -193,3 +193,37 @@ def test_restarting_the_mesh_is_not_reported_as_actor_deaths(start_mesh, capfd):
     assert "unhandled actor failure" not in capfd.readouterr().err
     workers.restart()
     assert workers.incr.call().get().values() == [1, 1]
+
+
+def test_two_actor_meshes_of_one_class_and_shape_are_reported_apart(start_mesh, capfd):
+    # Their failures were merged into one line ("rank 0-1" of one "Worker (gpus=2)").
+    mesh = start_mesh(gpus=2)
+    first, second = mesh.spawn(Worker, 0), mesh.spawn(Worker, 0)
+    first.slice(gpus=0).fail.broadcast()
+    second.slice(gpus=1).fail.broadcast()
+    wait_until(lambda: len(first.unhandled) == len(second.unhandled) == 1, 10, "both failures kept")
+    supervision.reports.flush()
+    lines = sorted(ln for ln in capfd.readouterr().err.splitlines() if "unhandled actor failure" in ln)
+    assert len(lines) == 2, lines
+    ids = {first._info.id: "rank 0", second._info.id: "rank 1"}
+    for line, (mesh_id, rank) in zip(lines, sorted(ids.items()), strict=True):
+        assert f"Worker (gpus=2) [{mesh_id}]: {rank}: Worker.fail: KeyError" in line, line
+
+
+def test_restart_says_what_it_respawned_and_refuses_stopped_actors(start_mesh):
+    # On an actor mesh partly stopped, restart() did nothing and said nothing.
+    mesh = start_mesh(gpus=3)
+    workers = mesh.spawn(Worker, 5)
+    assert workers.restart() == []  # nothing had failed
+    kill(mesh, 2)
+    wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
+    workers.slice(gpus=0).stop()
+    with pytest.raises(RuntimeError) as info:
+        workers.restart()
+    assert str(info.value) == (
+        "restart() respawns actors that failed, but actor mesh Worker (gpus=3) was stopped on rank 0 (a stop is "
+        "final), so nothing was restarted. Its failed actors (rank 2) restart through a slice or select of it "
+        "without the stopped ones. For new actors: mesh.spawn(Worker, ...)")
+    assert workers.failures == {2: "its rank died (SIGKILL)"}  # untouched
+    assert workers.slice(gpus=slice(1, 3)).restart() == [2]
+    assert workers.slice(gpus=slice(1, 3)).incr.call().get(timeout=10).values() == [6, 6]

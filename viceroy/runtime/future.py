@@ -22,12 +22,13 @@ class Future(Generic[T]):
     interrupts the ranks running this call, then raises KeyboardInterrupt.
     """
 
-    __slots__ = ("_cf", "_on_interrupt", "call_id")
+    __slots__ = ("_cf", "_on_interrupt", "call_id", "what")
 
-    def __init__(self, call_id: int = -1, on_interrupt: Callable[[], None] | None = None) -> None:
+    def __init__(self, call_id: int = -1, on_interrupt: Callable[[], None] | None = None, what: str = "") -> None:
         self._cf: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._on_interrupt = on_interrupt
         self.call_id = call_id
+        self.what = what  # what a timeout names ("Counter.incr"); "" -> "call <id>"
 
     # --- consumer side ---------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ class Future(Generic[T]):
             exc = self._cf.exception(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(
-                f"call {self.call_id} still running after {timeout} s; "
+                f"{self.what or f'call {self.call_id}'} still running after {timeout} s; "
                 "wait longer with .get(), or stop it with mesh.interrupt()"
             ) from None
         except KeyboardInterrupt:

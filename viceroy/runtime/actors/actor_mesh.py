@@ -112,11 +112,14 @@ class ActorMesh(ShapeOps):
         stderr and the repr shows it "stopping" until it has."""
         self._client.control(self._info).stop(self._shape, timeout)
 
-    def restart(self, timeout: float = 60.0) -> None:
+    def restart(self, timeout: float = 60.0) -> list[int]:
         """Respawn the actors that failed (their rank died), with the arguments they were first
         spawned with; dead ranks are restarted first (``mesh.restart(failed_only=True)``). The
-        other actors keep running, with their state."""
-        self._client.control(self._info).restart(self._shape, timeout)
+        other actors keep running, with their state. -> the ranks whose actors were respawned
+        ([] when none had failed). Stopped actors are not restarted (a stop is final): with
+        any among these, it raises RuntimeError and restarts nothing."""
+        ranks: list[int] = self._client.control(self._info).restart(self._shape, timeout)
+        return ranks
 
     @property
     def failures(self) -> dict[int, str]:
@@ -227,11 +230,10 @@ class RankFuture(Future[Any]):
     """The future of a call made from a rank (see rank_client): it has no call id, and
     mesh.interrupt() is the controller's; a timeout names the endpoint."""
 
-    __slots__ = ("what",)
+    __slots__ = ()
 
     def __init__(self, what: str) -> None:
-        super().__init__(-1)
-        self.what = what
+        super().__init__(-1, what=what)
 
     def get(self, timeout: float | None = None) -> Any:
         try:
@@ -250,7 +252,7 @@ class RankFuture(Future[Any]):
 def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     """A future of the single value of a one-actor ValueMesh."""
     out: Future[Any] = (RankFuture(inner.what) if isinstance(inner, RankFuture)
-                        else Future(inner.call_id, inner._on_interrupt))
+                        else Future(inner.call_id, inner._on_interrupt, inner.what))
 
     def copy(f: Future[ValueMesh[Any]]) -> None:
         exc = f.exception()

@@ -24,7 +24,7 @@ from viceroy.runtime.actors.supervision import ActorFailure, deliver
 from viceroy.runtime.controller import Controller, Event
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
-from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.shape import Shape, describe_ranks, format_rank_set
 from viceroy.runtime.values import ValueMesh
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
@@ -155,6 +155,7 @@ class ActorRecord:
         extra = {"a": "call", "actor": self.info.id, "ep": endpoint, **(fields or {})}
         fut = self.controller.submit("actor", shape, extra, signed, data, label=what, fail_fast=False,
                                      on_result=result, died_hint=_DIED_HINT)
+        fut.what = what  # a timeout in get() names the endpoint, not "call 5"
 
         def finished(f: Future[Any]) -> None:
             with self._lock:
@@ -314,11 +315,23 @@ class ActorRecord:
         except Exception:  # the mesh closed meanwhile: its ranks are gone with their actors
             pass
 
-    def restart(self, shape: Shape, timeout: float) -> None:
+    def restart(self, shape: Shape, timeout: float) -> list[int]:
+        """Respawn the failed actors of `shape`; -> their ranks. Raises (restarting nothing)
+        when some of them were stopped: a stop is final."""
+        if self.controller.closed:
+            raise RuntimeError(f"actor mesh {self.label(shape)} belongs to a mesh that was shut down")
         with self._lock:
             failed = [r for r in shape.ranks if self.status[r] == "failed"]
+            stopped = [r for r in shape.ranks if self.status[r] in ("stopped", "stopping")]
+        if stopped:
+            others = (f" Its failed actors ({describe_ranks(failed)}) restart through a slice or select of it "
+                      "without the stopped ones." if failed else "")
+            raise RuntimeError(
+                f"restart() respawns actors that failed, but actor mesh {self.label(shape)} was stopped on "
+                f"{describe_ranks(stopped)} (a stop is final), so nothing was restarted.{others} For new actors: "
+                f"mesh.spawn({self.name}, ...)")
         if not failed:
-            return
+            return []
         states = self.controller.states()
         dead = [r for r in failed if states[r] == "dead"]
         if dead:
@@ -326,6 +339,7 @@ class ActorRecord:
         self.spawn_on(failed, timeout, all_or_nothing=False)
         with self._lock:
             self.unhandled = [f for f in self.unhandled if not set(f.ranks) <= set(failed)]
+        return failed
 
     def unhandled_on(self, shape: Shape) -> list[ActorFailure]:
         ranks = set(shape.ranks)
@@ -337,6 +351,8 @@ class ActorRecord:
             return {r: self.reasons.get(r, "failed") for r in shape.ranks if self.status[r] == "failed"}
 
     def describe(self, shape: Shape) -> str:
+        if self.controller.closed:  # whatever they were, its actors are gone with their ranks
+            return "its mesh was shut down"
         with self._lock:
             counts: dict[str, int] = {}
             for r in shape.ranks:

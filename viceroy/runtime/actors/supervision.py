@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_ranks
 
 if TYPE_CHECKING:
     from viceroy.runtime.actors.registry import ActorRecord
@@ -46,7 +46,7 @@ class ActorFailure:
     traceback: str = field(default="", repr=False)
 
     def __str__(self) -> str:
-        return f"{self.actor_mesh}: rank {format_rank_set(self.ranks)}: {self.summary}"
+        return f"{self.actor_mesh}: {describe_ranks(self.ranks)}: {self.summary}"
 
 
 def deliver(record: ActorRecord, failure: ActorFailure, caller_knows: bool) -> None:
@@ -85,22 +85,24 @@ def deliver(record: ActorRecord, failure: ActorFailure, caller_knows: bool) -> N
 def _unhandled(record: ActorRecord, failure: ActorFailure, caller_knows: bool) -> None:
     record.unhandled.append(failure)
     if not caller_knows:
-        reports.add(failure)
+        reports.add(failure, record.info.id)
 
 
 class _Reports:
     """Unhandled failures on their way to stderr. The same failure on several ranks (one
     broadcast raising everywhere, a host's ranks dying together) arrives rank by rank; it is
-    printed once, with its rank set, when no more have come for `GATHER_S`."""
+    printed once, with its rank set, when no more have come for `GATHER_S`. Failures of two
+    actor meshes are never merged, even of the same class and shape (their ids tell them apart
+    then)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[tuple[str, str, str, str], set[int]] = {}
+        self._pending: dict[tuple[str, str, str, str, str], set[int]] = {}
         self._first = self._last = 0.0
         self._printer: threading.Thread | None = None
 
-    def add(self, failure: ActorFailure) -> None:
-        key = (failure.actor_mesh, failure.kind, failure.summary, _last_user_line(failure.traceback))
+    def add(self, failure: ActorFailure, mesh_id: str = "") -> None:
+        key = (mesh_id, failure.actor_mesh, failure.kind, failure.summary, _last_user_line(failure.traceback))
         with self._lock:
             now = time.monotonic()
             if not self._pending:
@@ -125,9 +127,14 @@ class _Reports:
         """Print what is gathered now (at exit, say)."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        for (actor_mesh, kind, summary, where), ranks in pending.items():
+        meshes: dict[str, set[str]] = {}  # label -> ids: two meshes of one label are told apart
+        for mesh_id, actor_mesh, *_ in pending:
+            meshes.setdefault(actor_mesh, set()).add(mesh_id)
+        for (mesh_id, actor_mesh, kind, summary, where), ranks in pending.items():
             hint = f" actors.restart() respawns {'it' if len(ranks) == 1 else 'them'}." if kind == "died" else ""
-            print(f"viceroy: unhandled actor failure: {actor_mesh}: rank {format_rank_set(ranks)}: {summary}{where} "
+            if len(meshes[actor_mesh]) > 1:
+                actor_mesh = f"{actor_mesh} [{mesh_id}]"
+            print(f"viceroy: unhandled actor failure: {actor_mesh}: {describe_ranks(sorted(ranks))}: {summary}{where} "
                   f"(no owner handled it; define __supervise__ on the owner).{hint}", file=sys.stderr)
 
 
