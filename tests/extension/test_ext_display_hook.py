@@ -160,3 +160,26 @@ def test_clear_output_on_a_rank_is_sent_to_the_controller_not_printed_as_escapes
         ("clear_output", True), ("clear_output", False), ("clear_output", True),
         ("display", {"text/plain": "'frame'"}),
     ]
+
+
+def test_tqdm_notebook_on_a_rank_draws_the_text_bar():
+    """Its ipywidgets bar would live in the rank's process, which the notebook cannot reach."""
+    pytest.importorskip("tqdm")
+    sent = run_on_a_fake_rank(
+        """
+        import io
+        import tqdm.auto
+        import tqdm.notebook as nb
+        import tqdm.std
+        bars = io.StringIO()
+        for _ in nb.tqdm(range(3), file=bars, display=True):
+            pass
+        for _ in nb.trange(2, file=bars):
+            pass
+        for _ in tqdm.auto.tqdm(range(2), file=bars):
+            pass
+        assert issubclass(nb.tqdm, tqdm.std.tqdm), nb.tqdm
+        assert "3/3" in bars.getvalue() and "2/2" in bars.getvalue(), bars.getvalue()
+        """
+    )
+    assert sent == [], "no widget displayed"

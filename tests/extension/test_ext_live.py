@@ -343,3 +343,18 @@ def test_clear_output_empties_that_ranks_displays_and_a_shorter_frame_leaves_no_
     live.close()
     assert sink.shown() == ["[0] c"]
     assert not any("\x1b" in line for line in sink.shown())
+
+
+def test_a_widget_from_a_rank_is_shown_as_its_text_with_one_note():
+    """Its model lives in the rank's process: a front end would say "model not found"."""
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    widget = {"text/plain": "IntSlider(value=0)", "application/vnd.jupyter.widget-view+json": {"model_id": "x"}}
+    for r in (0, 1):
+        live.handle(shown_display(r, widget), now=0)
+    live.handle(shown_display(0, {"application/vnd.jupyter.widget-view+json": {"model_id": "y"}}), now=0)
+    live.close()
+    assert all("application/vnd.jupyter.widget-view+json" not in data for data, _ in sink.displays)
+    assert sink.shown()[1:] == ["[0] IntSlider(value=0)", "[1] IntSlider(value=0)"]
+    (note,) = sink.text("stderr").splitlines()
+    assert "widget" in note and "rank" in note

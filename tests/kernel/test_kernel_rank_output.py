@@ -132,3 +132,18 @@ def test_clear_output_in_a_rank_loop_keeps_one_updated_frame_per_rank(mesh_kerne
     assert sorted(rendered(ex)) == ["[0-1] start", "[0] 'frame 2 of 0'", "[1] 'frame 2 of 1'"]
     assert "\x1b" not in all_text(ex), "no escape shown as text"
     assert not [m for m in ex.outputs if m["msg_type"] == "clear_output"], "other ranks' output stays"
+
+
+def test_widgets_from_ranks_are_never_sent_as_widgets(mesh_kernel: Kernel):
+    pytest.importorskip("tqdm")
+    pytest.importorskip("ipywidgets")
+    ex = mesh_kernel.ok(
+        "%%mesh\nfrom tqdm.notebook import tqdm\nimport time\n"
+        "for i in tqdm(range(3), desc='nb'):\n    time.sleep(0.1)\n"
+        "import ipywidgets\ndisplay(ipywidgets.IntSlider(value=rank))"
+    )
+    assert "widget-view" not in str([m["content"] for m in ex.outputs]), "a model only the rank has"
+    lines = rendered(ex)
+    assert ranks_showing(lines, "nb: 100%") == {0, 1}, lines
+    assert ranks_showing(lines, "IntSlider(value=") == {0, 1}, lines
+    assert len([line for line in lines if "widget" in line]) == 1, lines

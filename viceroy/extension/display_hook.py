@@ -6,7 +6,8 @@ The notebook runs `install` on every rank when a mesh comes up (``mesh.run(insta
 with the rank. As in IPython, ``display(obj, display_id=...)`` (``True`` for a new id) returns a
 `DisplayHandle`, and ``update_display`` / ``handle.update`` send updates of that display;
 ``clear_output(wait)`` asks the controller to clear this rank's displays (not the whole cell,
-which all ranks share: see `viceroy.extension.live.RankDisplays`).
+which all ranks share: see `viceroy.extension.live.RankDisplays`). ``tqdm.notebook`` draws
+tqdm's text bars: a widget made on a rank lives where the notebook cannot reach it.
 
 >>> mesh.run(install)                                    # done by %mesh up
 >>> mesh.run("from IPython.display import HTML; display(HTML('<b>hi</b>'))")
@@ -103,21 +104,42 @@ def clear_output(wait: bool = False) -> None:
 _DISPLAY_MODULE = "IPython.core.display_functions"  # IPython.display re-exports from here
 
 
-def _patch(module: Any) -> None:
+def _patch_display(module: Any) -> None:
     """Our `display` and `clear_output` in one of IPython's display modules (its
     `update_display` and `DisplayHandle` call the module's `display`, so they are ours too)."""
     module.display = display
     module.clear_output = clear_output
 
 
+def _text_progress_bars(module: Any) -> None:
+    """``tqdm.notebook``'s bars are ipywidgets, whose state would live in this rank's process,
+    where the notebook cannot reach it: on a rank they are tqdm's text bars (``tqdm.auto``
+    already picks those, no kernel running here)."""
+    from tqdm.std import tqdm as text_bar
+
+    class tqdm_notebook(text_bar):
+        def __init__(self, *args: Any, display: bool = True, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)  # (display: whether the widget shows at once)
+
+    def tnrange(*args: Any, **kwargs: Any) -> Any:
+        return tqdm_notebook(range(*args), **kwargs)
+
+    module.tqdm = module.tqdm_notebook = tqdm_notebook
+    module.trange = module.tnrange = tnrange
+
+
+_PATCHES = {_DISPLAY_MODULE: _patch_display, "tqdm.notebook": _text_progress_bars}
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Swap in our `display` and `clear_output` when IPython's display module is first imported.
+    """Patch a module of `_PATCHES` when it is first imported.
 
     Importing IPython costs ~0.2 s of CPU per rank, so `install` does not import it eagerly.
     """
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _DISPLAY_MODULE:
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -127,7 +149,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             original(module)
-            _patch(module)
+            patch(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -138,11 +160,12 @@ def install() -> bool:
     from viceroy import context
 
     context().namespace["display"] = display
-    if _DISPLAY_MODULE in sys.modules:
-        _patch(sys.modules[_DISPLAY_MODULE])
-        if "IPython.display" in sys.modules:
-            _patch(sys.modules["IPython.display"])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+    for name, patch in _PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if "IPython.display" in sys.modules:
+        _patch_display(sys.modules["IPython.display"])
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
     os.environ["MPLBACKEND"] = MPL_BACKEND
     if "matplotlib" in sys.modules:

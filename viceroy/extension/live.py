@@ -28,6 +28,11 @@ from viceroy.extension.output import (
 )
 
 PROGRESS_INTERVAL = 0.2  # seconds between progress block updates
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = (
+    "[viceroy] widgets made on ranks are shown as text: their state lives in the rank's "
+    "process, which the notebook cannot reach\n"
+)
 MAX_LINES = 5000  # per cell; beyond this lines are counted, not shown (logs keep them)
 GROUP_WINDOW = 0.15  # seconds a line waits for the same line from other ranks
 
@@ -160,10 +165,14 @@ class RankDisplays:
     (``clear_output(wait=True); display(fig)``) keeps one figure per rank, updated where it
     first appeared. Lines the rank printed stay, and so do displays it gave its own
     display_id (those it updates itself).
+
+    A widget's view is dropped (its model lives in the rank's process: the front end would
+    find none), its text form kept; ``note`` is told once per call.
     """
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, note: Callable[[str], None] = lambda _: None) -> None:
         self.sink = sink
+        self._note: Callable[[str], None] | None = note
         self._prefix = f"viceroy-{uuid.uuid4().hex[:8]}"  # this call's own display ids
         self._count = 0
         self._slots: dict[int, list[str]] = {}  # rank -> its displays' ids, in order
@@ -173,7 +182,15 @@ class RankDisplays:
 
     def show(self, rank: int, event: dict[str, Any]) -> None:
         """A rank's display, or an update of one it gave a display_id (``update``)."""
-        data, md = tag_display(rank, event.get("data", {}), event.get("metadata", {}))
+        data = event.get("data", {})
+        if WIDGET_VIEW in data:
+            data = {k: v for k, v in data.items() if k != WIDGET_VIEW}
+            if self._note is not None:
+                self._note(WIDGET_NOTE)
+                self._note = None
+            if not data:
+                return
+        data, md = tag_display(rank, data, event.get("metadata", {}))
         if event.get("display_id") is not None:  # ranks may use the same id: one each
             own = f"viceroy-{rank}-{event['display_id']}"
             self.sink.display(data, md, display_id=own, update=bool(event.get("update")))
@@ -232,7 +249,7 @@ class LiveOutput:
         self._streams = RankStreams()
         self._grouper = LineGrouper(ranks, window)
         self._block = ProgressBlock(sink, before_draw=self._write_held)
-        self._displays = RankDisplays(sink)
+        self._displays = RankDisplays(sink, note=self._note)
         self._shown = 0
         self._hidden = 0
         self._held: collections.deque[tuple[str, str]] = collections.deque()  # not yet written
@@ -343,6 +360,11 @@ class LiveOutput:
                     self._displays.clear(rank, bool(event.get("wait")))
             else:
                 self._emit(g.stream, format_line(g))
+
+    def _note(self, text: str) -> None:
+        """A line of ours, written now (before the display it is about)."""
+        self._write("stderr", text)
+        self._write_held()
 
     def _emit(self, stream: str, line: str) -> None:
         if self._shown >= self.max_lines:
