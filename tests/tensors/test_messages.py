@@ -64,6 +64,31 @@ def test_reading_metadata_sends_nothing_to_the_ranks(t, mesh):
 
 
 @pytest.mark.parametrize("op, what", [
+    (lambda t, y: t.set_(y), r"t\.set_\(\.\.\.\)"),
+    (lambda t, y: t.set_(), r"t\.set_\(\.\.\.\)"),
+    (lambda t, y: torch.utils.swap_tensors(t, y), r"torch\.utils\.swap_tensors"),
+    (lambda t, y: torch.utils.swap_tensors(torch.ones(2, device="cpu"), t), r"torch\.utils\.swap_tensors"),
+])
+def test_making_a_mesh_tensor_hold_another_tensor_is_refused(t, mesh, op, what):
+    """torch runs set_ and swap_tensors without __torch_function__: the tensor engine never saw
+    them, so the controller's shape changed and the ranks' tensor did not. Refused, saying what
+    to do instead; nothing changes here or there."""
+    with mesh.activate():
+        y = torch.arange(5.0)
+    y.fetch()
+    sent = _sent(mesh)
+    for active in (False, True):
+        with mesh.activate() if active else _nothing(), pytest.raises(RuntimeError, match=what) as info:
+            op(t, y)
+        assert "t = other" in str(info.value) and "copy_" in str(info.value)
+    assert t.shape == (2, 3) and sent == []
+    assert t.fetch(gpus=0).shape == (2, 3)
+    a, b = torch.zeros(2), torch.ones(2)
+    torch.utils.swap_tensors(a, b)  # local tensors: torch's own
+    assert a.tolist() == [1.0, 1.0] and torch.zeros(1).set_(torch.ones(3)).tolist() == [1.0] * 3
+
+
+@pytest.mark.parametrize("op, what", [
     (lambda t: 3.0 in t, "`x in t`"),
     (lambda t: torch.equal(t, t), "equal()"),
     (lambda t: torch.allclose(t, t), "allclose()"),

@@ -3,7 +3,9 @@
 A torch function mode routes ops on MeshTensors to their handler, and factory functions
 (``torch.randn(...)`` with no tensor to go by) to the active view's `Engine`.
 ``torch.manual_seed`` is plain Python, which the mode does not see: it is wrapped, once, so that
-under ``activate()`` it seeds the ranks too; outside ``activate()`` it is torch's own.
+under ``activate()`` it seeds the ranks too; outside ``activate()`` it is torch's own. So is
+``torch.utils.swap_tensors``, which torch runs without asking the tensor engine: given a
+MeshTensor it is refused with what to do instead (as ``MeshTensor.set_``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.tensors.engine import Engine
-from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, repointed, torch_function
 
 # Torch functions that make tensors from nothing: under activate() they make MeshTensors.
 FACTORIES = {
@@ -78,3 +80,16 @@ if not hasattr(torch.manual_seed, "__viceroy_wrapped__"):
     _wrapper.__viceroy_wrapped__ = _manual_seed  # type: ignore[attr-defined]
     torch.manual_seed = _wrapper
     torch.random.manual_seed = _wrapper
+
+
+def _swap_tensors_checked(t1: Any, t2: Any) -> Any:
+    if isinstance(t1, MeshTensor) or isinstance(t2, MeshTensor):
+        raise RuntimeError(repointed("torch.utils.swap_tensors(...)"))
+    return _swap_tensors(t1, t2)
+
+
+_swap_tensors = getattr(torch.utils.swap_tensors, "__viceroy_wrapped__", torch.utils.swap_tensors)
+if not hasattr(torch.utils.swap_tensors, "__viceroy_wrapped__"):
+    _swap_wrapper = functools.wraps(_swap_tensors)(_swap_tensors_checked)
+    _swap_wrapper.__viceroy_wrapped__ = _swap_tensors  # type: ignore[attr-defined]
+    torch.utils.swap_tensors = _swap_wrapper

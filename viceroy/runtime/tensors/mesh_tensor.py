@@ -149,6 +149,11 @@ class MeshTensor(torch.Tensor):
             raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
         return self._engine.move(self, engine_for(mesh))
 
+    def set_(self, *args: Any, **kwargs: Any) -> MeshTensor:
+        """Refused: torch's ``set_`` does not go through ``__torch_function__``, so the tensor
+        engine would never see it; only the controller's meta tensor would change."""
+        raise RuntimeError(repointed("t.set_(...)"))
+
     def __len__(self) -> int:
         """The size of dim 0, as for a tensor: metadata, answered here."""
         with torch._C.DisableTorchFunctionSubclass():
@@ -281,6 +286,15 @@ def check_needs_no_data(name: str, func: Any = None) -> None:
 
 
 _GRAD = torch.Tensor.grad
+
+
+def repointed(what: str) -> str:
+    """Why a MeshTensor cannot be made to hold another tensor's storage (``set_``,
+    ``torch.utils.swap_tensors``: torch runs them without asking the tensor engine)."""
+    return (f"{what} cannot be done to a MeshTensor: torch does it without the tensor engine seeing it, so "
+            "the controller's shape would change and the ranks' tensor would not. Bind the name to the other "
+            "tensor instead (t = other, or t = other.clone() for a copy of its own), or copy values into "
+            "t in place with t.copy_(other) (same shape)")
 
 
 def data_shaped(what: str) -> str:
