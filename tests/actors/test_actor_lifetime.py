@@ -63,3 +63,24 @@ def test_an_actor_mesh_sent_to_ranks_is_not_stopped_when_dropped_here(start_mesh
     del a
     gc.collect()
     assert mesh.run("kept.echo.call(5).get().values()").values() == [[5, 5], [5, 5]]
+
+
+class Writer(vr.Actor):
+    @vr.endpoint
+    async def write_later(self, path: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        with open(f"{path}-{vr.context().rank}", "w") as f:
+            f.write("written")
+
+
+def test_a_broadcast_sent_before_the_last_handle_is_dropped_still_runs_to_its_end(start_mesh, tmp_path):
+    # The stop of a dropped actor mesh lets what was sent before it finish (stop() cancels
+    # running async endpoints; a drop has nobody asking for that).
+    mesh = start_mesh(gpus=2)
+    writers = mesh.spawn(Writer)
+    writers.write_later.broadcast(str(tmp_path / "out"), 0.5)
+    del writers
+    gc.collect()
+    wait_until(lambda: sorted(os.listdir(tmp_path)) == ["out-0", "out-1"], 10, "both writes")
+    wait_until(lambda: mesh.run("from viceroy.runtime.actors import host\nsorted(host._actors)", timeout=10).values()
+               == [[], []], 10, "the actors to be stopped after it")

@@ -73,7 +73,7 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
         elif kind == "supervise":
             host_.post((call_id, "supervise", None, signed, data, False))
         elif kind == "stop":  # at once: no new calls, running async endpoints cancelled
-            host_.begin_stop()
+            host_.begin_stop(cancel=not header.get("drain"))  # (drain: a dropped handle's stop)
             host_.post((call_id, "stop", None, signed, data, False))
     except BaseException as exc:  # never let the control thread die
         _error(call_id, *format_user_traceback(exc))
@@ -92,7 +92,8 @@ class ActorHost:
         self.view = view  # [names, sizes, runs] of the view it was spawned on; None: the whole mesh
         self.instance: Any = None
         self.files: dict[str, str] = {}
-        self.stopping = False  # a stop arrived: calls sent after it are refused, async endpoints cancelled
+        self.stopping = False  # a stop arrived: calls sent after it are refused...
+        self.cancelling = False  # ...and async endpoints are cancelled (see begin_stop)
         self.stopped = False
         self.loop = asyncio.new_event_loop()
         # A plain deque: a burst of messages (pipelined broadcasts) costs one wake-up, not one each.
@@ -123,13 +124,17 @@ class ActorHost:
         elif idle == "loop":
             self.loop.call_soon_threadsafe(self.wake.set)
 
-    def begin_stop(self) -> None:
+    def begin_stop(self, cancel: bool = True) -> None:
         """On the control thread, as a stop arrives (before it is queued): calls that come
-        after it are refused, and async endpoints running or queued before it are cancelled
-        (their callers get "interrupted"); a running sync endpoint runs to its end, then the
-        stop runs (``__cleanup__``) and the thread ends."""
+        after it are refused, and (`cancel`) async endpoints running or queued before it are
+        cancelled (their callers get "interrupted"); a running sync endpoint runs to its end,
+        then the stop runs (``__cleanup__``) and the thread ends. Without `cancel` (the stop of
+        an actor mesh nobody holds any more), what came before runs to its end first."""
         with self.qlock:
             self.stopping = True
+            self.cancelling = cancel
+            if not cancel:
+                return
             tasks = [t for t in self.running.values() if t is not None]
         for task in tasks:
             with contextlib.suppress(RuntimeError):  # its loop closed: the actor ended meanwhile
@@ -232,7 +237,7 @@ class ActorHost:
                 task = asyncio.ensure_future(value, loop=self.loop)
                 with self.qlock:  # a stop that came meanwhile cancels it (see begin_stop)
                     self.running[call_id] = task
-                    if self.stopping:
+                    if self.stopping and self.cancelling:
                         task.cancel()
                 value = self.loop.run_until_complete(task)
         except asyncio.CancelledError:

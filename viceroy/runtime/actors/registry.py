@@ -311,7 +311,8 @@ class ActorRecord:
         try:
             self.oneway.flush()
             if live:
-                self.controller.send_oneway("actor", live, {"a": "stop", "actor": self.info.id})
+                # "drain": what was sent before runs to its end (a broadcast's async endpoint too)
+                self.controller.send_oneway("actor", live, {"a": "stop", "actor": self.info.id, "drain": True})
         except Exception:  # the mesh closed meanwhile: its ranks are gone with their actors
             pass
 
