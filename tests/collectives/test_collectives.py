@@ -86,6 +86,23 @@ def test_bad_arguments_fail_on_the_rank_with_what_to_do(torch_mesh):
     assert mesh.run("t = torch.ones(1); vr.all_reduce(t); t.item()").item(gpus=0) == 2.0
 
 
+def test_arguments_of_the_wrong_kind_are_named_with_what_to_pass(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    for code, what in [
+        ("vr.all_reduce(torch.ones(1), dims=0)", r"TypeError: dims takes a dim name or a list of dim names "
+                                                 r"\(dims='gpus', dims=\['dp', 'tp'\]\), or None for the whole mesh; "
+                                                 r"got 0\. This rank's dims are \['gpus'\]"),
+        ("vr.all_gather(torch.ones(1), dims=['gpus', 1])", r"TypeError: dims takes .*got \['gpus', 1\]"),
+        ("vr.all_reduce(torch.ones(2).to_sparse())", r"ValueError: all_reduce needs a dense tensor; this one is "
+                                                     r"sparse_coo: pass t\.to_dense\(\)"),
+        ("vr.broadcast(torch.ones(2, device='meta'))", r"ValueError: broadcast needs a tensor with data; this one is "
+                                                       r"on the meta device"),
+    ]:
+        with pytest.raises(vr.MeshError, match=what):
+            mesh.run(code)
+    assert mesh.run("t = torch.ones(1); vr.all_reduce(t, dims=('gpus',)); t.item()").values() == [2.0, 2.0]
+
+
 def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh):
     """As vr.reduce does: a ValueError saying what to do, the tensor untouched (not left holding
     the sum), and the group's communicator kept (not aborted and rebuilt)."""

@@ -36,7 +36,9 @@ def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
     """
     _check_op(op)
     backend, x = _native(t, "all_reduce")
-    _run(f"all_reduce({op!r})", backend, group_for(dims), x, lambda c: c.all_reduce(x, op))
+    if op == "avg":
+        _check_avg(x, "all_reduce")
+    _run(f"all_reduce({op!r})", backend, _group(dims), x, lambda c: c.all_reduce(x, op))
     return t
 
 
@@ -46,7 +48,7 @@ def all_gather(t: Any, dims: Dims = None) -> Any:
     >>> vr.all_gather(torch.tensor([rank]))          # on gpus=4: tensor([[0], [1], [2], [3]])
     """
     backend, x = _native(t, "all_gather")
-    group = group_for(dims)
+    group = _group(dims)
     out = _empty(x, (group.size, *x.shape))
     parts = [out[i] for i in range(group.size)]
     _run("all_gather", backend, group, x, lambda c: c.all_gather(parts, x), lambda: _copy(parts[0], x))
@@ -61,7 +63,9 @@ def reduce_scatter(t: Any, op: str = "sum", dims: Dims = None) -> Any:
     """
     _check_op(op)
     backend, x = _native(t, "reduce_scatter")
-    group = group_for(dims)
+    if op == "avg":
+        _check_avg(x, "reduce_scatter")
+    group = _group(dims)
     n = group.size
     if not x.shape or x.shape[0] % n:
         raise ValueError(
@@ -82,7 +86,7 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     along the dim for one dim (``broadcast(w, src=0, dims="gpus")``: from gpus=0).
     """
     backend, x = _native(t, "broadcast")
-    group = group_for(dims)
+    group = _group(dims)
     if not 0 <= src < group.size:
         raise ValueError(f"src={src} is not a position in {group.label} (0..{group.size - 1})")
     _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src))
@@ -123,7 +127,7 @@ def barrier(dims: Dims = None) -> None:
     """Return once every member of the group has called it."""
     if _gloo.unavailable():
         raise BackendUnavailable(f"barrier: {_gloo.unavailable()}")
-    _run("barrier", _gloo, group_for(dims), None, lambda c: c.barrier())
+    _run("barrier", _gloo, _group(dims), None, lambda c: c.barrier())
 
 
 # --- plumbing ------------------------------------------------------------------------------------
@@ -147,6 +151,16 @@ def _describe(x: Any) -> str:
     return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
 
 
+def _group(dims: Dims) -> Group:
+    """`group_for`, after checking what `dims` is (a name, a list of names, None or a Group)."""
+    if dims is None or type(dims) is str or isinstance(dims, Group):  # the common cases, first
+        return group_for(dims)
+    if not isinstance(dims, list | tuple) or not all(isinstance(d, str) for d in dims):
+        raise TypeError(f"dims takes a dim name or a list of dim names (dims='gpus', dims=['dp', 'tp']), or None "
+                        f"for the whole mesh; got {dims!r}. This rank's dims are {list(context().dims)}")
+    return group_for(dims)
+
+
 def _pair(peer: int, what: str) -> Group:
     me = context().rank
     if peer == me:
@@ -161,12 +175,26 @@ def _check_op(op: str) -> None:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
 
 
+def _check_avg(x: Any, what: str) -> None:
+    """An average of integers is no integer: refused before anything is sent (the backend would
+    fail part-way, leaving the sum in the tensor and the group's communicator aborted)."""
+    dtype = x.dtype
+    if type(x).__module__.startswith("cupy"):
+        ok = dtype.kind in "fc"
+    else:
+        ok = dtype.is_floating_point or dtype.is_complex
+    if not ok:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"{what} 'avg' needs a floating-point tensor; this one is {name}: convert it first "
+                         "(t.float()), or use 'sum' and divide")
+
+
 def _native(t: Any, what: str) -> tuple[Backend, Any]:
     """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views)."""
     kind = type(t).__module__.partition(".")[0]
     if kind == "torch" and t.device.type == "cpu":  # the common case, first
         if not t.is_contiguous():
-            raise ValueError(f"{what} needs a contiguous tensor: pass t.contiguous() (and copy the result back)")
+            raise ValueError(_not_dense(t, what))
         if _gloo.unavailable():
             raise BackendUnavailable(f"{what}: {_gloo.unavailable()}")
         return _gloo, t
@@ -176,6 +204,9 @@ def _native(t: Any, what: str) -> tuple[Backend, Any]:
         t = torch.from_numpy(t)
         kind = "torch"
     if kind == "torch":
+        if t.device.type == "meta":
+            raise ValueError(f"{what} needs a tensor with data; this one is on the meta device (a shape and a "
+                             "dtype only): make it on the CPU or the rank's GPU")
         if t.device.type == "cpu" or os.environ.get("VICEROY_BACKEND") == "gloo":
             backend: Backend = _gloo
         else:
@@ -189,8 +220,18 @@ def _native(t: Any, what: str) -> tuple[Backend, Any]:
         raise BackendUnavailable(f"{what}: {why}")
     contiguous = t.flags.c_contiguous if kind == "cupy" else t.is_contiguous()
     if not contiguous:
-        raise ValueError(f"{what} needs a contiguous tensor: pass t.contiguous() (and copy the result back)")
+        raise ValueError(_not_dense(t, what))
     return backend, t
+
+
+def _not_dense(t: Any, what: str) -> str:
+    """Why `t` (not contiguous) cannot be sent as it is, and what to pass instead."""
+    layout = getattr(t, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        name = str(layout).removeprefix("torch.")
+        return (f"{what} needs a dense tensor; this one is {name}: pass t.to_dense() (and convert the result "
+                "back, e.g. .to_sparse())")
+    return f"{what} needs a contiguous tensor: pass t.contiguous() (and copy the result back)"
 
 
 def _copy(dst: Any, src: Any) -> None:
