@@ -1,5 +1,7 @@
 """Handles: values stay on the ranks; a handle sent back resolves to each rank's own value."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,24 @@ def test_gather_stacks_scalars_and_names_itself_and_bad_names_and_0d_values_are_
             bad()
     with pytest.raises(TypeError, match="a 0-d array or tensor has none: push gives every rank"):
         mesh.scatter("p", np.array(3))
+
+
+def test_gather_of_values_that_cannot_be_joined_names_their_shapes_by_rank(start_mesh):
+    """0-d on some ranks and 1-d on others, or other sizes past the first axis: a ValueError
+    naming each rank's shape and what to do, not numpy's or torch's bare concatenation error."""
+    mesh = start_mesh(gpus=3)
+    mesh.run("import numpy as np\nx = np.array(float(rank)) if rank == 0 else np.ones(2)\n"
+             "y = np.ones((2, 1 if rank < 2 else 3))")
+    with pytest.raises(ValueError, match=r"^gather x: the ranks' values cannot be joined along their first axis "
+                                         r"\(rank 0: float64\[\]; ranks 1-2: float64\[2\]\).*x\.reshape\(-1\).*"
+                                         r"pull\('x'\)"):
+        mesh.gather("x")
+    with pytest.raises(ValueError, match=r"\(ranks 0-1: float64\[2, 1\]; rank 2: float64\[2, 3\]\)"):
+        mesh.gather("y")
+    if importlib.util.find_spec("torch") is not None:
+        mesh.run("import torch\nt = torch.tensor(1.0) if rank == 1 else torch.ones(2)")
+        with pytest.raises(ValueError, match=r"\(ranks 0,2: float32\[2\]; rank 1: float32\[\]\)"):
+            mesh.gather("t")
 
 
 def test_scatter_on_a_sub_mesh_uses_its_ranks(start_mesh):

@@ -22,7 +22,7 @@ from viceroy.runtime.errors import MeshError
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.future import Future
 from viceroy.runtime.handles import Ref
-from viceroy.runtime.shape import Shape, ShapeOps, format_rank_set
+from viceroy.runtime.shape import Shape, ShapeOps, describe_ranks, format_rank_set
 from viceroy.runtime.starting import MeshStarts
 from viceroy.runtime.values import ValueMesh
 
@@ -224,7 +224,7 @@ class Mesh(MeshStarts, ShapeOps):
     def gather(self, name: str) -> Any:
         """Every rank's `name`, joined in rank order: arrays and tensors concatenated along
         their first axis (0-d ones stacked), lists chained, anything else as a list."""
-        return _join(self._read(name, "gather").values())
+        return _join(self._read(name, "gather"), name)
 
     # --- actors ---------------------------------------------------------------------------
 
@@ -343,17 +343,33 @@ def _split_for_ranks(values: Any, n: int) -> list[Any]:
     raise TypeError(f"scatter takes a list, tuple, numpy array or torch tensor, got {type(values).__name__}")
 
 
-def _join(values: list[Any]) -> Any:
+def _join(vm: ValueMesh[Any], name: str) -> Any:
     """Arrays and tensors concatenated along their first axis (0-d ones, a loss per rank say,
     stacked into one axis); lists chained; anything else as a list."""
+    values = vm.values()
     torch = sys.modules.get("torch")
-    if values and torch is not None and all(isinstance(v, torch.Tensor) for v in values):
-        return torch.stack(values) if all(v.dim() == 0 for v in values) else torch.cat(values)
-    if values and all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values) if all(v.ndim == 0 for v in values) else np.concatenate(values)
+    try:
+        if values and torch is not None and all(isinstance(v, torch.Tensor) for v in values):
+            return torch.stack(values) if all(v.dim() == 0 for v in values) else torch.cat(values)
+        if values and all(isinstance(v, np.ndarray) for v in values):
+            return np.stack(values) if all(v.ndim == 0 for v in values) else np.concatenate(values)
+    except (RuntimeError, ValueError):
+        raise ValueError(_unjoinable(vm, name)) from None
     if values and all(isinstance(v, list) for v in values):
         return [x for v in values for x in v]
     return values
+
+
+def _unjoinable(vm: ValueMesh[Any], name: str) -> str:
+    """Why the ranks' arrays or tensors cannot be concatenated: their shapes (dtypes), by rank."""
+    by_shape: dict[str, list[int]] = {}
+    for rank, v in zip(vm._shape.ranks, vm.values(), strict=True):
+        by_shape.setdefault(f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}", []).append(rank)
+    shapes = "; ".join(f"{describe_ranks(r)}: {s}" for s, r in by_shape.items())
+    return (f"gather {name}: the ranks' values cannot be joined along their first axis ({shapes}); they need "
+            "one number of dims and the same sizes past the first (0-d values are stacked only when all are "
+            f"0-d): reshape them on the ranks (e.g. {name}.reshape(-1)), or pull({name!r}) for each rank's "
+            "value as it is")
 
 
 def _sources_for(fn: Any) -> dict[str, str]:
