@@ -80,6 +80,10 @@ def assemble(t: MeshTensor, dims: dict[str, int]) -> Any:
     if unknown:
         raise ValueError(f"assemble: the mesh has no dim {unknown[0]!r}; its dims are {', '.join(mesh_dims)}")
     ndim = t.dim()
+    if ndim == 0 and dims:
+        raise ValueError(f"assemble concatenates the pieces along tensor dims, and these are 0-d (one number per "
+                         f"rank), with none to concatenate along: give them one first, "
+                         f"vr.assemble(t.reshape(1), dims={dims!r}), or take t.fetch() for each rank's value")
     for d, k in dims.items():
         if not isinstance(k, int) or isinstance(k, bool) or not -max(ndim, 1) <= k < max(ndim, 1):
             raise ValueError(f"assemble: mesh dim {d!r} maps to tensor dim {k!r}, but the pieces have "
