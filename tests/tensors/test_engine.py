@@ -126,6 +126,10 @@ def test_assemble_names_a_tensor_dim_the_pieces_lack(tmesh):
                                          r"\(shape \[3\]\): give a tensor dim from -1 to 0"):
         vr.assemble(t, dims={"gpus": 5})
     assert vr.assemble(t, dims={"gpus": -1}).shape == (6,)
+    with pytest.raises(ValueError, match=r"these are 0-d \(one number per rank\), with none to concatenate along: "
+                                         r"give them one first, vr\.assemble\(t\.reshape\(1\), dims=\{'gpus': 0\}\)"):
+        vr.assemble(t.sum(), dims={"gpus": 0})
+    assert vr.assemble(t.sum().reshape(1), dims={"gpus": 0}).tolist() == [3.0, 3.0]
 
 
 def _rank0_rss(mesh):
@@ -255,6 +259,18 @@ def test_the_engine_functions_are_on_viceroy_itself_and_imported_on_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["False True viceroy.runtime.tensors", "module 'viceroy' has no attribute 'no_such_name'"]
     assert vr.inspect is inspect and vr.assemble is assemble and vr.MeshTensor is MeshTensor
+
+
+def test_a_factory_on_device_cuda_is_the_ranks_own_device_however_it_is_named(tmesh):
+    """device="cuda" and device=torch.device("cuda") alike: a MeshTensor on each rank's own
+    device (its GPU, or the CPU on a rank without one); any other device: a local tensor."""
+    with tmesh.activate():
+        made = [torch.zeros(2, device=d) for d in ("cuda", torch.device("cuda"), None)]
+        local = torch.zeros(2, device=torch.device("cpu"))
+    assert [type(t) for t in made] == [MeshTensor] * 3 and type(local) is torch.Tensor
+    own = "cuda" if torch.cuda.is_available() else "cpu"
+    assert {str(t.device.type) for m in made for t in m.fetch().values()} == {"cpu"}  # (fetch: CPU copies)
+    assert tmesh.run(lambda *ts: [t.device.type for t in ts], *made).values() == [[own] * 3] * 2
 
 
 def test_torch_outside_activate_stays_local(tmesh):

@@ -45,8 +45,12 @@ class _ActivateMode(TorchFunctionMode):
                 return _general(func, args, kwargs)
             return func(*args, **kwargs)
         if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
-            if kwargs.get("device") not in (None, "cuda"):
-                return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
+            device = kwargs.get("device")
+            if device is not None:
+                # "cuda" (a string or a torch.device, no index): the rank's own device.
+                if str(device) != "cuda":
+                    return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
+                kwargs = {**kwargs, "device": "cuda"}
             return self.engine.factory(func, args, kwargs)
         return func(*args, **kwargs)
 
