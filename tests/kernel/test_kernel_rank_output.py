@@ -69,8 +69,8 @@ def test_every_finished_tqdm_bar_of_a_loop_stays_in_the_cell(mesh_kernel: Kernel
     lines = rendered(ex)
     for epoch in range(3):
         assert ranks_showing(lines, f"epoch {epoch}: 100%") == {0, 1}, lines
-    assert lines[-1] == "[0-1] trained", lines
-    assert len(lines) <= 7, f"each finished bar once: {lines}"
+    assert ranks_showing(lines[-2:], "trained") == {0, 1}, lines
+    assert len(lines) <= 8, f"each finished bar once: {lines}"
 
 
 def test_lines_drawn_with_a_carriage_return_are_all_kept(mesh_kernel: Kernel):
@@ -79,9 +79,10 @@ def test_lines_drawn_with_a_carriage_return_are_all_kept(mesh_kernel: Kernel):
         "    print(f'\\rstep {i}', end='')\n    print(f' loss={i}')\n    time.sleep(0.1)\n"
         "print('end')"
     )
-    assert [line for line in rendered(ex) if "loss" in line] == [
-        f"[0-1] step {i} loss={i}" for i in range(4)
-    ]
+    lines = [line for line in rendered(ex) if "loss" in line]
+    for i in range(4):
+        assert ranks_showing(lines, f"step {i} loss={i}") == {0, 1}, lines
+    assert len(lines) <= 8, lines
 
 
 def test_stacked_tqdm_bars_both_stay_and_leave_no_escapes(mesh_kernel: Kernel):
@@ -129,7 +130,9 @@ def test_clear_output_in_a_rank_loop_keeps_one_updated_frame_per_rank(mesh_kerne
         "%%mesh\nfrom IPython.display import clear_output, display\nprint('start')\n"
         "for i in range(3):\n    clear_output(wait=True)\n    display(f'frame {i} of {rank}')"
     )
-    assert sorted(rendered(ex)) == ["[0-1] start", "[0] 'frame 2 of 0'", "[1] 'frame 2 of 1'"]
+    lines = rendered(ex)
+    assert ranks_showing(lines, "start") == {0, 1}
+    assert sorted(line for line in lines if "frame" in line) == ["[0] 'frame 2 of 0'", "[1] 'frame 2 of 1'"]
     assert "\x1b" not in all_text(ex), "no escape shown as text"
     assert not [m for m in ex.outputs if m["msg_type"] == "clear_output"], "other ranks' output stays"
 
