@@ -7,11 +7,16 @@ to the controller directly and the agent stays out of the message path.
 Started by a launcher with its configuration (the mesh key included) as the first line on
 stdin. stdin stays open for the agent's life: its EOF means the controller is gone, and the
 agent kills its ranks and exits.
+
+What user code starts on a rank belongs to the mesh. Each rank leads a process group; when a
+rank dies or is restarted, the rest of its group is killed with it. The agent is a child
+subreaper, so nothing its ranks start can leave its tree, not even a daemon that double-forked
+into a session of its own: when the agent stops (a shutdown, or its controller gone), it ends
+every process below it before it exits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -37,7 +42,9 @@ from viceroy.runtime.procs import (
     clean_after_dead_parent,
     describe_exit,
     die_now,
+    end_descendants,
     hold_lifeline,
+    signal_group,
 )
 from viceroy.runtime.shape import RunSet
 from viceroy.runtime.wire import BadMessage, Signer
@@ -138,15 +145,18 @@ class Agent:
         self.zygote.spawn(slot.cfg)
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to each rank and its process group."""
         for slot in self.slots.values():
             if slot.pid and slot.alive:
-                try:
-                    os.kill(slot.pid, sig)
-                except ProcessLookupError:
-                    pass
+                signal_group(slot.pid, sig)
+
+    def _forking(self) -> bool:
+        """Whether a rank's fork is in flight (the fork server has not named it yet)."""
+        return any(s.alive and s.pid is None for s in self.slots.values())
 
     def _on_controller_gone(self) -> None:
         self.kill_all()
+        end_descendants()  # the fork server, and whatever the ranks started, daemons included
         self.zygote.kill()
         shutil.rmtree(self.rundir, ignore_errors=True)
         shm.discard_mesh(self.cfg["token"])
@@ -206,8 +216,7 @@ class Agent:
                     continue
                 slot.respawn = True
                 if slot.pid:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(slot.pid, signal.SIGKILL)
+                    signal_group(slot.pid, signal.SIGKILL)
                 # else its fork is still in flight (a rank that talks to the controller directly
                 # can be back there first): killed once the fork server names it
         elif op == "shutdown":
@@ -255,8 +264,9 @@ class Agent:
         if pid in self.early_exits:
             self._on_death(pid, self.early_exits.pop(pid))
         elif self.slots[r].respawn:  # restarted again while it was being forked
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
+        if not self._forking():
+            self.early_exits.clear()  # none of them was a rank
 
     def _on_death(self, pid: int, status: int) -> None:
         if pid == self.zygote.pid:
@@ -265,8 +275,12 @@ class Agent:
             return
         r = self.by_pid.pop(pid, None)
         if r is None:
-            self.early_exits[pid] = status
+            # A rank the fork server has not named yet, or something a rank started, left to
+            # us (we are a subreaper) by a parent that died.
+            if self._forking():
+                self.early_exits[pid] = status
             return
+        end_descendants(group=pid)  # what it started goes with it
         slot = self.slots[r]
         if slot.pid != pid:
             return
@@ -368,7 +382,17 @@ class Agent:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        """Ranks get SIGTERM, then SIGKILL after a short grace; then the agent exits."""
+        """Ranks, and every process they started, get SIGTERM, then SIGKILL after a short grace;
+        then the agent exits."""
+        if not end_descendants(grace=0.5):  # no /proc to find them in: the ranks at least
+            self._end_ranks()
+        self.zygote.kill()
+        shutil.rmtree(self.rundir, ignore_errors=True)
+        self._to_controller({"op": "bye"})
+        self.to_ctrl.close(linger=500)
+        die_now(0)
+
+    def _end_ranks(self) -> None:
         self.kill_all(signal.SIGTERM)
         deadline = time.monotonic() + 0.5
         alive = {s.pid for s in self.slots.values() if s.alive and s.pid}
@@ -378,15 +402,7 @@ class Agent:
                 break
             alive -= {pid for pid, _ in exited}
         for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.zygote.kill()
-        shutil.rmtree(self.rundir, ignore_errors=True)
-        self._to_controller({"op": "bye"})
-        self.to_ctrl.close(linger=500)
-        die_now(0)
+            signal_group(pid, signal.SIGKILL)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ Slurm launchers implement the same two methods."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
+
+from viceroy.runtime.procs import end_descendants
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class ChildAgent(AgentProcess):
         self.host = host
         self.label = label
         self.advise: Callable[[str], str] | None = None  # the launcher's reading of the last words
+        self.is_agent = False  # the child is the agent itself (not an ssh or srun): see kill
         self.proc = proc
         self._log = log
         self._log_path = log_path
@@ -155,9 +159,20 @@ class ChildAgent(AgentProcess):
             return None
 
     def kill(self) -> None:
+        """Kill the child if it still runs, with its process group (an agent and its fork
+        server); an agent of this machine loses every process below it first. (An agent that
+        stopped by itself had ended all of that; the ranks of one killed lead groups of their
+        own, which they end when their lifeline breaks.)"""
         if self.proc.poll() is None:
+            if self.is_agent:
+                # A frozen agent, or one slow to stop: held still, so that it restarts nothing,
+                # while what is below it goes, daemons of its ranks included (it is a subreaper:
+                # they are below it until it dies, and beyond anyone's reach after).
+                with contextlib.suppress(OSError):
+                    os.kill(self.proc.pid, signal.SIGSTOP)
+                end_descendants(root=self.proc.pid)
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the agent and its ranks
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session's group
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
         self.proc.wait()
@@ -208,6 +223,7 @@ class LocalLauncher(Launcher):
             [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"), env=agent_env()
         )
         agent.label = f"host {host.index} (local, pid {agent.proc.pid})"
+        agent.is_agent = True
         return agent
 
 

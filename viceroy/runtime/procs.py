@@ -1,4 +1,5 @@
-"""Process plumbing: lifelines, subreaping, exit descriptions, the host's GPUs. Linux first; degrade elsewhere."""
+"""Process plumbing: lifelines, subreaping, ending a process's descendants, exit descriptions.
+Linux first; degrade elsewhere."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -103,6 +104,118 @@ def describe_exit(status: int) -> str:
 
 def die_now(code: int = 1) -> None:
     os._exit(code)
+
+
+# --- descendants: what ranks start belongs to the mesh ------------------------------------------
+# Each rank leads a process group of its own (the fork server makes it so), as torchrun's
+# workers do: what it starts (subprocesses, data-loader workers) is in that group unless it
+# moved out. The agent is a child subreaper, so whatever a rank leaves behind, a daemon in a
+# session of its own included, stays below the agent, where `end_descendants` finds it.
+
+
+def signal_group(leader: int, sig: int) -> None:
+    """Send `sig` to the process group `leader` leads (a rank, with what it started), or to
+    `leader` alone if it leads none."""
+    try:
+        os.killpg(leader, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader, sig)
+    except PermissionError:
+        pass
+
+
+def die_with_group(code: int = 0) -> None:
+    """Exit now, taking along the process group this process leads, if it leads one (a rank
+    whose agent is gone ends what it started: nothing else will)."""
+    if os.getpgid(0) == os.getpid():
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)  # this process too
+    die_now(code)
+
+
+def _process_table() -> dict[int, tuple[int, int, bool]] | None:
+    """pid -> (parent, process group, alive) of every process /proc shows; None without /proc.
+    Not alive: a zombie, dead but for its exit status."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    table = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid, pgid = stat[stat.rindex(b")") + 2:].split()[:3]  # the name may hold anything
+        table[int(name)] = (int(ppid), int(pgid), state not in (b"Z", b"X"))
+    return table
+
+
+def descendants(roots: set[int] | None = None) -> dict[int, int] | None:
+    """pid -> process group of each live process below `roots` (this process by default);
+    None where there is no /proc to read it from."""
+    table = _process_table()
+    if table is None:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, int] = {}
+    todo = list(roots or {os.getpid()})
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            if pid not in found:
+                todo.append(pid)
+                found[pid] = table[pid][1]
+    return {pid: pgid for pid, pgid in found.items() if table[pid][2]}
+
+
+def end_descendants(grace: float = 0.0, group: int | None = None, root: int | None = None) -> bool:
+    """End every process below `root` (this process by default; in process group `group` only,
+    if given): SIGTERM and up to `grace` s to exit when `grace` > 0, then SIGKILL, and SIGKILL
+    again to any forked meanwhile, until each one left has been sent it. A process in a session
+    of its own is found all the same: below a child subreaper, an orphan stays below. False
+    where there is no /proc to find them in (nothing was done)."""
+    if group is not None:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True  # an empty group (the usual case: a rank that started nothing); no scan
+        except PermissionError:
+            pass
+    seen: set[int] = set()  # ours for certain: their children, even re-parented meanwhile, are too
+
+    def left() -> dict[int, int] | None:
+        found = descendants({os.getpid() if root is None else root, *seen})
+        if found is None:
+            return None
+        seen.update(found)
+        return found if group is None else {p: g for p, g in found.items() if g == group}
+
+    def send(pids: Iterable[int], sig: int) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    found = left()
+    if found is None:
+        return False
+    if grace > 0 and found:
+        send(found, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while found and time.monotonic() < deadline:
+            time.sleep(0.01)
+            found = left() or {}
+    killed: set[int] = set()
+    while new := found.keys() - killed:  # once each has it, none of them can fork again
+        send(new, signal.SIGKILL)
+        killed |= new
+        found = left() or {}
+    return True
 
 
 # --- heartbeats: the lifeline across hosts -------------------------------------------------------

@@ -3,7 +3,7 @@
 Threads: the main thread receives work and runs user code, one job at a time, in the order the
 controller sent them; an IO thread receives control messages on a socket of its own and handles
 them at once (cancel, stacks) even while the main thread is busy; a reader thread forwards output; a lifeline thread ends the
-process when its agent is gone.
+process, with the process group it leads (what user code started), when its agent is gone.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from viceroy.runtime.execution import (
     user_location,
 )
 from viceroy.runtime.output import OutputCapture
-from viceroy.runtime.procs import die_now, hold_lifeline
+from viceroy.runtime.procs import die_now, die_with_group, hold_lifeline
 from viceroy.runtime.rank_channels import RankChannels
 from viceroy.runtime.wire import Signer
 
@@ -369,7 +369,7 @@ def _no_stdin() -> None:
 def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
     """Entry point in a freshly forked process. Never returns."""
     try:
-        hold_lifeline(lifeline_fd, lambda: die_now(0))
+        hold_lifeline(lifeline_fd, lambda: die_with_group(0))  # the agent is gone: so is what we started
         _no_stdin()
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)

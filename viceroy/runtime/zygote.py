@@ -3,7 +3,8 @@
 Ranks forked from a warm template start in milliseconds instead of seconds. Nothing here may
 initialise CUDA before a fork. The agent is a child subreaper, and each rank is forked twice
 (the middle process exits at once), so ranks become the agent's children: the agent learns of a
-rank's death from waitpid().
+rank's death from waitpid(). Each rank leads a process group of its own, so that what user code
+starts on it goes with it (see procs.end_descendants).
 
 Protocol on stdin/stdout, one JSON object per line:
   agent -> zygote: {"config": {...}} once, then {"spawn": {rank config}} per rank
@@ -16,6 +17,7 @@ server removes the agent's socket directory (``config["rundir"]``) on its way ou
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -42,12 +44,16 @@ def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int, fd_sock: socket.socket | 
             os.close(r)
             pid = os.fork()
             if pid == 0:
+                with contextlib.suppress(OSError):
+                    os.setpgid(0, 0)
                 os.close(w)
                 if fd_sock is not None:
                     fd_sock.close()
                 from viceroy.runtime import rank
 
                 rank.main(rank_cfg, lifeline_fd)  # never returns
+            with contextlib.suppress(OSError):  # here too: its group exists once its pid is told
+                os.setpgid(pid, pid)
             os.write(w, str(pid).encode())
         finally:
             os._exit(0)
