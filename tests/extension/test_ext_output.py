@@ -7,12 +7,11 @@ import pytest
 from viceroy.extension.output import (
     LineGroup,
     LineGrouper,
-    RankStreams,
     format_line,
     format_progress,
     format_rank_set,
-    terminal_line,
 )
+from viceroy.extension.terminal import RankStreams, terminal_line
 
 
 def lines_of(grouper_groups) -> list[str]:
@@ -49,7 +48,7 @@ def test_carriage_returns_make_progress_not_lines():
 def test_a_long_running_progress_bar_stays_progress_and_never_leaks_lines():
     """A bar redrawn with \r for minutes adds up to more than MAX_PARTIAL characters without a
     newline; only what the terminal shows is kept, so no frozen copy of it becomes a line."""
-    from viceroy.extension.output import MAX_PARTIAL
+    from viceroy.extension.terminal import MAX_PARTIAL
 
     s = RankStreams()
     bar = "{:3d}%|" + "#" * 70 + "|"
@@ -175,7 +174,7 @@ def test_a_finished_rank_is_not_waited_for():
 
 
 def test_a_line_longer_than_the_cut_comes_out_in_pieces_with_no_empty_line_after():
-    from viceroy.extension.output import MAX_PARTIAL
+    from viceroy.extension.terminal import MAX_PARTIAL
 
     s = RankStreams()
     text = "x" * (MAX_PARTIAL + 36_000) + "\n"
@@ -190,7 +189,7 @@ def test_a_line_longer_than_the_cut_comes_out_in_pieces_with_no_empty_line_after
 
 
 def test_a_cut_line_ended_by_a_newline_in_its_own_chunk_adds_no_empty_line():
-    from viceroy.extension.output import MAX_PARTIAL
+    from viceroy.extension.terminal import MAX_PARTIAL
 
     s = RankStreams()
     assert [t for _, t in s.feed(0, "stdout", "y" * (MAX_PARTIAL + 1)).lines] == ["y" * (MAX_PARTIAL + 1)]

@@ -42,9 +42,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from viceroy.extension.output import terminal_line
 from viceroy.extension.session import MeshSession
 from viceroy.extension.state import Stream, plain_text
+from viceroy.extension.terminal import terminal_line
 
 TARGET = "viceroy.mesh"
 MIN_INTERVAL = 0.2  # seconds between messages to one front end: at most 5 per second

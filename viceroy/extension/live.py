@@ -19,13 +19,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from viceroy.extension.output import (
-    Fed,
-    LineGrouper,
-    RankStreams,
-    format_line,
-    format_progress,
-)
+from viceroy.extension.output import LineGrouper, format_line, format_progress
+from viceroy.extension.terminal import Fed, RankStreams
 
 PROGRESS_INTERVAL = 0.2  # seconds between progress block updates
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

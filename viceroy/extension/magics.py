@@ -21,8 +21,9 @@ from viceroy.extension.args import Command, RunOptions, parse_command, parse_run
 from viceroy.extension.args import split_line_code as _split_line_code
 from viceroy.extension.errors import render_mesh_error
 from viceroy.extension.launching import sync_report
-from viceroy.extension.output import format_rank_set, terminal_line
+from viceroy.extension.output import format_rank_set
 from viceroy.extension.session import MeshSession, describe_dims
+from viceroy.extension.terminal import terminal_line
 from viceroy.runtime.shape import describe_ranks
 
 HELP = """\

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from viceroy.extension.output import terminal_line
+from viceroy.extension.terminal import terminal_line
 
 LAST_LINE_CHARS = 200
 LABEL_CHARS = 80
