@@ -300,10 +300,14 @@ def test_a_mismatch_with_a_member_that_already_returned_fails_too(torch_mesh, th
 
 def test_a_rank_gloo_aborts_for_a_size_mismatch_is_said_to_have_died_of_it(torch_mesh):
     # gloo ends a process (std::terminate, SIGABRT) that receives more bytes than it expects,
-    # before any check of ours can run; the death said only "died (SIGABRT)".
+    # before any check of ours can run; the death said only "died (SIGABRT)". Rank 0 (the one
+    # receiving too much) holds its output reader, so its last words stay in its pipes for its
+    # agent to read out, as after any death (the reader could take them out, then die unsent).
     mesh = torch_mesh(gpus=2)
+    hold = ("import gc\nfrom viceroy.runtime.output import OutputCapture\nif rank == 0:\n"
+            "    next(o for o in gc.get_objects() if isinstance(o, OutputCapture))._sending.acquire()\n")
     took, msg = timed_failure(
-        mesh, "t = torch.ones(2, dtype=torch.float64 if rank == 1 else torch.float32)\nvr.all_reduce(t)", fail_fast=False)
+        mesh, hold + "t = torch.ones(2, dtype=torch.float64 if rank == 1 else torch.float32)\nvr.all_reduce(t)", fail_fast=False)
     assert took < 10, msg
     assert "rank 0: died (SIGABRT): gloo ended it on receiving more bytes than it expected: the ranks passed tensors of different sizes or dtypes" in msg, msg
     mesh.restart(failed_only=True)

@@ -5,6 +5,7 @@ those causes are ours to explain in the words of the call that failed."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)")
 _WHERE = re.compile(r"^\[[^\]]*\]\s*")  # "[enforce fail at .../pair.cc:456] "
@@ -16,12 +17,12 @@ GLOO_SIZE_MISMATCH = (
 )
 
 
-def explain(reason: str, last_words: str) -> str | None:
-    """What ended a rank that died for `reason` (``"SIGABRT"``), from the tail of its output;
-    None when it does not say."""
+def explain(reason: str, last_words: Callable[[], str]) -> str | None:
+    """What ended a rank that died for `reason` (``"SIGABRT"``), from the tail of its output
+    (`last_words()`, read only for such a death); None when it does not say."""
     if reason != "SIGABRT":
         return None
-    found = list(_TERMINATE.finditer(last_words))
+    found = list(_TERMINATE.finditer(last_words()))
     if not found:
         return None
     kind, what = found[-1].group(1), found[-1].group(2).strip()

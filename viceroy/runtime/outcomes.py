@@ -169,7 +169,7 @@ class CallOutcomes:
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool, pid: int | None = None) -> None:
         finished: list[Call] = []
-        why = deaths.explain(reason, self.logs.tail(r, 60))  # its agent sent its last words first
+        why = deaths.explain(reason, lambda: self.logs.tail(r, 60))  # its agent sent its last words first
         with self._changed:
             if pid is not None and self._pids.get(r) not in (None, pid):
                 return  # a process already replaced (see `_replaced`): the new one is up
