@@ -109,19 +109,18 @@ class Mesh(MeshStarts, ShapeOps):
         Raises `MeshError` when any rank fails; SyntaxError before anything is sent.
         The tensor ops queued so far (`activate()`) reach the ranks before it.
         """
-        if self._controller.engines:
-            self._send_tensor_ops()
+        self._send_tensor_ops()
         return self._run(code, *args, block=block, timeout=timeout, fail_fast=fail_fast, label=label, **kwargs)
 
     def _send_tensor_ops(self) -> None:
         """Send what the tensor engines of this mesh (every view's) have queued, so that a call
         made after a tensor op runs after it on the ranks (rank code reading a MeshTensor bound
-        to a name sees what the ops before it made). Callers check ``controller.engines`` first:
-        no engine (torch never came into it), nothing to do. (As `tensors.engine.send_queued`,
-        without importing it on every call.)"""
-        for engine in list(self._controller.engines.values()):
-            if engine._queue or engine._frees:
-                engine.flush()
+        to a name sees what the ops before it made). No engine (torch never came into it):
+        nothing to do, nothing imported."""
+        if self._controller.engines:
+            from viceroy.runtime.tensors.engine import send_queued
+
+            send_queued(self._controller)
 
     def _run(self, code: str | Callable[..., Any], *args: Any, block: bool = True, timeout: float | None = None,
              fail_fast: bool = True, label: str | None = None, **kwargs: Any) -> Any:
@@ -184,8 +183,7 @@ class Mesh(MeshStarts, ShapeOps):
             raise TypeError("push takes names and values: mesh.push(lr=0.1)")
         _check_names("push", values)
         signed, data = self._pack(values, values)
-        if self._controller.engines:
-            self._send_tensor_ops()
+        self._send_tensor_ops()
         self._controller.submit("push", self._shape, {}, signed, data, label=f"push {', '.join(values)}").get()
 
     def pull(self, name: str) -> ValueMesh[Any]:
@@ -217,8 +215,7 @@ class Mesh(MeshStarts, ShapeOps):
             raise ValueError(f"scatter needs one value per rank: this mesh has {n} ranks, got {len(parts)} values")
         by_rank = dict(zip(self._shape.ranks, parts, strict=True))
         signed, data = self._pack(by_rank, {name: values})
-        if self._controller.engines:
-            self._send_tensor_ops()
+        self._send_tensor_ops()
         self._controller.submit("push", self._shape, {"scatter": name}, signed, data, label=f"scatter {name}").get()
 
     def gather(self, name: str) -> Any:
@@ -234,8 +231,7 @@ class Mesh(MeshStarts, ShapeOps):
         failures no caller waits for. See `viceroy.runtime.actors`."""
         from viceroy.runtime.actors.spawn import spawn
 
-        if self._controller.engines:
-            self._send_tensor_ops()
+        self._send_tensor_ops()
         return spawn(self, cls, *args, owner=owner, **kwargs)
 
     # --- the tensor engine ------------------------------------------------------------------
