@@ -15,12 +15,16 @@ its connections open). A member that finished the call with the collective this 
 as its last on the group, having passed something else, got its share and returned: the two
 will never agree, and `finished_with` says what it passed.
 
-Only calls on the rank's main thread count; actors' threads are left out. Stock
+A call is a `%%mesh` cell or `mesh.run` on the rank's main thread, or an actor endpoint on its
+actor's thread (or task, for async endpoints): each runs within its own `CallPeers`, held in a
+context variable, so an actor endpoint's collectives are watched as a cell's are, by the call
+that runs them. Code with no call around it (a thread the user started) is not watched. Stock
 torch.distributed collectives are not counted (they block in C++, where this cannot look).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,76 +32,138 @@ from typing import Any
 from viceroy.runtime.shape import describe_ranks
 
 _lock = threading.Lock()
-_main = threading.main_thread().ident
-_counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started on it in the current call, the last one's signature]
-_current: tuple[str, int] | None = None  # (group, its count) of the one in progress
-_done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the current call -> their counts (None: died)
+_running: dict[int, CallPeers] = {}  # call id -> its state, for the control thread's word
 
 
-def begin_call() -> None:
-    """A new call starts on the main thread."""
-    global _current
-    with _lock:
-        _counts.clear()
-        _done.clear()
-        _current = None
+class CallPeers:
+    """One call's collectives and what the controller said of its peers."""
+
+    __slots__ = ("call_id", "cancelled", "counts", "current", "done")
+
+    def __init__(self, call_id: int) -> None:
+        self.call_id = call_id
+        self.counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started in this call, the last one's signature]
+        self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
+        self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
+        self.cancelled = False  # interrupted where no signal reaches (an actor's thread): see `check_cancelled`
+
+
+_call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("viceroy_call_peers", default=None)
+
+
+def begin_call(call_id: int, told: bool = True) -> contextvars.Token[CallPeers | None]:
+    """A call starts in the current context (the main thread's, an actor thread's or task's);
+    pass the token to `end_call`. `told`: the controller may send word of it (not of an
+    actor's one-way broadcasts, which share one id)."""
+    state = CallPeers(call_id)
+    if told:
+        with _lock:
+            _running[call_id] = state
+    return _call.set(state)
+
+
+def end_call(token: contextvars.Token[CallPeers | None]) -> None:
+    """The call of the current context ends."""
+    state = _call.get()
+    _call.reset(token)
+    if state is not None:
+        with _lock:
+            if _running.get(state.call_id) is state:
+                del _running[state.call_id]
 
 
 def counts() -> dict[str, list[Any]]:
-    """What to report with this rank's answer: ``{group: [collectives started, the last one's
-    signature]}`` (empty: no collective was started)."""
+    """What to report with the current call's answer: ``{group: [collectives started, the last
+    one's signature]}`` (empty: no collective was started)."""
+    state = _call.get()
+    if state is None:
+        return {}
     with _lock:
-        return {group: list(c) for group, c in _counts.items()}
+        return {group: list(c) for group, c in state.counts.items()}
 
 
 def started(group: str, sig: str | None = None) -> None:
-    """The calling thread starts a collective on `group`, passing what `sig` describes
-    (counted on the main thread only)."""
-    global _current
-    if threading.get_ident() != _main:
+    """The current call starts a collective on `group`, passing what `sig` describes."""
+    state = _call.get()
+    if state is None:
         return
     with _lock:
-        c = _counts.setdefault(group, [0, None])
+        c = state.counts.setdefault(group, [0, None])
         c[0], c[1] = c[0] + 1, sig
-        _current = (group, c[0])
+        state.current = (group, c[0])
 
 
-def peers_done(done: dict[int, dict[str, list[Any]] | None]) -> None:
-    """The controller's word (control thread): these ranks finished the current call."""
+def peers_done(call_id: int, done: dict[int, dict[str, list[Any]] | None]) -> bool:
+    """The controller's word (control thread): these ranks finished call `call_id`. False when
+    no such call runs here."""
     with _lock:
-        _done.update(done)
+        state = _running.get(call_id)
+        if state is None:
+            return False
+        state.done.update(done)
+        return True
+
+
+def cancel(call_id: int) -> bool:
+    """Mark call `call_id` interrupted (control thread), for waits that no signal reaches: an
+    actor endpoint's collectives raise KeyboardInterrupt at their next look. False when no such
+    call runs here."""
+    with _lock:
+        state = _running.get(call_id)
+        if state is not None:
+            state.cancelled = True
+        return state is not None
+
+
+def cancelled() -> bool:
+    """Whether the current call was cancelled (see `cancel`)."""
+    state = _call.get()
+    return state is not None and state.cancelled
+
+
+def check_cancelled() -> None:
+    """Raise KeyboardInterrupt when the current call was cancelled (see `cancel`)."""
+    if cancelled():
+        raise KeyboardInterrupt
 
 
 def skipped(members: Sequence[int]) -> list[int]:
-    """Members of the group of the collective in progress (main thread) that finished the call
+    """Members of the group of the current call's collective in progress that finished the call
     without starting it, or died."""
-    if threading.get_ident() != _main:
+    state = _call.get()
+    if state is None:
         return []
     with _lock:
-        if _current is None or not _done:
+        if state.current is None or not state.done:
             return []
-        group, n = _current
-        return [r for r in members if r in _done and ((cc := _done[r]) is None or cc.get(group, (0,))[0] < n)]
+        group, n = state.current
+        done = state.done
+        return [r for r in members if r in done and ((cc := done[r]) is None or cc.get(group, (0,))[0] < n)]
 
 
 def finished_with(members: Sequence[int]) -> dict[int, str]:
-    """Members of the group of the collective in progress (main thread) that finished the call
+    """Members of the group of the current call's collective in progress that finished the call
     with it as their last one on the group: the signature of what each passed to it. (One that
     went further may have returned from more than this one legitimately, a broadcast's root
     say, and is left out.)"""
-    if threading.get_ident() != _main:
+    state = _call.get()
+    if state is None:
         return {}
     with _lock:
-        if _current is None or not _done:
+        if state.current is None or not state.done:
             return {}
-        group, n = _current
-        return {r: c[1] for r in members if (cc := _done.get(r)) and (c := cc.get(group)) and c[0] == n and c[1] is not None}
+        group, n = state.current
+        done = state.done
+        return {r: c[1] for r in members if (cc := done.get(r)) and (c := cc.get(group)) and c[0] == n and c[1] is not None}
 
 
 def died(ranks: Sequence[int]) -> list[int]:
-    """Those of `ranks` the controller said died."""
+    """Those of `ranks` the controller said died (during the current call)."""
+    state = _call.get()
+    if state is None:
+        return []
     with _lock:
-        return [r for r in ranks if r in _done and _done[r] is None]
+        return [r for r in ranks if r in state.done and state.done[r] is None]
 
 
 def gone(ranks: Sequence[int]) -> str:

@@ -148,9 +148,7 @@ class Rank:
                 if actors is None or not actors.cancel(self, header["id"]):
                     self._cancel(header["id"])  # a call on the main thread
             elif op == "peers_done":  # ranks that finished the call this one still runs
-                with self.state_lock:
-                    if self.current == header["id"]:
-                        call_peers.peers_done({int(r): cc for r, cc in header["done"]})
+                call_peers.peers_done(header["id"], {int(r): cc for r, cc in header["done"]})
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code, self.executor.awaiting()).encode()])
             elif op == "stats":
@@ -208,7 +206,7 @@ class Rank:
                     skipped = True
                 else:
                     self.current = call_id
-                    call_peers.begin_call()
+                    peers = call_peers.begin_call(call_id)
                     skipped = False
             if skipped:
                 self._send_result(
@@ -221,6 +219,7 @@ class Rank:
             reply = self._run_job(header, signed, data)
             if cc := call_peers.counts():  # collectives it started: peers still waiting compare
                 reply[0]["cc"] = cc
+            call_peers.end_call(peers)
             with self.state_lock:
                 self.current = None
                 self.interrupt_target = None

@@ -21,8 +21,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from viceroy.runtime import call_peers, devices, serialize, shm
 from viceroy.runtime import context as context_mod
-from viceroy.runtime import devices, serialize, shm
 from viceroy.runtime.actors import output, plain
 from viceroy.runtime.actors.rank_client import resolve_reply
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
@@ -136,13 +136,16 @@ class ActorHost:
             if not cancel:
                 return
             tasks = [t for t in self.running.values() if t is not None]
+            for call_id in self.running:  # one waiting in a collective ends too
+                call_peers.cancel(call_id)
         for task in tasks:
             with contextlib.suppress(RuntimeError):  # its loop closed: the actor ended meanwhile
                 self.loop.call_soon_threadsafe(task.cancel)
 
     def cancel(self, call_id: int) -> bool:
         """Drop a queued call, or cancel a running async one; False if it is not ours. A sync
-        endpoint cannot be stopped from outside its thread: it runs to its end. A stop is never
+        endpoint cannot be stopped from outside its thread: it runs to its end, unless it waits
+        in a viceroy collective, which ends "interrupted". A stop is never
         dropped (the actor would live on with nobody able to reach it): it goes on."""
         with self.qlock:
             for msg in self.queue:
@@ -157,6 +160,9 @@ class ActorHost:
         task = self.running.get(call_id)
         if task is not None:
             self.loop.call_soon_threadsafe(task.cancel)
+        # A viceroy collective it waits in (sync or async: either blocks the thread) ends at
+        # its next look, "interrupted"; other sync code runs to its end.
+        call_peers.cancel(call_id)
         return True
 
     def _next(self) -> Any:
@@ -227,51 +233,63 @@ class ActorHost:
         _reply(call_id, None)
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
-        """A call handled on the actor's thread: sync, or async awaited to its end."""
+        """A call handled on the actor's thread: sync, or async awaited to its end. Its
+        collectives are watched as a cell's are (`call_peers`), by this call."""
         output.begin(call_id)
         self.running[call_id] = None
+        peers = call_peers.begin_call(call_id, told=not oneway)
         try:
-            args, kwargs = _arguments(signed, data)
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
-                task = asyncio.ensure_future(value, loop=self.loop)
-                with self.qlock:  # a stop that came meanwhile cancels it (see begin_stop)
-                    self.running[call_id] = task
-                    if self.stopping and self.cancelling:
-                        task.cancel()
-                value = self.loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            self._end_interrupted(call_id)
-            return
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
-            self._end_error(call_id, exc, fn)
-            return
+            try:
+                args, kwargs = _arguments(signed, data)
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
+                    task = asyncio.ensure_future(value, loop=self.loop)
+                    with self.qlock:  # a stop that came meanwhile cancels it (see begin_stop)
+                        self.running[call_id] = task
+                        if self.stopping and self.cancelling:
+                            task.cancel()
+                    value = self.loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                self._end_interrupted(call_id)
+                return
+            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
+                self._end_error(call_id, exc, fn)
+                return
+            finally:
+                self.running.pop(call_id, None)
+            self._end_ok(call_id, value, fn, oneway)
         finally:
-            self.running.pop(call_id, None)
-        self._end_ok(call_id, value, fn, oneway)
+            call_peers.end_call(peers)
 
     async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
         # A task of its own, in a copy of the context, so its output is tagged apart.
         output.begin(call_id)
         self.running[call_id] = asyncio.current_task()
+        peers = call_peers.begin_call(call_id, told=not oneway)
         try:
-            args, kwargs = _arguments(signed, data)
-            value = await fn(*args, **kwargs)
-        except asyncio.CancelledError:
-            self._end_interrupted(call_id)
-            return
-        except BaseException as exc:
-            self._end_error(call_id, exc, fn)
-            return
+            try:
+                args, kwargs = _arguments(signed, data)
+                value = await fn(*args, **kwargs)
+            except asyncio.CancelledError:
+                self._end_interrupted(call_id)
+                return
+            except BaseException as exc:
+                self._end_error(call_id, exc, fn)
+                return
+            finally:
+                self.running.pop(call_id, None)
+            self._end_ok(call_id, value, fn, oneway)
         finally:
-            self.running.pop(call_id, None)
-        self._end_ok(call_id, value, fn, oneway)
+            call_peers.end_call(peers)
 
     def _end_interrupted(self, call_id: int) -> None:
         output.end(_rank._send_output)
         _interrupted(call_id)
 
     def _end_error(self, call_id: int, exc: BaseException, fn: Any) -> None:
+        if isinstance(exc, KeyboardInterrupt) and call_peers.cancelled():  # see `cancel`
+            self._end_interrupted(call_id)
+            return
         output.end(_rank._send_output)
         _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
 
@@ -344,14 +362,22 @@ def cancel(rank: Any, call_id: int) -> bool:
     return any(h.cancel(call_id) for h in hosts)
 
 
+def _send(header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
+    """An answer, with the collectives its call started (on peers still waiting in one, see
+    `call_peers`): sent from within the call's context."""
+    if cc := call_peers.counts():
+        header["cc"] = cc
+    _rank._send_result(header, signed, data)
+
+
 def _interrupted(call_id: int, summary: str = "interrupted") -> None:
     if call_id != ONEWAY:
-        _rank._send_result({"id": call_id, "ok": False, "kind": "interrupted", "summary": summary, "tb": ""}, [], [])
+        _send({"id": call_id, "ok": False, "kind": "interrupted", "summary": summary, "tb": ""}, [], [])
 
 
 def _ok(call_id: int) -> None:
     if call_id != ONEWAY:
-        _rank._send_result({"id": call_id, "ok": True}, [], [])
+        _send({"id": call_id, "ok": True}, [], [])
 
 
 def _reply(call_id: int, value: Any, what: str = "") -> None:
@@ -359,7 +385,7 @@ def _reply(call_id: int, value: Any, what: str = "") -> None:
         _ok(call_id)
         return
     if serialize.json_scalar(value):  # in the header, like a run's scalar result
-        _rank._send_result({"id": call_id, "ok": True, "v": value}, [], [])
+        _send({"id": call_id, "ok": True, "v": value}, [], [])
         return
     try:
         payload, bufs = plain.dumps(value)
@@ -368,7 +394,7 @@ def _reply(call_id: int, value: Any, what: str = "") -> None:
                f"TypeError: {what} returned {type(value).__name__}, which cannot be sent back: {exc}. "
                "Return something picklable (or keep it on the actor and return a summary).")
         return
-    _rank._send_result({"id": call_id, "ok": True}, [payload], [b.raw() for b in bufs])
+    _send({"id": call_id, "ok": True}, [payload], [b.raw() for b in bufs])
 
 
 def _error(call_id: int, etype: str, summary: str, tb: str = "", where: tuple[str, str] = ("", "")) -> None:
@@ -376,5 +402,4 @@ def _error(call_id: int, etype: str, summary: str, tb: str = "", where: tuple[st
         context_mod.context()._publish(ONEWAY_ERROR, {"actor": where[0], "ep": where[1], "rank": _rank.rank,
                                                       "etype": etype, "summary": summary, "tb": tb})
         return
-    _rank._send_result({"id": call_id, "ok": False, "kind": "error", "etype": etype, "summary": summary,
-                        "tb": tb}, [], [])
+    _send({"id": call_id, "ok": False, "kind": "error", "etype": etype, "summary": summary, "tb": tb}, [], [])

@@ -114,6 +114,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         started = True
         check = Agreement(entry.prefix, op, entry.incarnation, sig, previous, group.ranks) if sig is not None else None
         while not pending.wait(SLICE_S):
+            call_peers.check_cancelled()  # an actor's endpoint, interrupted (no signal reaches its thread)
             if gone := call_peers.skipped(group.ranks):
                 raise _Skipped(gone)
             if check is not None and (mismatch := check.mismatch()):
@@ -350,6 +351,7 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
     next_check = began + 0.2
     while helper.thread.is_alive():
         helper.thread.join(SLICE_S)
+        call_peers.check_cancelled()
         now = time.monotonic()
         if not helper.thread.is_alive() or now < next_check:
             continue

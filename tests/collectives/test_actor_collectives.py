@@ -1,0 +1,132 @@
+"""Collectives in actor endpoints are watched as those of `mesh.run` are: a peer actor that
+raises before the collective, skips it, dies, passes a different tensor, or is interrupted
+releases the actors waiting in it, with an error naming the rank, and the actors' next
+collective gives the right answer. Real processes, real kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import fails_within, wait_running
+
+ANSWER = [10.0, 10.0]  # the sum over 4 ranks of (rank + 1)
+
+
+class Reducer(vr.Actor):
+    @vr.endpoint
+    def reduce(self, fail_on: int = -1, skip_on: int = -1, nap_on: int = -1) -> list[float]:
+        import torch
+
+        rank = vr.context().rank
+        if rank == fail_on:
+            raise ValueError(f"rank {rank} gives up")
+        if rank == nap_on:
+            time.sleep(60)
+        t = torch.ones(2) * (rank + 1)
+        if rank != skip_on:
+            vr.all_reduce(t)
+        return t.tolist()
+
+    @vr.endpoint
+    async def reduce_async(self, fail_on: int = -1) -> list[float]:
+        import torch
+
+        rank = vr.context().rank
+        await asyncio.sleep(0)
+        if rank == fail_on:
+            raise ValueError(f"rank {rank} gives up")
+        t = torch.ones(2) * (rank + 1)
+        vr.all_reduce(t)
+        return t.tolist()
+
+    @vr.endpoint
+    async def wait_or_reduce(self, waiter: int) -> list[float]:
+        import torch
+
+        rank = vr.context().rank
+        if rank == waiter:  # cancellable: an interrupt ends it
+            await asyncio.sleep(60)
+        t = torch.ones(2) * (rank + 1)
+        vr.all_reduce(t)
+        return t.tolist()
+
+    @vr.endpoint
+    def mismatched(self) -> list[float]:
+        import torch
+
+        t = torch.ones(1 + vr.context().rank)
+        vr.all_reduce(t)
+        return t.tolist()
+
+
+@pytest.fixture
+def mesh(torch_mesh) -> vr.Mesh:
+    return torch_mesh(gpus=4)
+
+
+@pytest.fixture
+def reducers(mesh) -> vr.ActorMesh:
+    actors = mesh.spawn(Reducer)
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4  # the group exists: the others really wait in it
+    return actors
+
+
+def _failure(fut: vr.Future, within: float) -> tuple[float, vr.MeshError]:
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=60)
+    return time.monotonic() - t0, info.value
+
+
+@pytest.mark.parametrize("endpoint", ["reduce", "reduce_async"])
+def test_an_actor_raising_before_a_collective_releases_the_others_naming_it(reducers, endpoint):
+    took, err = _failure(getattr(reducers, endpoint).call(fail_on=2), 5)
+    assert took < 5, err
+    assert "ValueError: rank 2 gives up" in err.failures[2].summary
+    for r in (0, 1, 3):
+        assert err.failures[r].summary.startswith("viceroy.CollectiveError: all_reduce('sum') over"), err.failures[r]
+        assert "rank 2 finished the call without joining this collective" in err.failures[r].summary, err.failures[r]
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_an_actor_skipping_a_collective_releases_the_others_naming_it(reducers):
+    took, err = _failure(reducers.reduce.call(skip_on=1), 5)
+    assert took < 5, err
+    assert set(err.failures) == {0, 2, 3}, err
+    assert "rank 1 finished the call without joining this collective" in str(err), err
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_an_actor_whose_rank_dies_releases_the_others_at_once(mesh, reducers):
+    fut = reducers.reduce.call(nap_on=3)
+    wait_running(mesh.select([3]), "time.sleep")
+    wait_running(mesh.select([0, 1, 2]), "vr.all_reduce")
+    err = fails_within(fut, lambda: os.kill(mesh.pids()[3], signal.SIGKILL), 5)
+    assert "rank 3 died, while the others waited" in str(err), err
+    assert set(err.failures) == {0, 1, 2, 3}, err
+
+
+def test_interrupting_the_mesh_releases_actors_waiting_in_a_collective(mesh, reducers):
+    fut = reducers.wait_or_reduce.call(waiter=0)
+    wait_running(mesh.select([1, 2, 3]), "vr.all_reduce")
+    t0 = time.monotonic()
+    mesh.interrupt()
+    assert time.monotonic() - t0 < 1.5
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=5)
+    assert {f.kind for f in info.value.failures.values()} == {"interrupted"}, info.value
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_actors_passing_tensors_of_different_shapes_fail_naming_each_ranks(reducers):
+    took, err = _failure(reducers.mismatched.call(), 15)
+    assert took < 15, err
+    assert "passed different tensors or operations" in str(err), err
+    assert "rank 1: all_reduce('sum') float32[2]" in str(err), err
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
