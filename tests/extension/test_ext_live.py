@@ -358,3 +358,22 @@ def test_a_widget_from_a_rank_is_shown_as_its_text_with_one_note():
     assert sink.shown()[1:] == ["[0] IntSlider(value=0)", "[1] IntSlider(value=0)"]
     (note,) = sink.text("stderr").splitlines()
     assert "widget" in note and "rank" in note
+
+
+def test_a_bar_appears_below_the_lines_its_rank_printed_before_it():
+    # The lines wait (up to the group window) for the same line from other ranks; the block
+    # waited for nothing: a bar started right after a print was drawn above it.
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink, window=0.15)
+    live.handle(out(0, "before bar\n"), now=0.0)  # rank 1, scheduled later, prints it 0.1 s after
+    for i in range(5):
+        live.handle(out(0, f"\rstep {i}", stream="stderr"), now=0.01 * i)
+    live.tick(now=0.05)
+    assert sink.shown() == [], sink.shown()
+    live.handle(out(1, "before bar\n"), now=0.1)
+    live.handle(out(1, "\rstep 0", stream="stderr"), now=0.1)
+    live.tick(now=0.3)
+    assert sink.shown()[0] == "[0-1] before bar", sink.shown()
+    assert "step 4" in sink.shown()[1], sink.shown()
+    live.close()
+    assert sink.shown()[0] == "[0-1] before bar", sink.shown()

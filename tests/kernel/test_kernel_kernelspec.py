@@ -86,7 +86,7 @@ def test_viceroy_demo_runs_a_notebook_headlessly_and_prints_its_outputs(tmp_path
     assert "[0-1] demo says hi" in result.stdout
 
 
-def test_the_wheel_ships_the_kernelspec_as_shared_data(tmp_path: Path):
+def test_the_wheel_ships_the_kernelspec_as_shared_data_and_the_quickstart(tmp_path: Path):
     """`pip install .` then installs the kernelspec with no extra step."""
     import subprocess
     import sys
@@ -102,3 +102,5 @@ def test_the_wheel_ships_the_kernelspec_as_shared_data(tmp_path: Path):
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".data/data/share/jupyter/kernels/viceroy/kernel.json") for n in names)
     assert "viceroy/runtime/mesh.py" in names
+    # `viceroy demo` finds the quickstart in an installed wheel, where no notebooks/ lies beside it.
+    assert "viceroy/kernel/notebooks/01-quickstart.ipynb" in names

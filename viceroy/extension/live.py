@@ -109,13 +109,15 @@ class ProgressBlock:
     It stays where the first bar appeared: a notebook shows a cell's first 50 outputs and
     folds the rest, so one block is visible however long the loop (a block per bar would push
     the running one out of sight). A finished bar is an ordinary line of the cell; while no bar
-    runs the block shows nothing.
+    runs the block shows nothing. It is first drawn once `place`d: after the lines its rank
+    printed before the bar, which may still wait to be grouped with other ranks'.
     """
 
     def __init__(self, sink: Sink, before_draw: Callable[[], None] = lambda: None) -> None:
         self.sink = sink
         self._before_draw = before_draw  # writes what the cell must show above a new block
         self._rows: dict[tuple[int, str], list[str]] = {}  # (rank, stream) -> its live rows
+        self.placed = False  # the lines before the first bar are out: the block may be drawn
         self._shown = False  # the block exists
         self._dirty = False
         self._drawn_at = float("-inf")
@@ -128,9 +130,13 @@ class ProgressBlock:
             self._rows.pop((rank, stream), None)
         self._dirty = self._shown or bool(self._rows)
 
+    def place(self) -> None:
+        """The lines printed before the first bar are written: the block can go below them."""
+        self.placed = True
+
     def tick(self, now: float) -> None:
         """Draw the block, if due at ``now``."""
-        if self._dirty and now - self._drawn_at >= PROGRESS_INTERVAL:
+        if self._dirty and self.placed and now - self._drawn_at >= PROGRESS_INTERVAL:
             self._dirty = False
             self._drawn_at = now
             shown: dict[int, list[str]] = {}
@@ -142,7 +148,7 @@ class ProgressBlock:
 
     def next_due(self) -> float | None:
         """When `tick` has something to draw, or None."""
-        return self._drawn_at + PROGRESS_INTERVAL if self._dirty else None
+        return self._drawn_at + PROGRESS_INTERVAL if self._dirty and self.placed else None
 
     def close(self) -> None:
         """The call is over: bars still running show their last state."""
@@ -244,6 +250,7 @@ class LiveOutput:
         self._streams = RankStreams()
         self._grouper = LineGrouper(ranks, window)
         self._block = ProgressBlock(sink, before_draw=self._write_held)
+        self._block_after: Any = None  # the line the progress block waits for (see `_take`)
         self._displays = RankDisplays(sink, note=self._note)
         self._shown = 0
         self._hidden = 0
@@ -299,6 +306,11 @@ class LiveOutput:
             self._grouper.add(rank, stream, line, now)
         for stream, rows in fed.progress.items():
             self._block.rows(rank, stream, rows)
+            if rows and not self._block.placed and self._block_after is None:
+                # The block's place: after this rank's lines so far, once they are out.
+                self._block_after = self._grouper.last_pending(rank)
+                if self._block_after is None:
+                    self._block.place()
 
     # --- time --------------------------------------------------------------------------------
 
@@ -355,6 +367,9 @@ class LiveOutput:
                     self._displays.clear(rank, bool(event.get("wait")))
             else:
                 self._emit(g.stream, format_line(g))
+            if g is self._block_after:
+                self._block_after = None
+                self._block.place()
 
     def _note(self, text: str) -> None:
         """A line of ours, written now (before the display it is about)."""

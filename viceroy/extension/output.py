@@ -108,6 +108,11 @@ class LineGrouper:
         new.anchored.add(rank)
         self._at[rank] = new
 
+    def last_pending(self, rank: int) -> LineGroup | None:
+        """The last of ``rank``'s lines still pending, if any."""
+        q = self._queues.get(rank)
+        return q[-1] if q else None
+
     def rank_done(self, rank: int) -> None:
         """``rank`` finished the call: no line needs to wait for it any more."""
         self._heard.add(rank)

@@ -15,7 +15,9 @@ from typing import Any
 
 from viceroy.kernel.kernelspec import KERNEL_NAME, write_kernel_spec
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "notebooks" / "01-quickstart.ipynb"
+# The wheel carries a copy beside this module (pyproject's force-include); a checkout has the original.
+_PACKAGED = Path(__file__).resolve().parent / "notebooks" / "01-quickstart.ipynb"
+QUICKSTART = _PACKAGED if _PACKAGED.exists() else Path(__file__).resolve().parents[2] / "notebooks" / "01-quickstart.ipynb"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
