@@ -107,15 +107,15 @@ def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh)
     """As vr.reduce does: a ValueError saying what to do, the tensor untouched (not left holding
     the sum), and the group's communicator kept (not aborted and rebuilt)."""
     mesh = torch_mesh(gpus=2)
-    mesh.run("from viceroy.runtime.collectives import communicators as C\nvr.all_reduce(torch.ones(1))\n"
-             "built = {k: id(e) for k, e in C._entries.items()}")
+    mesh.run("from viceroy.runtime.collectives import entries as C\nvr.all_reduce(torch.ones(1))\n"
+             "built = {k: id(e) for k, e in C.cache.items()}")
     for code in ("vr.all_reduce(t, op='avg')", "vr.reduce_scatter(torch.arange(4) + rank, op='avg')"):
         with pytest.raises(vr.MeshError, match="ValueError: .*'avg' needs a floating-point tensor; this one is "
                                                r"int64: convert it first \(t.float\(\)\)") as info:
             mesh.run(f"t = torch.tensor([rank + 1])\n{code}")
         assert "aborted" not in str(info.value) and "CollectiveError" not in str(info.value)
         assert mesh.run("t.tolist()").values() == [[1], [2]]
-    assert mesh.run("built == {k: id(e) for k, e in C._entries.items()}").values() == [True, True]
+    assert mesh.run("built == {k: id(e) for k, e in C.cache.items()}").values() == [True, True]
     assert mesh.run("t = torch.tensor([rank + 1.0]); vr.all_reduce(t, op='avg'); t.item()").values() == [1.5, 1.5]
 
 
@@ -186,5 +186,5 @@ def test_the_rendezvous_port_can_be_chosen_for_every_mesh(start_mesh, monkeypatc
 def test_the_collective_timeout_in_the_mesh_env_reaches_ranks_forked_from_a_torch_template(start_mesh):
     # The template imports the collectives before the mesh's environment is the rank's own.
     mesh = start_mesh(gpus=1, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": "7"})
-    got = mesh.run("from viceroy.runtime.collectives import communicators as c\nc._current_timeout()")
+    got = mesh.run("from viceroy.runtime.collectives import entries as c\nc.current_timeout()")
     assert got.values() == [7.0]

@@ -176,13 +176,13 @@ def test_a_member_that_left_an_attempt_unfinished_does_not_hang_the_next_one(tor
     # believe so, and comes late: ranks 1-2 are already waiting in generation 0 when rank 0
     # finds it stale, leaves it, and all three must meet in generation 1.
     mesh = torch_mesh(gpus=3)
-    mesh.run("from viceroy.runtime.collectives import communicators, store\n"
+    mesh.run("from viceroy.runtime.collectives import entries, store\n"
              "if rank == 0:\n"
              "    incarnation = store.rendezvous.get(30)[1]\n"
-             "    communicators._joined.add(f'viceroy/{incarnation}/gloo/0.1.2/g0')")
+             "    entries.joined.add(f'viceroy/{incarnation}/gloo/0.1.2/g0')")
     late = mesh.run("if rank == 0: time.sleep(0.5)\n" + NEXT, timeout=30)
     assert late.values() == [[6.0, 6.0]] * 3
-    joined = mesh.run("sorted(k.rsplit('/', 1)[1] for k in communicators._joined)")
+    joined = mesh.run("sorted(k.rsplit('/', 1)[1] for k in entries.joined)")
     assert joined.values() == [["g0", "g1"]] * 3  # ranks 1-2 moved on with rank 0
     assert_next_collective_is_right(mesh, 3)
 

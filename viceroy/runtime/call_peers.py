@@ -177,3 +177,9 @@ def gone(ranks: Sequence[int]) -> str:
     if left:
         parts.append(f"{describe_ranks(left)} finished the call without joining this collective")
     return " and ".join(parts)
+
+
+def order_hint(ranks: Sequence[int]) -> str:
+    """Advice where some of `ranks` (from `skipped`) left without joining (none where they all
+    died)."""
+    return "" if died(ranks) == list(ranks) else " Every rank of a group must call its collectives, in the same order."

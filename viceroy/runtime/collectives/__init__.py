@@ -21,7 +21,7 @@ from viceroy.runtime.collectives.api import (
     reduce_scatter,
     send,
 )
-from viceroy.runtime.collectives.communicators import set_timeout
+from viceroy.runtime.collectives.entries import set_timeout
 from viceroy.runtime.collectives.errors import BackendUnavailable, CollectiveError
 
 
@@ -32,7 +32,7 @@ def abort_all() -> int:
     thread; meant for the runtime's interrupt path. Returns how many communicators were hit."""
     import sys
 
-    from viceroy.runtime.collectives.communicators import abort_all as _ours
+    from viceroy.runtime.collectives.entries import abort_all as _ours
 
     hit = _ours()
     if "torch.distributed" in sys.modules:
