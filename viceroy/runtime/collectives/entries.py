@@ -101,7 +101,7 @@ def forget(entry: Entry) -> None:
 
 
 def give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = False,
-             shared: bool = False) -> list[Record] | None:
+            shared: bool = False) -> list[Record] | None:
     """Record why this rank gives the group up, then abort the communicator (in that order: a
     peer that sees our connections cut finds our record) and forget it. A build given up also
     moves the generation on. Returns the generation's records, or None without a store.
