@@ -114,6 +114,17 @@ def test_push_and_pull_move_values_by_name(start_mesh):
     assert sums == [int(np.arange(1 << 16).sum())] * 2
 
 
+def test_push_and_scatter_refuse_the_names_each_rank_holds_its_own_place_in(start_mesh):
+    # mesh.push(rank=99) made every rank's `rank` 99: code reading it afterwards misbehaved.
+    mesh = start_mesh(gpus=2)
+    for name in ("rank", "coords", "mesh"):
+        with pytest.raises(ValueError, match=f"push cannot set '{name}': each rank's namespace holds its own"):
+            mesh.push(**{name: 99})
+        with pytest.raises(ValueError, match=f"scatter cannot set '{name}'"):
+            mesh.scatter(name, [1, 2])
+    assert mesh.run("rank, coords, mesh").values() == [(0, {"gpus": 0}, {"gpus": 2}), (1, {"gpus": 1}, {"gpus": 2})]
+
+
 def test_pulling_a_name_the_ranks_lack_shows_no_frame_of_ours(start_mesh):
     # The error showed a traceback through File "<pull nothere cell 1>", our wrapper, as if
     # it were the user's code.

@@ -181,7 +181,7 @@ class Mesh(MeshStarts, ShapeOps):
         for all ranks."""
         if not values:
             raise TypeError("push takes names and values: mesh.push(lr=0.1)")
-        _check_names("push", values)
+        _check_names("push", values, assigns=True)
         signed, data = self._pack(values, values)
         self._send_tensor_ops()
         self._controller.submit("push", self._shape, {}, signed, data, label=f"push {', '.join(values)}").get()
@@ -208,7 +208,7 @@ class Mesh(MeshStarts, ShapeOps):
         """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
         rank (row-major), or an array/tensor split along its first axis into as many near-equal
         chunks as there are ranks (like numpy.array_split)."""
-        _check_names("scatter", [name])
+        _check_names("scatter", [name], assigns=True)
         n = len(self._shape)
         parts = _split_for_ranks(values, n)
         if len(parts) != n:
@@ -319,10 +319,16 @@ class Mesh(MeshStarts, ShapeOps):
         return self._controller.subscribe(listener)
 
 
-def _check_names(what: str, names: Any) -> None:
+_RANK_NAMES = ("rank", "coords", "mesh")  # every rank's own, in its namespace (see rank.py)
+
+
+def _check_names(what: str, names: Any, assigns: bool = False) -> None:
     for name in names:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{what} takes variable names, got {name!r}")
+        if assigns and name in _RANK_NAMES:
+            raise ValueError(f"{what} cannot set {name!r}: each rank's namespace holds its own rank, coords and "
+                             f"mesh (its dims) under those names, which code on the ranks reads; choose another name")
 
 
 def _split_for_ranks(values: Any, n: int) -> list[Any]:
