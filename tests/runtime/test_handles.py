@@ -121,3 +121,10 @@ def test_scatter_on_a_sub_mesh_uses_its_ranks(start_mesh):
     sub.scatter("s", [10, 20])
     assert sub.pull("s").values() == [10, 20]
     assert sub.gather("s") == [10, 20]
+
+
+def test_a_handle_to_something_that_is_not_a_name_is_refused_at_once(start_mesh):
+    mesh = start_mesh(gpus=1)
+    for bad in (3, "a b", None):  # 3 failed inside our plumbing (AttributeError: 'int' ... isidentifier)
+        with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; .* is not a name"):
+            mesh.ref(bad)

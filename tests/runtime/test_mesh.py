@@ -311,7 +311,7 @@ def test_ranks_do_not_share_random_streams(start_mesh):
     assert len({d[0] for d in draws}) == 3 and len({d[1] for d in draws}) == 3
 
 
-@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1])
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1, "5", True])
 def test_a_timeout_that_is_not_positive_and_finite_is_refused_before_anything_is_sent(start_mesh, timeout):
     mesh = start_mesh(gpus=2)
     with pytest.raises(ValueError, match=rf"timeout={timeout!r}: give a positive, finite number of seconds"):
@@ -368,3 +368,28 @@ def test_strings_that_are_not_valid_unicode_reach_the_controller(start_mesh):
     with pytest.raises(vr.MeshError, match="cannot parse caf"):
         mesh.run("raise ValueError(f'cannot parse {name}')", timeout=10)
     assert mesh.run(lambda n: n * 2, name, timeout=10).values() == [name * 2] * 2
+
+
+def test_classes_defined_in_rank_code_work_as_in_a_script(start_mesh):
+    # The namespace's module, "__mesh__", was nowhere in sys.modules: dataclasses, pickle and
+    # torch.save, which look a class up by its module, failed on the ranks.
+    mesh = start_mesh(gpus=2)
+    mesh.run("import dataclasses, pickle\n"
+             "@dataclasses.dataclass\nclass Cfg:\n    lr: float = 0.1\n"
+             "class Foo:\n    pass\n"
+             "assert type(pickle.loads(pickle.dumps(Foo()))) is Foo")
+    # Their instances still come back to the controller, which has no __mesh__ module: by value.
+    got = mesh.run("Cfg(lr=0.5 + rank)").values()
+    assert [g.lr for g in got] == [0.5, 1.5] and type(got[0]).__name__ == "Cfg"
+    assert "__mesh__" not in sys.modules
+
+
+def test_coords_and_mesh_follow_the_view_until_the_users_code_rebinds_them(start_mesh):
+    m = start_mesh(gpus=4)
+    sp = m.split(gpus=("dp", "tp"), tp=2)
+    assert sp.run("coords, mesh").item(dp=1, tp=0) == ({"dp": 1, "tp": 0}, {"dp": 2, "tp": 2})
+    assert m.run("coords, mesh").values()[2] == ({"gpus": 2}, {"gpus": 4})  # the whole mesh's again
+    # A name the user rebinds is theirs: a call on a view undid `mesh = init_device_mesh(...)`.
+    sp.run("mesh = 'my device mesh'")
+    assert sp.run("mesh, coords").item(dp=1, tp=0) == ("my device mesh", {"dp": 1, "tp": 0})
+    assert m.run("mesh, coords").values()[2] == ("my device mesh", {"gpus": 2})

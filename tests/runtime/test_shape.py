@@ -114,6 +114,9 @@ def test_numpy_integers_serve_as_indices_slice_bounds_and_dim_sizes():
         (lambda s: s.position(hosts=0, gpus=slice(0, 2)), TypeError, r"one coordinate per dim, got gpus=0:2"),
         (lambda s: s.select(3), TypeError, r"a list of rank numbers, e\.g\. select\(\[0, 3\]\), got 3"),
         (lambda s: s.select([]), ValueError, "at least one rank"),
+        # a mask read as ranks [1, 0]
+        (lambda s: s.select([True, False]), TypeError, r"select takes rank numbers.*\(a mask: pass the ranks where it is True\)"),
+        (lambda s: s.select([0, 1.5]), TypeError, r"select takes rank numbers, e\.g\. select\(\[0, 3\]\), got \[0, 1\.5\]$"),
         (lambda s: s.select([1, 2, 1]), ValueError, r"distinct ranks: 1 given more than once"),
         (lambda s: s.rename(gpus="hosts"), ValueError, r"rename\(gpus='hosts'\) makes two dims named 'hosts'"),
     ],

@@ -92,19 +92,35 @@ def set_thread_view(view: Context | None) -> None:
     _in_call.view = view
 
 
+_provided: dict[str, Any] = {}  # "coords"/"mesh" -> the object the runtime put under that name
+
+
+def provide(ns: dict[str, Any], coords: dict[str, int], dims: dict[str, int]) -> None:
+    """Put this rank's ``coords`` and ``mesh`` (its dims) in the namespace: names the user's
+    code reads, and may rebind (``mesh = init_device_mesh(...)``), which then stay the user's."""
+    for name, value in (("coords", coords), ("mesh", dims)):
+        ns[name] = _provided[name] = value
+
+
 @contextmanager
 def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> Iterator[None]:
     """For one call made on a view of the mesh, on this thread: `context()` gives this rank's
-    `coords` and `dims` in the view (and the namespace's ``coords`` and ``mesh`` hold them),
-    then what it gave before. Other threads (actors answering meanwhile) keep theirs."""
+    `coords` and `dims` in the view (and the namespace's ``coords`` and ``mesh`` hold them,
+    unless the user's code rebound those names), then what it gave before. Other threads
+    (actors answering meanwhile) keep theirs."""
     view = view_of(names, sizes, runs)
     ns = view.namespace
-    saved = (ns.get("coords"), ns.get("mesh"))
+    ours = [n for n in ("coords", "mesh") if n in ns and ns[n] is _provided.get(n)]  # not rebound by the user
+    saved = {n: ns[n] for n in ours}
     before = getattr(_in_call, "view", None)
     _in_call.view = view
-    ns["coords"], ns["mesh"] = dict(view.coords), dict(view.dims)
+    for n, value in (("coords", dict(view.coords)), ("mesh", dict(view.dims))):
+        if n in ours:
+            ns[n] = _provided[n] = value
     try:
         yield
     finally:
         _in_call.view = before
-        ns["coords"], ns["mesh"] = saved
+        for n in ours:
+            if ns.get(n) is _provided[n]:  # what the call left there is still ours: put back
+                ns[n] = _provided[n] = saved[n]

@@ -171,7 +171,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
         rank answers (for streaming adverbs). `died_hint`: what a MeshError for a rank death
         says to do, where restarting the ranks is not the whole answer (actors)."""
-        if timeout is not None and not 0 < timeout < math.inf:  # nan too
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not 0 < timeout < math.inf):  # nan too; "5" too
             raise ValueError(f"timeout={timeout!r}: give a positive, finite number of seconds, or None for no limit")
         with self._lock:
             self._check_open()

@@ -48,6 +48,11 @@ class MeshError(Exception):
     def __str__(self) -> str:
         return self._message()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own rebuilds from args (the message): a pickle or copy must pass the
+        # fields (a MeshError through multiprocessing, copy.copy(err)).
+        return (type(self), (self.what, self.failures, self.partial, self.hint, self.total))
+
     @property
     def ranks(self) -> list[int]:
         """Ranks that failed (any kind), sorted."""

@@ -31,7 +31,7 @@ class Ref:
     __slots__ = ("__weakref__", "_controller", "_describe", "_token", "name")
 
     def __init__(self, name: str, controller: Controller, describe: str) -> None:
-        if not name.isidentifier():
+        if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a handle names a variable on the ranks; {name!r} is not a name")
         self.name = name
         self._token = controller.token

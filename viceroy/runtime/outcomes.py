@@ -179,7 +179,8 @@ class CallOutcomes:
             self._pids.pop(r, None)
             for call in list(self._calls.values()):
                 if r in call.shape.ranks and not call.answered(r):
-                    call.failures[r] = RankFailure("died", f"died ({reason})" + (f": {why}" if why else ""))
+                    call.failures[r] = (RankFailure("interrupted", "restarted while it ran") if reason == "restarted"
+                                        else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")))
                     if call.fail_fast:
                         self._stop(call, f"stopped by fail-fast after rank {r} died")
                     if not call.missing():
@@ -215,7 +216,7 @@ class CallOutcomes:
         finished = []
         for call in list(self._calls.values()):
             if r in call.shape.ranks and not call.answered(r):
-                call.failures[r] = RankFailure("died", f"restarted (process {old_pid} ended) before it answered")
+                call.failures[r] = RankFailure("interrupted", f"restarted while it ran (process {old_pid} ended)")
                 if not call.missing():
                     finished.append(call)
                 elif call.stop_reason is None:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 from viceroy.runtime import call_peers, devices, handles, resources, serialize, shm
@@ -58,13 +59,9 @@ class Rank:
         self.cancelled: set[int] = set()
         self.main_ident = threading.get_ident()
 
-        namespace: dict[str, Any] = {
-            "__name__": "__mesh__",
-            "__builtins__": __builtins__,
-            "rank": self.rank,
-            "coords": dict(cfg["coords"]),
-            "mesh": dict(cfg["dims"]),
-        }
+        namespace = _namespace_module().__dict__
+        namespace.update({"__builtins__": __builtins__, "rank": self.rank})
+        context_mod.provide(namespace, dict(cfg["coords"]), dict(cfg["dims"]))
         self.executor = Executor(namespace)
         context_mod._set_context(
             context_mod.Context(
@@ -383,3 +380,16 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         traceback.print_exc()
     finally:
         die_now(1)
+
+
+def _namespace_module() -> types.ModuleType:
+    """The module whose globals the rank's code runs in, "__mesh__", importable as a script's
+    ``__main__`` is: dataclasses, pickle, torch.save and typing look classes up by their
+    module. Its values travel to the controller by value (cloudpickle), as ``__main__``'s do,
+    since no module of that name exists there."""
+    import cloudpickle
+
+    module = types.ModuleType("__mesh__")
+    sys.modules["__mesh__"] = module
+    cloudpickle.register_pickle_by_value(module)
+    return module

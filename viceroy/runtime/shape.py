@@ -197,10 +197,14 @@ class Shape:
         if not isinstance(ranks, Iterable) or isinstance(ranks, str):
             raise TypeError(f"select takes a list of rank numbers, e.g. select([0, 3]), got {ranks!r}")
         ranks = list(ranks)
-        try:  # numpy or torch integers too, as plain ints (they travel in JSON headers)
-            wanted = [operator.index(r) for r in ranks]
-        except TypeError:
-            raise TypeError(f"select takes rank numbers, got {ranks!r}") from None
+        # numpy or torch integers too, as plain ints (they travel in JSON headers); no bools:
+        # a mask (select([True, False])) is not a list of ranks
+        ints = [_int(r) for r in ranks]
+        wanted = [r for r in ints if r is not None]
+        if len(wanted) != len(ranks):
+            mask = bool(ranks) and all(type(r).__name__ in ("bool", "bool_") for r in ranks)
+            raise TypeError(f"select takes rank numbers, e.g. select([0, 3]), got {ranks!r}"
+                            + (" (a mask: pass the ranks where it is True)" if mask else ""))
         if not wanted:
             raise ValueError("select needs at least one rank, got none")
         have = set(self._ranks)
