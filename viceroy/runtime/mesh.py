@@ -219,7 +219,8 @@ class Mesh(MeshStarts, ShapeOps):
         self._controller.submit("push", self._shape, {"scatter": name}, signed, data, label=f"scatter {name}").get()
 
     def gather(self, name: str) -> Any:
-        """Every rank's `name`, joined in rank order: arrays and tensors concatenated along
+        """Every rank's `name`, joined in this mesh's order (rank order; a view's own order, as
+        ``mesh.select([3, 1])`` gives): arrays and tensors concatenated along
         their first axis (0-d ones stacked), lists chained, anything else as a list."""
         return _join(self._read(name, "gather"), name)
 
