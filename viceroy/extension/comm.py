@@ -74,9 +74,23 @@ def route_by_header(c: Any) -> None:
     (interrupt, logs) would wait behind the running cell. Route by the message's own header.
     A close (its data holds no request) goes to the main shell, which is always there: the page
     closing the comm is going away, and JupyterLab deletes its subshell as it goes, at times
-    before the close reached it, which then dropped the close."""
+    before the close reached it, which then dropped the close.
+
+    A widget's requests come wrapped: anywidget sends ``{"method": "custom", "content":
+    {"request": ...}}`` on the widget's comm, so the request is looked for there too."""
     if hasattr(c, "_reply_subshell_for"):
-        c._reply_subshell_for = lambda data, default: default if isinstance(data, dict) and "request" in data else None
+        c._reply_subshell_for = lambda data, default: default if is_request(data) else None
+
+
+def is_request(data: Any) -> bool:
+    """Whether a comm message's ``data`` is a front end's request: the side panel's
+    ``{"request": ...}``, or a widget's ``{"method": "custom", "content": {"request": ...}}``."""
+    if not isinstance(data, dict):
+        return False
+    if "request" in data:
+        return True
+    content = data.get("content")
+    return data.get("method") == "custom" and isinstance(content, dict) and "request" in content
 
 
 class FrontEnd:
