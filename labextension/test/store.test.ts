@@ -1,5 +1,6 @@
 import { describe, expect, it, vi } from 'vitest';
 import { MeshStore, computeSummary, normalizeRank } from '../src/view/store';
+import { summaryText } from '../src/view/format';
 import { snapshot } from './fixtures';
 
 describe('MeshStore', () => {
@@ -91,8 +92,23 @@ describe('MeshStore', () => {
     delete rest.summary;
     const store = new MeshStore();
     store.apply(rest);
-    expect(store.summary).toEqual({ total: 4, alive: 3, running: 1, failed: 2 });
-    expect(computeSummary([])).toEqual({ total: 0, alive: 0, running: 0, failed: 0 });
+    expect(store.summary).toEqual({ total: 4, alive: 3, running: 1, starting: 0, failed: 2 });
+    expect(computeSummary([])).toEqual({ total: 0, alive: 0, running: 0, starting: 0, failed: 0 });
+  });
+
+  it('keeps the kernel summary\'s starting ranks, so the header says "N starting"', () => {
+    const snap = snapshot({ gpus: 4 }, 1, { 0: 'starting', 1: 'starting' });
+    const store = new MeshStore();
+    store.apply({ ...snap, summary: { total: 4, alive: 4, running: 0, starting: 2, failed: 0 } });
+    expect(store.summary.starting).toBe(2);
+    expect(summaryText(store.summary)).toBe('mesh 4/4 · 2 starting');
+    store.apply({ type: 'diff', seq: 2, ranks: { '0': { state: 'idle' } },
+      summary: { total: 4, alive: 4, running: 0, starting: 1, failed: 0 } });
+    expect(summaryText(store.summary)).toBe('mesh 4/4 · 1 starting');
+    const rest: Record<string, unknown> = { ...snap, seq: 5 };
+    delete rest.summary;
+    store.apply(rest);
+    expect(summaryText(store.summary)).toBe('mesh 4/4 · 2 starting');
   });
 
   it('clears', () => {

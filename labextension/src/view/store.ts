@@ -134,12 +134,18 @@ function normalizeSummary(raw: unknown): ISummary | null {
     return null;
   }
   const n = (v: unknown): number => (typeof v === 'number' ? v : 0);
-  return { total: n(raw.total), alive: n(raw.alive), running: n(raw.running), failed: n(raw.failed) };
+  return {
+    total: n(raw.total),
+    alive: n(raw.alive),
+    running: n(raw.running),
+    starting: n(raw.starting),
+    failed: n(raw.failed)
+  };
 }
 
 /** The summary computed from the records, for kernels that send none. */
 export function computeSummary(ranks: Iterable<IRankRecord>): ISummary {
-  const s: ISummary = { total: 0, alive: 0, running: 0, failed: 0 };
+  const s: ISummary = { total: 0, alive: 0, running: 0, starting: 0, failed: 0 };
   for (const r of ranks) {
     s.total += 1;
     if (r.state !== 'dead') {
@@ -147,6 +153,9 @@ export function computeSummary(ranks: Iterable<IRankRecord>): ISummary {
     }
     if (r.state === 'running') {
       s.running += 1;
+    }
+    if (r.state === 'starting') {
+      s.starting = (s.starting ?? 0) + 1;
     }
     if (r.state === 'error' || r.state === 'dead') {
       s.failed += 1;
