@@ -15,6 +15,9 @@ class FakeComm {
   send(data: unknown): void {
     this.sent.push(data);
   }
+  dispose(): void {
+    this.isDisposed = true;
+  }
   close(): void {
     // as @jupyterlab/services' comm does: closing calls its own onClose
     this.closed = true;
@@ -67,5 +70,47 @@ describe('MeshClient', () => {
     expect(c.closedByKernel).toBe(false); // the panel must not connect again from a page going away
     document.dispatchEvent(new Event('visibilitychange'));
     expect(comm.sent).toHaveLength(2);
+  });
+
+  it('opens its comm only once the comm\'s subshell started, so the open skips a running cell', async () => {
+    const comm = new FakeComm() as FakeComm & { subshellStarted: Promise<void>; commsOverSubshells: string };
+    let started!: () => void;
+    comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
+    comm.commsOverSubshells = 'perCommTarget';
+    const kernel = { createComm: () => comm, info: Promise.resolve({}), supportsSubshells: true };
+    const c = new MeshClient(kernel as never);
+    await Promise.resolve();
+    await Promise.resolve();
+    expect(comm.opened).toEqual([]); // on the main shell it would wait behind the cell
+    c.send({ request: 'stacks' });
+    expect(comm.sent).toEqual([]); // nothing before the open
+    started();
+    await c.opened;
+    expect(comm.opened).toEqual([{ request: 'snapshot' }]);
+    expect(comm.sent).toEqual([{ request: 'alive' }]);
+    c.dispose();
+  });
+
+  it('opens at once on a kernel without subshells', async () => {
+    const comm = new FakeComm() as FakeComm & { subshellStarted: Promise<void>; commsOverSubshells: string };
+    comm.subshellStarted = new Promise<void>(() => {}); // never, as services leaves it
+    comm.commsOverSubshells = 'perCommTarget';
+    const kernel = { createComm: () => comm, info: Promise.resolve({}), supportsSubshells: false };
+    const c = new MeshClient(kernel as never);
+    await c.opened;
+    expect(comm.opened).toEqual([{ request: 'snapshot' }]);
+    c.dispose();
+  });
+
+  it('does not open a comm disposed while it waited for its subshell', async () => {
+    const comm = new FakeComm() as FakeComm & { subshellStarted: Promise<void>; commsOverSubshells: string };
+    let started!: () => void;
+    comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
+    const kernel = { createComm: () => comm, info: Promise.resolve({}), supportsSubshells: true };
+    const c = new MeshClient(kernel as never);
+    c.dispose();
+    started();
+    await c.opened;
+    expect(comm.opened).toEqual([]);
   });
 });

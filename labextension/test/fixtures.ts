@@ -91,7 +91,18 @@ export class FakeModel {
   }
 
   send(content: IRequest): void {
+    if (this.commClosed) {
+      throw new Error('Cannot send'); // as @jupyterlab/services' comm does once disposed
+    }
     this.sent.push(content);
+  }
+
+  /** The comm under the model is gone (the kernel restarted), as `send` finds out. */
+  commClosed = false;
+
+  /** ipywidgets' model events: 'comm_live_update' (kernel restarting), 'comm:close'. */
+  trigger(event: string): void {
+    this._emit(event);
   }
 
   /** The kernel sets the `state` trait. */

@@ -62,4 +62,58 @@ describe('anywidget render()', () => {
     expect(el.querySelector('.viceroy-summary')!.textContent).toBe('no mesh');
     cleanup();
   });
+
+  it('exports only the default module, as anywidget wants (a named render is deprecated)', async () => {
+    const mod: Record<string, unknown> = await import('../src/widget');
+    expect(Object.keys(mod)).toEqual(['default']);
+  });
+
+  for (const event of ['comm_live_update', 'comm:close']) {
+    it(`shows no mesh and disables its buttons once the kernel goes (${event})`, async () => {
+      const model = new FakeModel(snapshot({ gpus: 4 }, 1, { 1: 'dead' }));
+      const el = document.createElement('div');
+      document.body.append(el);
+      const cleanup = widget.render({ model, el });
+      await frame();
+      const button = (c: string) => el.querySelector<HTMLButtonElement>(c)!;
+      expect(button('.viceroy-interrupt').disabled).toBe(false);
+      model.sent = [];
+
+      model.commClosed = true;
+      model.trigger(event); // the kernel restarted
+      await frame();
+      expect(el.querySelectorAll('.viceroy-tile')).toHaveLength(0);
+      expect(el.querySelector('.viceroy-summary')!.textContent).toBe('no mesh');
+      expect(el.querySelector('.viceroy-empty')!.textContent).toContain('Disconnected from the kernel');
+      for (const c of ['.viceroy-interrupt', '.viceroy-restart', '.viceroy-stacks']) {
+        expect(button(c).disabled).toBe(true);
+        button(c).click(); // nothing is sent, nothing throws
+      }
+      expect(model.sent).toEqual([]);
+      cleanup();
+      expect(model.listenerCount()).toBe(0);
+    });
+  }
+
+  it('goes disconnected, not an uncaught error, when a click finds the comm closed', async () => {
+    const model = new FakeModel(snapshot({ gpus: 2 }, 1));
+    const el = document.createElement('div');
+    document.body.append(el);
+    const cleanup = widget.render({ model, el });
+    await frame();
+    model.commClosed = true; // restarted with no event seen (yet)
+    expect(() => el.querySelector<HTMLElement>('.viceroy-tile[data-rank="1"]')!.click()).not.toThrow();
+    expect(() => el.querySelector<HTMLButtonElement>('.viceroy-interrupt')!.click()).not.toThrow();
+    await frame();
+    expect(el.querySelector('.viceroy-summary')!.textContent).toBe('no mesh');
+    expect(el.querySelector<HTMLButtonElement>('.viceroy-interrupt')!.disabled).toBe(true);
+
+    // a message from the kernel after all: the view follows it again
+    model.commClosed = false;
+    model.custom(snapshot({ gpus: 2 }, 5));
+    await frame();
+    expect(el.querySelectorAll('.viceroy-tile')).toHaveLength(2);
+    expect(el.querySelector<HTMLButtonElement>('.viceroy-interrupt')!.disabled).toBe(false);
+    cleanup();
+  });
 });

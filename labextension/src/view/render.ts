@@ -185,6 +185,22 @@ export class MeshView {
     this.store.clear();
   }
 
+  /**
+   * The view lost its kernel (a restart, a closed widget): forget the mesh, disable the
+   * buttons, and say why where the mesh was; `null` connects it again with `send`.
+   */
+  setDisconnected(reason: string | null, send: SendRequest | null = null): void {
+    this._empty.textContent = reason ?? this._emptyText;
+    this.node.classList.toggle('viceroy-disconnected', reason !== null);
+    if (reason !== null) {
+      this.setSend(null);
+      this.clear();
+      this._notice.show(reason, true);
+    } else {
+      this.setSend(send);
+    }
+  }
+
   /** Open the detail pane for a rank (its traceback if it failed, else its log), or close it. */
   select(rank: number | null, kind?: 'logs' | 'traceback'): void {
     this._selected = rank;
@@ -251,7 +267,12 @@ export class MeshView {
 
   private _request(request: IRequest): void {
     if (this._send) {
-      this._send(request);
+      try {
+        this._send(request);
+      } catch (err) {
+        // a comm closed under the view (the kernel restarted): say so rather than throw
+        this._notice.show(`could not reach the kernel: ${(err as Error)?.message ?? err}`, true);
+      }
     } else if (request.request !== 'snapshot') {
       this._notice.show('not connected to a Viceroy kernel', true);
     }

@@ -614,10 +614,16 @@ function normalizeSummary(raw) {
     return null;
   }
   const n = (v) => typeof v === "number" ? v : 0;
-  return { total: n(raw.total), alive: n(raw.alive), running: n(raw.running), failed: n(raw.failed) };
+  return {
+    total: n(raw.total),
+    alive: n(raw.alive),
+    running: n(raw.running),
+    starting: n(raw.starting),
+    failed: n(raw.failed)
+  };
 }
 function computeSummary(ranks) {
-  const s = { total: 0, alive: 0, running: 0, failed: 0 };
+  const s = { total: 0, alive: 0, running: 0, starting: 0, failed: 0 };
   for (const r of ranks) {
     s.total += 1;
     if (r.state !== "dead") {
@@ -625,6 +631,9 @@ function computeSummary(ranks) {
     }
     if (r.state === "running") {
       s.running += 1;
+    }
+    if (r.state === "starting") {
+      s.starting = (s.starting ?? 0) + 1;
     }
     if (r.state === "error" || r.state === "dead") {
       s.failed += 1;
@@ -949,6 +958,21 @@ var MeshView = class {
     this.select(null);
     this.store.clear();
   }
+  /**
+   * The view lost its kernel (a restart, a closed widget): forget the mesh, disable the
+   * buttons, and say why where the mesh was; `null` connects it again with `send`.
+   */
+  setDisconnected(reason, send = null) {
+    this._empty.textContent = reason ?? this._emptyText;
+    this.node.classList.toggle("viceroy-disconnected", reason !== null);
+    if (reason !== null) {
+      this.setSend(null);
+      this.clear();
+      this._notice.show(reason, true);
+    } else {
+      this.setSend(send);
+    }
+  }
   /** Open the detail pane for a rank (its traceback if it failed, else its log), or close it. */
   select(rank, kind) {
     this._selected = rank;
@@ -1008,7 +1032,11 @@ var MeshView = class {
   // --- requests ---------------------------------------------------------------------------
   _request(request) {
     if (this._send) {
-      this._send(request);
+      try {
+        this._send(request);
+      } catch (err) {
+        this._notice.show(`could not reach the kernel: ${err?.message ?? err}`, true);
+      }
     } else if (request.request !== "snapshot") {
       this._notice.show("not connected to a Viceroy kernel", true);
     }
@@ -1093,24 +1121,55 @@ function numbers(value) {
 }
 
 // src/widget.ts
+var DISCONNECTED = "Disconnected from the kernel (restarted or shut down): no mesh. Run %mesh status for a live view.";
 function render({ model, el: el2 }) {
-  const view = new MeshView({ send: (request) => model.send(request) }, el2.ownerDocument);
+  let connected = true;
+  const send = (request) => {
+    if (!connected) {
+      return;
+    }
+    try {
+      model.send(request);
+    } catch {
+      onDisconnect();
+    }
+  };
+  const view = new MeshView({ send }, el2.ownerDocument);
   el2.classList.add("viceroy-widget");
   el2.append(view.node);
-  const onState = () => view.handle(model.get("state"));
-  const onMessage = (message) => view.handle(message);
+  const onDisconnect = () => {
+    if (connected) {
+      connected = false;
+      view.setDisconnected(DISCONNECTED);
+    }
+  };
+  const onState = () => {
+    if (connected) {
+      view.handle(model.get("state"));
+    }
+  };
+  const onMessage = (message) => {
+    if (!connected) {
+      connected = true;
+      view.setDisconnected(null, send);
+    }
+    view.handle(message);
+  };
   model.on("change:state", onState);
   model.on("msg:custom", onMessage);
+  model.on("comm_live_update", onDisconnect);
+  model.on("comm:close", onDisconnect);
   onState();
-  model.send({ request: "snapshot" });
+  send({ request: "snapshot" });
   return () => {
     model.off("change:state", onState);
     model.off("msg:custom", onMessage);
+    model.off("comm_live_update", onDisconnect);
+    model.off("comm:close", onDisconnect);
     view.dispose();
   };
 }
 var widget_default = { render };
 export {
-  widget_default as default,
-  render
+  widget_default as default
 };
