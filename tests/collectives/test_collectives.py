@@ -55,6 +55,31 @@ def test_ranks_other_than_0_talk_before_rank_0_ever_used_a_collective(torch_mesh
     assert got.values() == [None, 7.0]
 
 
+def test_building_groups_reuses_a_ranks_store_connection(torch_mesh):
+    # A TCPStore connect may take 5 s at random: torch resolves the peer's address back to a
+    # name (getnameinfo on ::ffff:127.0.0.1, which /etc/hosts does not answer), on the client
+    # and in the server's thread, and a DNS query left unanswered costs the resolver's 5 s. A
+    # fresh client per group build made ~1 build in 3 stall. Counted, not timed: whether a
+    # query goes unanswered depends on the machine's DNS, a count does not.
+    mesh = torch_mesh(gpus=4)
+    mesh.run("t = torch.ones(1); vr.all_reduce(t)")  # connected, one group built
+    sp = mesh.split(gpus=("a", "b"), b=2)
+    made = sp.run(
+        "import torch.distributed as dist\n"
+        "real, made = dist.TCPStore, []\n"
+        "dist.TCPStore = lambda *a, **k: made.append(1) or real(*a, **k)\n"
+        "try:\n"
+        "    for pairs in ([(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]):  # a group each\n"
+        "        lo, hi = next(p for p in pairs if rank in p)\n"
+        "        t = torch.full((2,), float(rank))\n"
+        "        vr.send(t, hi) if rank == lo else vr.recv(t, lo)\n"
+        "    vr.all_reduce(t, dims='a'); vr.all_reduce(t, dims='b')\n"
+        "finally:\n"
+        "    dist.TCPStore = real\n"
+        "len(made)", timeout=60)
+    assert made.values() == [0, 0, 0, 0]  # five groups built on each rank, no new connection
+
+
 def test_a_send_longer_than_a_wait_slice_arrives_whole(torch_mesh):
     mesh = torch_mesh(gpus=2)
     got = mesh.run(

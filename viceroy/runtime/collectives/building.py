@@ -144,7 +144,11 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     def connect() -> Communicator:
         client = rendezvous.client(timeout)
         store = PrefixStore(f"{entry.prefix}/{backend.name}", client)
-        return backend.connect(store, index, group.size, device, timeout)
+        comm = backend.connect(store, index, group.size, device, timeout)
+        # Only after a build that went through: one that failed or timed out may leave a wait
+        # of the client's outstanding on the server, whose answer would confuse its next user.
+        rendezvous.give_back(client, incarnation)
+        return comm
 
     # From here on this rank is a member of generation `gen`: however it leaves (an interrupt
     # may land anywhere, even inside Thread.start), it gives the generation up, so no member

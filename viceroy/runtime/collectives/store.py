@@ -53,6 +53,7 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._store: Any = None
         self._conn: sockets.Socket | None = None
+        self._spare: list[Any] = []  # build clients given back, idle: see `client`
         self.incarnation = ""
 
     def get(self, timeout: float) -> tuple[Any, str]:
@@ -62,6 +63,7 @@ class Rendezvous:
             if self._store is not None and self._conn is not None and not sockets.is_open(self._conn):
                 self._store = None  # asking a dead server makes torch print a C++ stack trace
             if self._store is None:
+                self._spare.clear()  # clients of the server that went away
                 self._store, self.incarnation = self._connect(timeout)
             return self._store, self.incarnation
 
@@ -76,14 +78,31 @@ class Rendezvous:
         """Forget the connection (a store operation failed: the server is gone)."""
         with self._lock:
             self._store = None
+            self._spare.clear()
 
     def client(self, timeout: float) -> Any:
-        """A fresh client connection, for a thread that may block on it: a TCPStore client
-        serialises its operations, so a blocked wait would stall every other user."""
+        """A client connection of its own, for a thread that may block on it: a TCPStore client
+        serialises its operations, so a blocked wait would stall every other user. An idle one
+        given back with `give_back` if there is one, else a new one (call `get` first).
+
+        Connecting is slow at random here: torch resolves the peer's address back to a name on
+        every connect, on the client and in the server's thread (getnameinfo on the IPv4-mapped
+        address, which /etc/hosts does not answer, so it asks DNS), and a DNS query left
+        unanswered costs the resolver's 5 s timeout. So a rank connects once, not per group."""
+        with self._lock:
+            if self._spare:
+                return self._spare.pop()
         from torch.distributed import TCPStore
 
         host, port = address()
         return TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
+
+    def give_back(self, client: Any, incarnation: str) -> None:
+        """`client` (from `client`) is idle again, with nothing of its own pending: the next
+        `client` takes it, unless the server it talks to was replaced since."""
+        with self._lock:
+            if self._store is not None and incarnation == self.incarnation:
+                self._spare.append(client)
 
     def _connect(self, timeout: float) -> tuple[Any, str]:
         from torch.distributed import TCPStore
