@@ -3,6 +3,8 @@ its `coords` and `mesh`, and collectives by the view's dim names and over the wh
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import viceroy as vr
@@ -33,6 +35,23 @@ def test_the_whole_of_a_slice_is_its_ranks_not_the_mesh(torch_mesh):
     picked = mesh.select([3, 0])  # positions follow the selection's order
     got = picked.run("vr.all_gather(torch.tensor([rank])).flatten().tolist()", timeout=30).values()
     assert got == [[3, 0], [3, 0]]
+
+
+def test_send_or_recv_with_a_rank_outside_the_view_fails_at_once(torch_mesh):
+    mesh = torch_mesh(gpus=4)
+    half = mesh.slice(gpus=slice(0, 2))  # rank 3 does not run this call: it waited for it forever
+    began = time.monotonic()
+    with pytest.raises(vr.MeshError, match=r"send: rank 3 is not in this call, which runs on ranks 0-1"):
+        half.run("if rank == 0: vr.send(torch.ones(1), 3)", timeout=30)
+    with pytest.raises(vr.MeshError, match=r"recv: rank 2 is not in this call, which runs on ranks 0-1"):
+        half.run("if rank == 1: vr.recv(torch.ones(1), 2)", timeout=30)
+    assert time.monotonic() - began < 20
+    # a rank of the view is fine, on a view whose positions are not its global ranks too
+    picked = mesh.select([3, 1])
+    got = picked.run("t = torch.full((1,), float(rank))\n"
+                     "vr.send(t, 1) if rank == 3 else vr.recv(t, 3)\n"
+                     "t.item()", timeout=30)
+    assert got.values() == [3.0, 3.0]
 
 
 def test_device_mesh_takes_a_splits_dim_names_and_refuses_a_slice(torch_mesh):

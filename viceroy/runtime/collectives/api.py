@@ -19,6 +19,7 @@ from viceroy.runtime.collectives.gloo import GlooBackend
 from viceroy.runtime.collectives.groups import Dims, Group, group_for, pair_group
 from viceroy.runtime.collectives.nccl import NcclBackend
 from viceroy.runtime.context import context
+from viceroy.runtime.shape import format_rank_set
 
 T = TypeVar("T")
 
@@ -162,11 +163,18 @@ def _group(dims: Dims) -> Group:
 
 
 def _pair(peer: int, what: str) -> Group:
-    me = context().rank
+    ctx = context()
+    me = ctx.rank
     if peer == me:
         raise ValueError(f"{what}: rank {me} cannot talk to itself")
-    if not 0 <= peer < context().world_size:
-        raise ValueError(f"{what}: there is no rank {peer} (ranks 0..{context().world_size - 1})")
+    if not 0 <= peer < ctx.world_size:
+        raise ValueError(f"{what}: there is no rank {peer} (ranks 0..{ctx.world_size - 1})")
+    if ctx.ranks is not None and peer not in ctx.ranks:  # on a view: only its ranks run this code
+        raise ValueError(
+            f"{what}: rank {peer} is not in this call, which runs on ranks {format_rank_set(ctx.ranks)} "
+            f"(a view of the mesh), so it would wait for rank {peer} forever: {what} "
+            f"{'to' if what == 'send' else 'from'} one of those ranks, or run the call on a view (or the "
+            "mesh) that includes both")
     return pair_group(me, peer)
 
 
