@@ -2,7 +2,10 @@
 `communicators.run`. Backends do not notice members that pass different shapes, dtypes or
 operations; they wait for bytes that never come. So an operation still waiting after
 CHECK_AFTER_S writes its signature (``all_reduce('sum') float32[4]``) into the rendezvous store
-under the operation's key, and compares it with those the other waiting members wrote.
+under the operation's key, and compares it with those the other waiting members wrote. A
+mismatch the backend does not wait on (the same byte size in other dtypes, shapes or ops; a
+receiving buffer larger than what is sent) completes with wrong values, unchecked: checking
+every operation would cost a round trip each (README, "Known gaps").
 
 A member that got its share despite the mismatch returned, and writes nothing for it; what it
 passed still reaches the members left waiting. Waiting in a later operation on the group, it
