@@ -108,8 +108,11 @@ def test_an_actor_whose_rank_dies_releases_the_others_at_once(mesh, reducers):
     wait_running(mesh.select([3]), "time.sleep")
     wait_running(mesh.select([0, 1, 2]), "vr.all_reduce")
     err = fails_within(fut, lambda: os.kill(mesh.pids()[3], signal.SIGKILL), 5)
-    assert "rank 3 died, while the others waited" in str(err), err
-    assert set(err.failures) == {0, 1, 2, 3}, err
+    assert set(err.failures) == {0, 1, 2, 3} and err.failures[3].kind == "died", err
+    # Told by the controller ("rank 3 died, while the others waited in it"), or by gloo first
+    # ("lost its connection to rank 3"): either way released, naming it.
+    for r in (0, 1, 2):
+        assert "rank 3" in err.failures[r].summary, err
 
 
 def test_interrupting_the_mesh_releases_actors_waiting_in_a_collective(mesh, reducers):
@@ -120,7 +123,9 @@ def test_interrupting_the_mesh_releases_actors_waiting_in_a_collective(mesh, red
     assert time.monotonic() - t0 < 1.5
     with pytest.raises(vr.MeshError) as info:
         fut.get(timeout=5)
-    assert {f.kind for f in info.value.failures.values()} == {"interrupted"}, info.value
+    # Each is interrupted, or released first by a peer's giving the collective up as it was.
+    assert info.value.failures[0].kind == "interrupted", info.value
+    assert "interrupted" in str(info.value) and set(info.value.failures) == {0, 1, 2, 3}, info.value
     assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
 
 
