@@ -1,5 +1,6 @@
 """The tensor engine: torch on the controller, tensors on the ranks."""
 
+import copy
 import gc
 import inspect as pyinspect
 import threading
@@ -40,6 +41,32 @@ def test_in_place_ops_and_item_assignment_change_the_ranks_tensor(tmesh):
         a.add_(2)
         a[0] = 7
     assert [t.tolist() for t in a.fetch().values()] == [[7.0, 2.0, 2.0]] * 2
+
+
+def _vals(t):
+    return [x.tolist() for x in t.fetch().values()]
+
+
+def test_deepcopy_copies_each_ranks_tensor_and_keeps_parameters_parameters(tmesh):
+    with tmesh.activate():
+        t = torch.randn(2, 3)  # differs from rank to rank
+        model = torch.nn.Linear(3, 2)
+        c, again, tt = copy.deepcopy([t, t, t.T])  # under activate(), as a target-network copy often is
+    assert type(c) is MeshTensor and c is not t and again is c  # the memo: one copy of one tensor
+    assert c.shape == (2, 3) and tt.shape == (3, 2) and tt.stride() == t.T.clone().stride()
+    assert _vals(c) == _vals(t) and _vals(tt) == _vals(t.T)
+    tmesh.run("w.grad = torch.full_like(w, 7.0)", w=model.weight)  # a step's gradient, on the ranks
+    ema = copy.deepcopy(model)  # outside activate() too
+    for p, q in zip(model.parameters(), ema.parameters(), strict=True):
+        assert isinstance(q, torch.nn.Parameter) and q.requires_grad and q._id != p._id
+        assert _vals(q) == _vals(p)
+    assert tmesh.run(lambda w: (type(w).__name__, w.requires_grad, w.is_leaf, w.grad.tolist()), ema.weight).values() \
+        == [("Tensor", True, True, [[7.0] * 3] * 2)] * 2
+    before = _vals(ema.weight)
+    with tmesh.activate(), torch.no_grad():
+        t.add_(1)
+        model.weight.mul_(0)  # the copies are copies: they do not change with the originals
+    assert _vals(c) != _vals(t) and _vals(ema.weight) == before and _vals(model.weight) != before
 
 
 def test_a_shape_error_is_raised_here_and_nothing_reaches_the_ranks(tmesh):

@@ -193,6 +193,19 @@ class Engine:
         self._enqueue((fn, [t._id, *args], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
 
+    def copied(self, t: MeshTensor) -> MeshTensor:
+        """``copy.deepcopy(t)`` (see MeshTensor.__deepcopy__): queued as one op, after the ops
+        issued before it."""
+        with torch._C.DisableTorchFunction():  # (plain meta tensors: no mode sees them)
+            shape, stride, dtype, grad = tuple(t.shape), t.stride(), t.dtype, t.requires_grad
+            # A clone's strides, as the ranks' clone will have them.
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta").clone()
+            if grad:
+                meta.requires_grad_(True)
+        tid = self._new_id()
+        self._enqueue((worker.deepcopied, [t._id], None, (0,), tid, where(), False))
+        return MeshTensor(meta, self, tid)
+
     def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
         """`t` on `target`'s view: position i of this view sends its tensor to position i of
         the target's (row-major), rank to rank. One call over the ranks of both views, after

@@ -12,6 +12,7 @@ Everything else goes to `Engine.dispatch`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import weakref
@@ -148,6 +149,21 @@ class MeshTensor(torch.Tensor):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
         return self._engine.move(self, engine_for(mesh))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MeshTensor:
+        """``copy.deepcopy(t)``, and so of a model built under ``activate()`` (an EMA or target
+        network): a copy of each rank's tensor, made on the ranks in order with the other ops
+        (the same strides and requires_grad, and its ``.grad`` copied too; a leaf, with no
+        history), as a new MeshTensor. What ``memo`` holds is kept (a tensor met twice is
+        copied once), and so are attributes of this one (a Parameter stays a Parameter)."""
+        done = memo.get(id(self))
+        if done is not None:
+            return done
+        out = self._engine.copied(self)
+        memo[id(self)] = out
+        if self.__dict__:  # (``_is_param`` of a Parameter, the user's own attributes)
+            out.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return out
 
     def set_(self, *args: Any, **kwargs: Any) -> MeshTensor:
         """Refused: torch's ``set_`` does not go through ``__torch_function__``, so the tensor

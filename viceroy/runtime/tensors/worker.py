@@ -320,6 +320,21 @@ def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> 
     return all_reduce(t.clone(memory_format=torch.contiguous_format), op=op, dims=Group(groups[context().rank], label))
 
 
+def deepcopied(t: Any) -> Any:
+    """``copy.deepcopy`` of a MeshTensor issued on the controller, on this rank: a copy of the
+    values (a clone: the same strides), with the same requires_grad and a copy of its ``.grad``;
+    a leaf, with no history (torch's own deepcopy refuses a tensor that is not a leaf)."""
+    import torch
+
+    with torch.no_grad():
+        out = t.clone()
+        if t.is_leaf and t.grad is not None:
+            out.grad = t.grad.clone()
+    if t.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
 def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, ...], shape: tuple[int, ...],
           dtype: Any, where: tuple[str, int], label: str) -> None:
     """Tensor `src` of each source rank becomes tensor `dst` of its partner (`pairs`: (source
