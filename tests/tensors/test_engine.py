@@ -69,6 +69,27 @@ def test_deepcopy_copies_each_ranks_tensor_and_keeps_parameters_parameters(tmesh
     assert _vals(c) != _vals(t) and _vals(ema.weight) == before and _vals(model.weight) != before
 
 
+def test_a_0d_integer_mesh_tensor_indexes_as_an_int_on_each_rank(tmesh):
+    with tmesh.activate():
+        x = torch.arange(10.0).reshape(5, 2)
+        i = x.sum(dim=1).argmax()  # 0-d int64: 4 on every rank
+        j = torch.zeros((), dtype=torch.long)
+    tmesh.run(lambda t: t.fill_(vr.context().rank + 1), j)  # 1 on rank 0, 2 on rank 1
+    with tmesh.activate():
+        row, col, pair, one = x[i], x[:, j - 1], x[i, None], x[j, 1]
+    assert (row.shape, col.shape, pair.shape, one.shape) == ((2,), (5,), (1, 2), ())
+    assert _vals(row) == [[8.0, 9.0]] * 2 and _vals(one) == [3.0, 5.0]
+    assert _vals(col) == [[0.0, 2.0, 4.0, 6.0, 8.0], [1.0, 3.0, 5.0, 7.0, 9.0]]
+    with tmesh.activate():
+        x[j] = -1.0  # and assignment
+        x[i, 0] = 7.0
+    assert _vals(row) == [[7.0, 9.0]] * 2  # a view, as in torch: x[i] selects
+    assert _vals(x) == [[[0.0, 1.0], [-1.0, -1.0], [4.0, 5.0], [6.0, 7.0], [7.0, 9.0]],
+                        [[0.0, 1.0], [2.0, 3.0], [-1.0, -1.0], [6.0, 7.0], [7.0, 9.0]]]
+    with tmesh.activate(), pytest.raises(RuntimeError, match=r"^indexing with a boolean mask \(t\[mask\]\)"):
+        x[i > 2]  # a 0-d bool index is a mask: its value gives the shape
+
+
 def test_a_shape_error_is_raised_here_and_nothing_reaches_the_ranks(tmesh):
     with tmesh.activate():
         a = torch.ones(4, 3)

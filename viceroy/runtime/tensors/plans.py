@@ -154,6 +154,13 @@ def _run_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
     try:
         return func(*args, **kwargs)
     except RuntimeError as exc:
+        if getattr(func, "__name__", "") in _INDEXING and len(args) > 1 and _NO_VALUES[1] in str(exc):
+            # ``x[i]`` with a 0-d integer index tensor (``i = t.argmax()``) selects, as an int
+            # does: torch reads its value, which a meta tensor has not; the shape does not depend
+            # on it, so any valid int stands in for it here (the ranks use the real one).
+            index = _ints_for_scalar_indices(args[1])
+            if index is not args[1]:
+                return _run_meta(func, (args[0], index, *args[2:]), kwargs, in_leaves)
         # A local tensor next to meta ones: ``t + torch.ones(3)``. (Indexing takes local index
         # tensors as they are, and a local mask's values give the result's shape: tried first.)
         if "device" not in str(exc) or not any(_is_local(x) for x in in_leaves):
@@ -163,16 +170,39 @@ def _run_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
 
 
 _NO_VALUES = ("no data", "item() cannot be called on meta", "cannot be called on meta tensors")
+_INDEXING = {"__getitem__": "", "__setitem__": " = v"}  # (what ``t[index]`` is followed by)
+_MASKS = (torch.bool, torch.uint8)  # index tensors torch takes as masks, 0-d ones too
+
+
+def _is_scalar_index(x: Any) -> bool:
+    """A 0-d integer tensor in an index: torch selects with its value, as with an int."""
+    return isinstance(x, torch.Tensor) and x.dim() == 0 and not (
+        x.dtype.is_floating_point or x.dtype.is_complex or x.dtype in _MASKS)
+
+
+def _ints_for_scalar_indices(index: Any) -> Any:
+    """`index` (``t[index]``) with each 0-d integer tensor in it (or in its top tuple) as the
+    int 0, whose result has the same shape; `index` itself where it holds none."""
+    if _is_scalar_index(index):
+        return 0
+    if type(index) is tuple and any(_is_scalar_index(x) for x in index):
+        return tuple(0 if _is_scalar_index(x) else x for x in index)
+    return index
+
+
+def _index_what(name: str, index: Any) -> str:
+    """How a failing ``t[index]`` (or ``t[index] = v``) is named: a mask only if it is one."""
+    parts = index if isinstance(index, tuple | list) else (index,)
+    mask = any(isinstance(x, torch.Tensor) and x.dtype in _MASKS for x in parts)
+    return (f"indexing with a boolean mask (t[mask]{_INDEXING[name]})" if mask
+            else f"indexing with tensors (t[index]{_INDEXING[name]})")
 
 
 def _explained(name: str, args: tuple[Any, ...], exc: BaseException) -> BaseException:
     """A meta-tensor failure that is not the user's shape or dtype error, as one clear error
     naming the op; the user's own errors (shapes, dtypes) as they are."""
     text = str(exc)
-    if name == "__getitem__" and len(args) > 1:
-        what = "indexing with a boolean mask (t[mask])"
-    else:
-        what = f"{name}()"
+    what = _index_what(name, args[1]) if name in _INDEXING and len(args) > 1 else f"{name}()"
     if any(s in text for s in _NO_VALUES):
         return RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): use .fetch() for "
                             "a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks with "
