@@ -151,6 +151,45 @@ def test_a_restarted_rank_explains_that_its_tensors_are_gone(mesh4):
         vr.inspect(a)
 
 
+def test_ops_issued_while_a_rank_is_dead_are_named_once_it_is_restarted(mesh4):
+    """A batch issued while a rank of its view is dead goes to no rank: the next sync names
+    its ops and says what to do as of then; the tensors they make or change say which op made
+    them have no value; tensors made after the restart work."""
+    import os
+    import signal
+
+    with mesh4.activate():
+        a = torch.ones(2)
+    a.fetch()
+    os.kill(mesh4.pids()[1], signal.SIGKILL)
+    wait_until(lambda: mesh4.states()[1] == "dead", 10, "rank 1 to be seen dead")
+    with mesh4.activate():
+        h = a + 1
+        line = pyinspect.currentframe().f_lineno - 1
+    with pytest.raises(vr.MeshError) as info:
+        h.fetch()  # still dead: bring it back, then make the tensors again
+    text = str(info.value)
+    assert f"the op add (issued at {__file__}, line {line}) never ran" in text
+    assert "once rank 1 is back: mesh.restart(failed_only=True)" in text
+    with mesh4.activate():
+        a.add_(1)  # in place, while rank 1 is still dead: a is not what the program says
+        line2 = pyinspect.currentframe().f_lineno - 1
+    mesh4.restart(failed_only=True)
+    with mesh4.activate():
+        k = torch.zeros(2)  # made after the restart
+    with pytest.raises(vr.MeshError) as info:
+        k.fetch()  # the batch not sent surfaces at the next sync, naming its op
+    text = str(info.value)
+    assert f"add_ (issued at {__file__}, line {line2}) never ran" in text and "restarted since" in text
+    assert "mesh.restart" not in text
+    assert [t.tolist() for t in k.fetch().values()] == [[0.0, 0.0]] * 4
+    for t, n, op in ((h, line, "add"), (a, line2, "add_")):  # on every rank, the restarted one too
+        for r in range(4):
+            with pytest.raises(vr.MeshError, match=rf"no value here: {op} \(issued at .*line {n}\) never ran: "
+                                                   "rank 1 was dead when it was sent"):
+                t.fetch(gpus=r)
+
+
 def test_a_mesh_tensor_sent_to_its_ranks_is_each_ranks_own_tensor(mesh4):
     with mesh4.activate():
         a = torch.arange(3.0) * 2  # still queued: sending it sends the queue first

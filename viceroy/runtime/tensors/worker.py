@@ -256,6 +256,16 @@ def _mark(tab: dict[int, Any], failed: dict[int, str], op: Op, why: str) -> None
         failed[tid] = why
 
 
+def lost(marks: dict[int, str]) -> None:
+    """Tensors of ops that never ran on any rank (their batch was not sent: ranks of the view
+    were dead) have no value here, for the reason given for each (see `Engine._not_sent`); one
+    that failed before keeps that first failure."""
+    tab, failed = table(), failures()
+    for tid, why in marks.items():
+        tab.pop(tid, None)
+        failed.setdefault(tid, why)
+
+
 def _mark_rest(tab: dict[int, Any], failed: dict[int, str], ops: list[Op], start: int, why: str) -> None:
     for op in ops[start:]:
         func, where = op[0], op[5]
