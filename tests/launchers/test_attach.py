@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -247,3 +248,39 @@ def test_an_agent_told_to_wait_says_when_its_controller_goes_away(tmp_path):
         if ctrl.poll() is None:
             ctrl.kill()
             ctrl.wait()
+
+
+def _in_own_pid_namespace() -> list[str]:
+    """A prefix that runs a command as pid 1 of a new PID namespace (as in a container)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to give agents a PID namespace of their own")
+    if subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not allow new PID namespaces")
+    return ["unshare", "-p", "-f", "--mount-proc"]
+
+
+def test_agents_with_the_same_hostname_and_pid_get_hosts_of_their_own(tmp_path):
+    # containers: every agent is pid 1, and hostNetwork pods share the node's name
+    prefix = _in_own_pid_namespace()
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    procs, t = _attach_later(f"127.0.0.1:{port}", 2, "--key-file", key_file, "--wait", "30", prefix=prefix)
+    try:
+        with vr.Mesh.attach(hosts=2, gpus=1, listen=f"127.0.0.1:{port}", key_file=key_file, preload=[],
+                            echo=False, startup_timeout=30) as mesh:
+            t.join()
+            assert mesh.run("import os\nos.getppid()").values() == [1, 1]  # both agents are pid 1
+            assert mesh.run("rank").values() == [0, 1]
+            # a restarted pod: its new agent is pid 1 on the same host again, and gets the
+            # host that is waiting now, not its previous life's (cached) answer
+            ns = mesh.run("os.readlink('/proc/self/ns/pid')").values()[1]  # host 1's container
+            agents = [psutil.Process(p.pid).children()[0].pid for p in procs]  # unshare's child: pid 1 inside
+            rundir = mesh._controller.agent_info[1]["endpoints"][0].removeprefix("ipc://").rsplit("/", 1)[0]
+            os.kill(next(a for a in agents if os.readlink(f"/proc/{a}/ns/pid") == ns), signal.SIGKILL)
+            wait_until(lambda: 1 in mesh._controller.lost_hosts(), 30, "host 1 to be given up")
+            shutil.rmtree(rundir, ignore_errors=True)  # a killed agent leaves its socket directory
+            procs.append(_agent(f"127.0.0.1:{port}", "--key-file", key_file, "--wait", "30", prefix=prefix))
+            mesh.restart(failed_only=True, timeout=30)
+            assert mesh.run("rank").values() == [0, 1]
+    finally:
+        t.join()
+        _reap(procs)

@@ -141,7 +141,7 @@ class AttachLauncher(Launcher):
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
         self._given_up: set[int] = set()  # lost hosts not restarted yet: their new agents wait
         self._holder: dict[int, str] = {}  # host -> the agent that has it
-        self._answered: dict[tuple[Any, Any], list[Any]] = {}
+        self._answered: dict[Any, list[Any]] = {}  # request nonce -> its answer (for the agent's retries)
         self._master: str | None = None  # host 0's address, as its agent reached us
         self._lock = threading.Lock()
         self._ctx = zmq.Context()
@@ -218,7 +218,10 @@ class AttachLauncher(Launcher):
             self._ctx.term()
 
     def _answer(self, req: dict[str, Any], peer: str | None) -> list[Any]:
-        who = (req.get("hostname"), req.get("pid"))
+        # One request (and the agent's retries of it) by its nonce: hostname and pid do not tell
+        # agents apart (containers are all pid 1, hostNetwork pods share a name, a restarted
+        # pod comes back with both the same).
+        who = req.get("nonce") or (req.get("hostname"), req.get("pid"))
         with self._lock:
             if who in self._answered:  # a retry whose first answer is still on its way
                 return self._answered[who]
@@ -300,9 +303,10 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
     sock.connect(f"tcp://{host}:{port}")
     deadline = time.monotonic() + wait
     said = ""
+    nonce = secrets.token_hex(16)  # this request's, kept across its retries
     try:
         while True:
-            req = {"op": "attach", "hostname": socket.gethostname(), "pid": os.getpid(), "want": want}
+            req = {"op": "attach", "hostname": socket.gethostname(), "pid": os.getpid(), "want": want, "nonce": nonce}
             try:
                 sock.send_multipart(signer.pack(req), flags=zmq.NOBLOCK)
                 patience = 1000
