@@ -284,3 +284,31 @@ def test_agents_with_the_same_hostname_and_pid_get_hosts_of_their_own(tmp_path):
     finally:
         t.join()
         _reap(procs)
+
+
+def test_an_agent_that_took_its_config_and_went_silent_is_given_up_naming_its_host(tmp_path):
+    # it died right after attaching, or a firewall lets only the attach port through
+    from viceroy.runtime.attach import read_key, request_config
+
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    addr = f"127.0.0.1:{port}"
+    procs, t = _attach_later(addr, 1, "--key-file", key_file, "--host", "0")
+    taken: list[dict] = []
+
+    def silent_agent() -> None:
+        wait_until(lambda: os.path.exists(key_file), 30, "the controller to write the key file")
+        taken.append(request_config(addr, read_key(key_file), want=1, wait=30))  # and nothing after
+
+    silent = threading.Thread(target=silent_agent)
+    silent.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"(?s)host 1 \(.*attached\) lost: its agent took the host's "
+                           r"configuration .* and was never heard from: .*cannot reach the mesh's other ports"):
+            vr.Mesh.attach(hosts=2, gpus=1, listen=addr, key_file=key_file, preload=[], echo=False, startup_timeout=60)
+        assert time.monotonic() - t0 < 30  # not the whole startup timeout
+        assert taken and taken[0]["host"] == 1
+    finally:
+        t.join()
+        silent.join()
+        _reap(procs)

@@ -111,6 +111,8 @@ class AttachedAgent(AgentProcess):
         self._gone = threading.Event()
         self._on_kill = on_kill
         self.attached_from: str | None = None
+        self.attached_at: float | None = None  # time.monotonic() when an agent took this host's config
+        self.ports = ""  # the mesh's other ports, which the agent must reach next
 
     def wait(self, timeout: float | None = None) -> int | None:
         return 0 if self._gone.wait(timeout) else None
@@ -250,6 +252,8 @@ class AttachLauncher(Launcher):
                 self._master = peer
             self._holder[h] = f"{req.get('hostname', '?')}, pid {req.get('pid', '?')}"
         agent.attached_from = self._holder[h]
+        agent.ports = " and ".join(config[k].rsplit(":", 1)[1] for k in ("controller_in", "controller_out"))
+        agent.attached_at = time.monotonic()
         agent.label = f"host {h} ({agent.attached_from}, attached)"
         cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
         if self._master:

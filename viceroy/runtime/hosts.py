@@ -22,6 +22,10 @@ from viceroy.runtime.shape import Shape, describe_ranks
 from viceroy.runtime.transport import ControllerSockets
 from viceroy.runtime.wire import Signer
 
+# An attached agent is given up when its first heartbeat has not come within the host timeout
+# and this much more (it has its configuration; it starts its fork server and connects back).
+FIRST_BEAT_GRACE_S = 5.0
+
 
 class HostLifecycle:
     launcher: Launcher
@@ -179,6 +183,10 @@ class HostLifecycle:
                 seen = self._last_seen.get(h)
                 if seen is not None and now - seen > self._host_timeout and not starved:
                     self.call_soon(functools.partial(self._host_silent, h, self._gen[h]))
+                attached = getattr(self._agents[h], "attached_at", None)
+                if seen is None and attached is not None and not starved \
+                        and now - attached > self._host_timeout + FIRST_BEAT_GRACE_S:
+                    self.call_soon(functools.partial(self._host_never_heard, h, self._gen[h]))
             time.sleep(HEARTBEAT_S)
 
     def _host_silent(self, h: int, gen: int) -> None:
@@ -190,6 +198,21 @@ class HostLifecycle:
         if silent > self._host_timeout:
             why = f"no heartbeat from its agent for {silent:.1f} s: a cut link, a host down, or a frozen agent"
             self._host_lost(h, gen, why)
+
+    def _host_never_heard(self, h: int, gen: int) -> None:
+        """On the IO thread: an attached agent took its host's configuration and has not been
+        heard from since (no process of ours to watch: only its first heartbeat tells)."""
+        self._handle_received()
+        agent = self._agents.get(h)
+        attached = getattr(agent, "attached_at", None)
+        if h in self._last_seen or attached is None:
+            return
+        ports = getattr(agent, "ports", "")
+        why = (f"its agent took the host's configuration {time.monotonic() - attached:.1f} s ago and was never "
+               "heard from: it died right after attaching, or it cannot reach the mesh's other ports on this "
+               f"machine{f' ({ports})' if ports else ''}; a firewall that lets only the attach port through "
+               "blocks them: open those ports too (or start the agent again)")
+        self._host_lost(h, gen, why)
 
     def _host_lost(self, h: int, gen: int, why: str) -> None:
         """On the IO thread: host `h` (launch `gen`) is gone; its ranks are dead, its calls fail
