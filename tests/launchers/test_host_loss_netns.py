@@ -184,3 +184,49 @@ def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restar
         for _, t in first:
             t.join()
         _reap([p for ps, _ in first for p in ps] + extra)
+
+
+def test_host_0_named_localhost_gives_the_other_hosts_a_master_addr_they_reach(sshd, ns_hosts, tmp_path):
+    # hostfile "localhost / node2": from node2, "localhost" is node2 itself
+
+
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host localhost\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {sshd.identity}\n"
+                      f"Host node2\n  HostName {ns_hosts.addresses[0]}\n  Port {ns_hosts.port}\n"
+                      f"  IdentityFile {ns_hosts.identity}\n")
+    mesh = vr.Mesh.ssh(["localhost", "node2"], gpus=1, ssh_options=["-F", str(config), *SSH_OPTS],
+                       interface=CONTROLLER_ADDR, preload=[], echo=False, startup_timeout=60)
+    try:
+        assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == [CONTROLLER_ADDR] * 2
+    finally:
+        mesh.shutdown()
+
+
+def test_an_attached_host_0_on_loopback_gives_the_others_the_address_they_reached(tmp_path):
+    from tests.launchers.netns import Hosts, skip_reason
+    from tests.launchers.test_attach import _agent, _attach_later, _port, _reap
+
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    net = Hosts(1).open()
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    procs, t = _attach_later(f"127.0.0.1:{port}", 1, "--key-file", key_file, "--host", "0")
+    try:
+        def far_agent() -> None:
+            wait_until(lambda: os.path.exists(key_file), 30, "the controller to write the key file")
+            procs.append(_agent(f"{CONTROLLER_ADDR}:{port}", "--key-file", key_file, "--host", "1",
+                                prefix=net.exec_argv(1)))
+
+        far = threading.Thread(target=far_agent)
+        far.start()
+        try:
+            with vr.Mesh.attach(hosts=2, gpus=1, listen=f"0.0.0.0:{port}", key_file=key_file, preload=[],
+                                echo=False, startup_timeout=60) as mesh:
+                assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == ["127.0.0.1", CONTROLLER_ADDR]
+        finally:
+            t.join()
+            far.join()
+            _reap(procs)
+    finally:
+        net.close()

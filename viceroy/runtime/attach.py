@@ -256,12 +256,27 @@ class AttachLauncher(Launcher):
         agent.attached_at = time.monotonic()
         agent.label = f"host {h} ({agent.attached_from}, attached)"
         cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
-        if self._master:
+        if self._master and _loopback(self._master):
+            # host 0 reached us on loopback: it is this machine, and every agent reaches this
+            # machine at the address it connected to (host 0's own 127.0.0.1 included)
+            cfg["master_is_controller"] = True
+        elif self._master:
             cfg["env"] = {**cfg.get("env", {}), "MASTER_ADDR": self._master}
         reply = self._signer.pack({"op": "config"}, [json.dumps(cfg).encode()])
         with self._lock:
             self._answered[who] = reply
         return reply
+
+
+def _loopback(addr: str) -> bool:
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(addr.strip("[]").split("%")[0])
+    except ValueError:
+        return addr == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 # --- the agent's side ------------------------------------------------------------------------
@@ -349,6 +364,8 @@ def request_config(addr: str, key: bytes, want: int | None = None, wait: float =
     # The mesh's sockets, on the address this agent reached the controller by.
     for k in ("controller_in", "controller_out"):
         cfg[k] = f"tcp://{host}:{cfg[k].rsplit(':', 1)[1]}"
+    if cfg.pop("master_is_controller", False):  # host 0 is the controller's machine
+        cfg["env"] = {**cfg.get("env", {}), "MASTER_ADDR": host}
     cfg["key"] = key.hex()
     cfg["stdin_lifeline"] = False
     return cfg

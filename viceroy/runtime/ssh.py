@@ -187,15 +187,35 @@ class SshLauncher(Launcher):
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
-            first = self.hosts[0]
-            assert isinstance(first, SshHost)
-            self._master = self.real_hostname(first)
+            self._master = self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self._master}}
         agent = start_child_agent(self.ssh_argv(target), config, host.index)
         agent.label = f"host {host.index} ({target.address}, via ssh)"
         agent.advise = functools.partial(self.advice, target, config["controller_in"])
         return agent
+
+    def _rendezvous_host(self, controller: str) -> str:
+        """MASTER_ADDR for every host: host 0's name. Host 0 named by a loopback name
+        (``localhost``) is this machine, and from the other hosts that name is themselves: they
+        get the address of this machine the controller listens on, which they reach."""
+        first = self.hosts[0]
+        assert isinstance(first, SshHost)
+        name = self.real_hostname(first)
+        if not _resolves_to_loopback(name):
+            return name
+        others = [(h, t) for h, t in enumerate(self.hosts) if h and not _resolves_to_loopback(self.real_hostname(t))]  # type: ignore[arg-type]
+        if not others:
+            return name  # every host is this machine
+        where = controller.partition("://")[2].rpartition(":")[0].strip("[]")
+        if where and not _is_loopback(where) and where not in ("0.0.0.0", "::", "*"):
+            return where
+        h, target = others[0]
+        raise ValueError(
+            f"host 0 ({first.address}) is this machine by a loopback name, which host {h} ({target.address}) "  # type: ignore[union-attr]
+            f"would read as itself: torch.distributed's rendezvous (MASTER_ADDR) would point there. Name host 0 "
+            "by an address the other hosts reach, or give the controller one (interface=ADDR, --listen ADDR)"
+        )
 
     def _check_reachable(self, controller: str) -> None:
         """A controller on loopback cannot be reached from another machine: say so before
@@ -245,6 +265,20 @@ def _is_loopback(name: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return name == "localhost"
+
+
+def _resolves_to_loopback(name: str) -> bool:
+    """Whether `name` is, or resolves only to, loopback addresses (localhost, 127.0.1.1)."""
+    import ipaddress
+    import socket
+
+    if _is_loopback(name):
+        return True
+    try:
+        addrs = {str(i[4][0]) for i in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
 def _is_elsewhere(name: str) -> bool:
