@@ -62,8 +62,10 @@ def _keys(tmp_path: Path) -> tuple[Path, Path]:
     return host_key, client_key
 
 
-def start_sshd(tmp_path: Path, address: str, port: int, prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
-    """`sshd -D` listening on address:port (inside a namespace when `prefix` is `ip netns exec NS`)."""
+def start_sshd(tmp_path: Path, address: str, port: int, prefix: list[str] | None = None,
+               extra: str = "") -> subprocess.Popen[bytes]:
+    """`sshd -D` listening on address:port (inside a namespace when `prefix` is `ip netns exec NS`);
+    `extra` is more sshd_config lines."""
     host_key, _ = _keys(tmp_path)
     os.makedirs("/run/sshd", exist_ok=True)
     config = tmp_path / f"sshd_config_{address}"
@@ -71,7 +73,7 @@ def start_sshd(tmp_path: Path, address: str, port: int, prefix: list[str] | None
         f"Port {port}\nListenAddress {address}\nHostKey {host_key}\n"
         f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nLogLevel ERROR\n"
-        "AcceptEnv none\n"
+        "AcceptEnv none\n" + extra
     )
     proc = subprocess.Popen([*(prefix or []), SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
     try:

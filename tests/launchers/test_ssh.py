@@ -77,7 +77,7 @@ def test_controller_death_leaves_nothing_on_the_hosts(sshd):
         mesh = vr.Mesh.ssh(["127.0.0.1"], port={sshd.port}, identity={sshd.identity!r},
                            ssh_options={SSH_OPTS!r}, preload=[], echo=False, gpus=2)
         mesh.run("import time\\ntime.sleep(60)", block=False)
-        logs = [a._log_path for a in mesh._controller.agent_processes()]  # the ssh client's output
+        logs = [a.current._log_path for a in mesh._controller.agent_processes()]  # the ssh client's output
         print(json.dumps({{"ranks": list(mesh.pids().values()), "files": logs}}), flush=True)
         time.sleep(120)
     """)

@@ -158,3 +158,30 @@ def test_the_magic_says_listen_when_its_hosts_are_other_machines(ns_hosts, tmp_p
             session.up({"hosts": 2, "gpus": 1}, launcher="ssh", hostfile=str(hostfile), preload=[])
     finally:
         session.close()
+
+
+def test_many_agents_through_one_sshd_get_past_its_maxstartups(tmp_path):
+    # sshd resets connections beyond MaxStartups still logging in (default 10:30:100; here 2)
+    from tests.launchers.conftest import _free_port, _need_sshd, start_sshd
+
+    _need_sshd()
+    port = _free_port()
+    proc = start_sshd(tmp_path, "127.0.0.1", port, extra="MaxStartups 2\n")
+    try:
+        mesh = vr.Mesh.ssh(["127.0.0.1"] * 8, port=port, identity=str(tmp_path / "client_key"), ssh_options=SSH_OPTS,
+                           preload=[], echo=False, gpus=1, startup_timeout=90)
+        try:
+            assert mesh.run("rank").values() == list(range(8))
+        finally:
+            mesh.shutdown()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_sshd_that_keeps_turning_connections_away_is_explained():
+    from viceroy.runtime.ssh import SshHost, SshLauncher
+
+    words = "kex_exchange_identification: read: Connection reset by peer"
+    advice = SshLauncher([SshHost("node1")]).advice(SshHost("node1"), "tcp://10.0.0.1:5555", words)
+    assert "MaxStartups" in advice and "node1" in advice

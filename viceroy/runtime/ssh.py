@@ -17,12 +17,14 @@ import functools
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from viceroy.runtime.launcher import (
     AgentProcess,
+    ChildAgent,
     HostPlan,
     Launcher,
     plan_by_hosts,
@@ -64,6 +66,61 @@ class Synced:
         if self.skipped:
             return f"{self.address}: skipped ({self.skipped})"
         return f"{self.address}:{self.dest}" + (f" (would copy {self.would_copy} file(s))" if self.would_copy is not None else "")
+
+
+# sshd drops connections beyond MaxStartups (default 10:30:100) that are still logging in: many
+# agents through one sshd see "kex_exchange_identification: Connection reset by peer" (or
+# "read: Connection reset by peer") before any login. Such a refusal is tried again, later.
+_REFUSED_AT_START = ("kex_exchange_identification", "Connection reset by peer", "Connection closed by remote host")
+SSH_START_TRIES = 8
+
+
+class SshAgent(AgentProcess):
+    """One host's agent over ssh, whose ssh is started again (after a random, growing pause)
+    when sshd turned the connection away before the login (MaxStartups)."""
+
+    def __init__(self, spawn: Callable[[], ChildAgent]) -> None:
+        self._spawn = spawn
+        self._lock = threading.Lock()
+        self._killed = False
+        self.tries = 1
+        self.current = spawn()
+        self.host = self.current.host
+        self.label = self.current.label
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        import random
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            code = self.current.wait(left)
+            if code is None or code == 0 or self.tries >= SSH_START_TRIES:
+                return code
+            if not any(w in self.current.log_tail(5) for w in _REFUSED_AT_START):
+                return code
+            time.sleep(min(0.2 * 2 ** self.tries, 4.0) * random.uniform(0.5, 1.5))
+            with self._lock:
+                if self._killed:
+                    return code
+                self.current.kill()
+                self.tries += 1
+                self.current = self._spawn()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            self.current.kill()
+
+    def log_tail(self, n: int = 40) -> str:
+        return self.current.log_tail(n)
+
+    def advice(self, last_words: str) -> str:
+        return self.current.advice(last_words)
+
+    def describe_exit(self, code: int | None) -> str:
+        return self.current.describe_exit(code)
 
 
 @dataclass
@@ -190,10 +247,13 @@ class SshLauncher(Launcher):
             self._master = self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self._master}}
-        agent = start_child_agent(self.ssh_argv(target), config, host.index)
-        agent.label = f"host {host.index} ({target.address}, via ssh)"
-        agent.advise = functools.partial(self.advice, target, config["controller_in"])
-        return agent
+        def spawn() -> ChildAgent:
+            agent = start_child_agent(self.ssh_argv(target), config, host.index)
+            agent.label = f"host {host.index} ({target.address}, via ssh)"
+            agent.advise = functools.partial(self.advice, target, config["controller_in"])
+            return agent
+
+        return SshAgent(spawn)
 
     def _rendezvous_host(self, controller: str) -> str:
         """MASTER_ADDR for every host: host 0's name. Host 0 named by a loopback name
@@ -244,6 +304,11 @@ class SshLauncher(Launcher):
                     f"`{ssh}` once (after `ssh-keygen -R {addr}` if it changed)")
         if "Could not resolve hostname" in words:
             return f"{addr} is not a host name this machine resolves: check its hostfile line or ~/.ssh/config"
+        if any(w in words for w in _REFUSED_AT_START):
+            return (f"{addr}'s sshd kept turning the connection away before the login (tried {SSH_START_TRIES} "
+                    "times): too many connections at once for its MaxStartups (default 10:30:100, i.e. 10). "
+                    "Raise MaxStartups in that host's sshd_config (e.g. MaxStartups 100:30:200), or put "
+                    "fewer hosts behind one sshd")
         if any(w in words for w in ("Connection refused", "No route to host", "timed out", "Network is unreachable")):
             return f"{addr} did not take the ssh connection: is it up, and is sshd listening on port {self.port or 22}?"
         if f"{python}: No such file or directory" in words or f"{python}: not found" in words:
