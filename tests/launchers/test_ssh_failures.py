@@ -185,3 +185,21 @@ def test_an_sshd_that_keeps_turning_connections_away_is_explained():
     words = "kex_exchange_identification: read: Connection reset by peer"
     advice = SshLauncher([SshHost("node1")]).advice(SshHost("node1"), "tcp://10.0.0.1:5555", words)
     assert "MaxStartups" in advice and "node1" in advice
+
+
+def test_a_host_that_does_not_start_in_time_is_named_and_each_log_is_labelled(sshd, tmp_path):
+    import psutil
+
+    from tests.conftest import wait_until
+    from viceroy.runtime.ssh import SshHost
+
+    slow = tmp_path / "slowpy.sh"  # a "Python" that never gets going (it ends when ssh does)
+    slow.write_text("#!/bin/sh\necho 'slowpy: loading modules...' >&2\ncat >/dev/null\n")
+    slow.chmod(0o755)
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.ssh([SshHost("127.0.0.1"), SshHost("localhost", str(slow))], port=sshd.port, identity=sshd.identity,
+                    ssh_options=SSH_OPTS, preload=[], echo=False, gpus=1, startup_timeout=4).shutdown()
+    msg = str(info.value)
+    assert "rank 1 did not start within 4 s (on host 1 (localhost, via ssh))" in msg
+    assert "host 1 (localhost, via ssh):\n  slowpy: loading modules..." in msg
+    wait_until(lambda: not psutil.Process(sshd.pid).children(recursive=True), 10, "the sessions to end")

@@ -10,6 +10,7 @@ concern with its own thread (the heartbeat) and its own failure story.
 from __future__ import annotations
 
 import functools
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -103,10 +104,14 @@ class HostLifecycle:
             raise
         if error or waiting:
             # A lost host's last words are in its reason already (its log may be gone by now).
-            logs = "\n".join(a.log_tail() for h, a in self._agents.items() if h not in self._lost).strip()
+            # Each host's log under its name: whose words are whose.
+            tails = {h: a.log_tail().strip() for h, a in sorted(self._agents.items()) if h not in self._lost}
+            logs = "\n".join(f"{self._agents[h].label}:\n" + textwrap.indent(t, "  ") for h, t in tails.items() if t)
+            late = sorted({self._host_of[r] for r in waiting})
+            on = "; ".join(self._agents[h].label for h in late if h in self._agents)
             self.shutdown()
-            what = error or f"{describe_ranks(waiting)} did not start within {timeout} s"
-            raise MeshStartError(f"the mesh did not start: {what}" + (f"\nagent log:\n{logs}" if logs else ""))
+            what = error or f"{describe_ranks(waiting)} did not start within {timeout} s" + (f" (on {on})" if on else "")
+            raise MeshStartError(f"the mesh did not start: {what}" + (f"\nagent logs:\n{logs}" if logs else ""))
 
     def restart(self, ranks: Sequence[int], timeout: float = 60.0) -> None:
         if not ranks:
