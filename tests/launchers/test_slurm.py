@@ -130,3 +130,9 @@ def test_an_allocation_the_cluster_cannot_grant_is_explained(slurm):
         vr.Mesh.slurm(hosts=3, gpus=1, allocation_timeout=2, preload=[], echo=False)
     assert time.monotonic() - t0 < 30
     assert slurm.jobs() == []
+
+
+def test_the_users_master_addr_wins_over_the_first_node(slurm):
+    with vr.Mesh.slurm(hosts=2, gpus=1, agents_per_node=2, preload=[], echo=False,
+                       env={"MASTER_ADDR": "10.9.8.7"}) as mesh:
+        assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == ["10.9.8.7"] * 2

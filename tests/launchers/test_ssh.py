@@ -137,3 +137,9 @@ def test_a_controller_on_every_interface_is_reached_where_the_launcher_came_from
     assert reach_controller(named, {"SSH_CONNECTION": "10.1.2.3 52000 10.1.2.9 22"}) == named
     with pytest.raises(SystemExit, match=r"listens on 0\.0\.0\.0, every interface"):
         reach_controller(cfg, {})
+
+
+def test_the_users_master_addr_wins_as_master_port_does(sshd):
+    with _ssh_mesh(sshd, gpus=1, env={"MASTER_ADDR": "10.9.8.7", "MASTER_PORT": "29555"}) as mesh:
+        got = mesh.run("import os\n(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])").values()
+        assert [tuple(g) for g in got] == [("10.9.8.7", "29555")] * 2

@@ -90,6 +90,17 @@ def check_env(env: dict[str, Any] | None) -> None:
             raise ValueError(f"env: the value of {name} holds a NUL character")
 
 
+def with_master_addr(config: dict[str, Any], host0: str) -> dict[str, Any]:
+    """`config` with MASTER_ADDR set to `host0` for every host, unless the user gave one in
+    `env` (as with MASTER_PORT, theirs wins). The controller's default (`rendezvous_env`) is
+    its own interface, which `controller_in` names: a different value is the user's."""
+    env = config.get("env", {})
+    interface = config.get("controller_in", "").partition("://")[2].rpartition(":")[0].strip("[]")
+    if env.get("MASTER_ADDR") not in (None, interface):
+        return config
+    return {**config, "env": {**env, "MASTER_ADDR": host0}}
+
+
 def rendezvous_env(interface: str) -> dict[str, str]:
     """MASTER_ADDR/PORT for torch.distributed and friends: rank 0's host and a port that is
     free here, or $VICEROY_MASTER_PORT. (Launchers for many hosts override MASTER_ADDR with

@@ -36,6 +36,7 @@ from viceroy.runtime.launcher import (
     agent_env,
     plan_by_hosts,
     start_child_agent,
+    with_master_addr,
 )
 
 
@@ -207,7 +208,7 @@ class SlurmLauncher(Launcher):
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
         # torch.distributed's rendezvous is on rank 0, on the first node
-        config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self.nodes[0]}}
+        config = with_master_addr(config, self.nodes[0])
         agent = start_child_agent(self.srun_argv(host.index), config, host.index, env=agent_env())
         agent.label = f"host {host.index} ({self.node_of(host.index)}, Slurm job {self.job_id})"
         agent.advise = functools.partial(self.advice, self.node_of(host.index), config["controller_in"])

@@ -29,6 +29,7 @@ from viceroy.runtime.launcher import (
     Launcher,
     plan_by_hosts,
     start_child_agent,
+    with_master_addr,
 )
 
 # Not worth copying to the hosts: version control, environments, caches.
@@ -246,7 +247,7 @@ class SshLauncher(Launcher):
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
             self._master = self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
-        config = {**config, "env": {**config.get("env", {}), "MASTER_ADDR": self._master}}
+        config = with_master_addr(config, self._master)
         def spawn() -> ChildAgent:
             agent = start_child_agent(self.ssh_argv(target), config, host.index)
             agent.label = f"host {host.index} ({target.address}, via ssh)"
