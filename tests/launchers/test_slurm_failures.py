@@ -4,6 +4,7 @@ allocation that leaves nothing in the queue."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,3 +77,18 @@ def test_zero_hosts_is_refused_naming_the_dim():
     # hosts=0 was taken for "no hosts given" and asked for the allocation's nodes.
     with pytest.raises(ValueError, match="dim 'hosts' must be a positive int, got 0"):
         vr.Mesh.slurm(hosts=0, gpus=1, preload=[], echo=False)
+
+
+def test_an_ended_allocation_says_a_new_mesh_is_needed_not_restart(slurm):
+    mesh = vr.Mesh.slurm(hosts=2, gpus=1, agents_per_node=2, preload=[], echo=False)
+    rundirs = [i["endpoints"][0].removeprefix("ipc://").rsplit("/", 1)[0] for i in mesh._controller.agent_info.values()]
+    try:
+        subprocess.run(["scancel", mesh._controller.launcher.job_id], check=True)  # as a time limit would
+        wait_until(lambda: len(mesh._controller.lost_hosts()) == 2, 60, "both hosts to be given up")
+        for d in rundirs:  # agents killed by Slurm leave their socket directories (one node: here)
+            shutil.rmtree(d, ignore_errors=True)
+        for why in mesh._controller.lost_hosts().values():
+            assert "has ended (time limit, scancel or preemption)" in why
+            assert "start a new one" in why
+    finally:
+        mesh.shutdown()

@@ -216,6 +216,10 @@ class SlurmLauncher(Launcher):
 
     def advice(self, node: str, controller: str, words: str) -> str:
         """What to do about an agent step on `node` that ended saying `words`."""
+        if self._allocation_ended(words):
+            return (f"the mesh's allocation, Slurm job {self.job_id}, has ended (time limit, scancel or preemption): "
+                    "its nodes are no longer this mesh's, so mesh.restart(failed_only=True) cannot bring them "
+                    "back; shut this mesh down and start a new one (Mesh.slurm(...) asks for a new allocation)")
         if f"{self.python}: No such file or directory" in words:
             return f"there is no {self.python} on {node}: name the nodes' Python, Mesh.slurm(..., python=PATH)"
         if "No module named" in words:
@@ -225,6 +229,21 @@ class SlurmLauncher(Launcher):
             return (f"{node} could not reach the controller at {controller}: listen on an address of this machine "
                     "that the nodes can reach (interface=ADDR, --listen ADDR)")
         return ""
+
+    def _allocation_ended(self, words: str) -> bool:
+        """Whether the job holding the nodes is over: srun says so, or squeue no longer lists it
+        as running."""
+        if self.job_id is None:
+            return False
+        if any(w in words for w in ("DUE TO TIME LIMIT", "DUE TO PREEMPTION", "has expired")):
+            return True
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if out.returncode != 0:
+            return "Invalid job id" in out.stderr
+        return out.stdout.strip() != "RUNNING"  # not listed any more: over
 
     def close(self) -> None:
         holder = self._holder
