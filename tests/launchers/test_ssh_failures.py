@@ -203,3 +203,10 @@ def test_a_host_that_does_not_start_in_time_is_named_and_each_log_is_labelled(ss
     assert "rank 1 did not start within 4 s (on host 1 (localhost, via ssh))" in msg
     assert "host 1 (localhost, via ssh):\n  slowpy: loading modules..." in msg
     wait_until(lambda: not psutil.Process(sshd.pid).children(recursive=True), 10, "the sessions to end")
+
+
+@pytest.mark.parametrize("value", ["3s", "0", "-1", "nan"])
+def test_a_bad_host_timeout_is_refused_naming_the_variable(sshd, monkeypatch, value):
+    monkeypatch.setenv("VICEROY_HOST_TIMEOUT", value)
+    with pytest.raises(ValueError, match=rf"VICEROY_HOST_TIMEOUT={value!r}: give a positive number of seconds"):
+        _start(sshd).shutdown()

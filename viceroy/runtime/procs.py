@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import shutil
 import signal
@@ -230,7 +231,17 @@ HEARTBEAT_S = 0.5
 
 def host_timeout() -> float:
     """Seconds of silence after which the controller gives a host up ($VICEROY_HOST_TIMEOUT)."""
-    return float(os.environ.get("VICEROY_HOST_TIMEOUT", "3.0"))
+    text = os.environ.get("VICEROY_HOST_TIMEOUT", "").strip()
+    if not text:
+        return 3.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"VICEROY_HOST_TIMEOUT={text!r}: give a positive number of seconds (no unit), e.g. "
+                         "VICEROY_HOST_TIMEOUT=10; it is how long a host may stay silent before it is given up")
+    return value
 
 
 def agent_timeout(host_timeout_s: float) -> float:
