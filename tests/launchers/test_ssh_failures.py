@@ -210,3 +210,21 @@ def test_a_bad_host_timeout_is_refused_naming_the_variable(sshd, monkeypatch, va
     monkeypatch.setenv("VICEROY_HOST_TIMEOUT", value)
     with pytest.raises(ValueError, match=rf"VICEROY_HOST_TIMEOUT={value!r}: give a positive number of seconds"):
         _start(sshd).shutdown()
+
+
+def test_no_ssh_connection_advice_names_the_port_ssh_really_uses(sshd, tmp_path, monkeypatch):
+    closed = _free_port_here()  # nothing listens there
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node1\n  HostName 127.0.0.1\n  Port {closed}\n")
+    monkeypatch.setenv("VICEROY_SSH_OPTIONS", f"-F {config}")
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.ssh(["node1"], identity=sshd.identity, ssh_options=SSH_OPTS, preload=[], echo=False, gpus=1,
+                    startup_timeout=30).shutdown()
+    assert f"is sshd listening on port {closed}?" in str(info.value)
+    assert "port 22?" not in str(info.value)
+
+
+def _free_port_here() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -230,16 +230,21 @@ class SshLauncher(Launcher):
             return f"(is rsync installed on {host.address}? e.g. `apt-get install rsync` there)"
         return f"(check that {host.address} can write the destination; --to PATH picks another)"
 
-    def real_hostname(self, host: SshHost) -> str:
-        """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
+    def _ssh_setting(self, host: SshHost, key: str) -> str | None:
+        """What ssh's configuration (options, $VICEROY_SSH_OPTIONS, ~/.ssh/config) sets `key`
+        to for `host` (``ssh -G``), or None when ssh cannot say."""
         import subprocess
 
         try:
             out = subprocess.run([*self.ssh_base(), "-G", host.address], capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
             out = ""
-        names = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith("hostname ")]
-        return names[0] if names else host.address.rpartition("@")[2]
+        values = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith(f"{key} ") and " " in ln]
+        return values[0] if values else None
+
+    def real_hostname(self, host: SshHost) -> str:
+        """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
+        return self._ssh_setting(host, "hostname") or host.address.rpartition("@")[2]
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
         target = self.hosts[host.index]
@@ -311,7 +316,9 @@ class SshLauncher(Launcher):
                     "Raise MaxStartups in that host's sshd_config (e.g. MaxStartups 100:30:200), or put "
                     "fewer hosts behind one sshd")
         if any(w in words for w in ("Connection refused", "No route to host", "timed out", "Network is unreachable")):
-            return f"{addr} did not take the ssh connection: is it up, and is sshd listening on port {self.port or 22}?"
+            port = self._ssh_setting(target, "port")  # from options, $VICEROY_SSH_OPTIONS or ~/.ssh/config
+            on = f"port {port}" if port else "the port ssh uses for it"
+            return f"{addr} did not take the ssh connection: is it up, and is sshd listening on {on}?"
         if f"{python}: No such file or directory" in words or f"{python}: not found" in words:
             return (f"there is no {python} on {addr}: name that host's Python with python=PATH on its hostfile "
                     "line, or Mesh.ssh(..., python=PATH)")
