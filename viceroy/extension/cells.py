@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from viceroy.extension.args import RunOptions
+from viceroy.extension.displays import CellSink, Sink
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.inbox import Inbox
-from viceroy.extension.live import CellSink, LiveOutput, Sink
+from viceroy.extension.live import LiveOutput
 from viceroy.extension.output import format_rank_set
 from viceroy.runtime.handles import is_handle
 from viceroy.runtime.shape import describe_ranks

@@ -6,7 +6,7 @@ The notebook runs `install` on every rank when a mesh comes up (``mesh.run(insta
 with the rank. As in IPython, ``display(obj, display_id=...)`` (``True`` for a new id) returns a
 `DisplayHandle`, and ``update_display`` / ``handle.update`` send updates of that display;
 ``clear_output(wait)`` asks the controller to clear this rank's displays (not the whole cell,
-which all ranks share: see `viceroy.extension.live.RankDisplays`). ``tqdm.notebook`` draws
+which all ranks share: see `viceroy.extension.displays.RankDisplays`). ``tqdm.notebook`` draws
 tqdm's text bars: a widget made on a rank lives where the notebook cannot reach it.
 
 >>> mesh.run(install)                                    # done by %mesh up

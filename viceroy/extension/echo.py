@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from viceroy.extension.live import CellSink, LiveOutput, Sink
+from viceroy.extension.displays import CellSink, Sink
+from viceroy.extension.live import LiveOutput
 
 IDLE_CLOSE_S = 1.0  # a call with no event for this long has its partial lines flushed
 

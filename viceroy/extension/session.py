@@ -24,9 +24,9 @@ from IPython.core.error import UsageError
 from viceroy.extension import display_hook, launching
 from viceroy.extension.args import RunOptions, parse_dims
 from viceroy.extension.cells import CellRunner
+from viceroy.extension.displays import Sink
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted_start
-from viceroy.extension.live import Sink
 from viceroy.extension.state import MeshState, rank_hosts
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from viceroy.runtime import call_peers, devices, serialize, shm
@@ -232,13 +233,22 @@ class ActorHost:
         output.end(_rank._send_output)
         _reply(call_id, None)
 
-    def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
-        """A call handled on the actor's thread: sync, or async awaited to its end. Its
-        collectives are watched as a cell's are (`call_peers`), by this call."""
+    @contextlib.contextmanager
+    def _call(self, call_id: int, oneway: bool, task: asyncio.Future[Any] | None = None) -> Iterator[None]:
+        """One call handled here: its output tagged with it, `cancel` able to find it, and its
+        collectives watched as a cell's are (`call_peers`), by this call."""
         output.begin(call_id)
-        self.running[call_id] = None
+        self.running[call_id] = task
         peers = call_peers.begin_call(call_id, told=not oneway)
         try:
+            yield
+        finally:
+            self.running.pop(call_id, None)
+            call_peers.end_call(peers)
+
+    def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
+        """A call handled on the actor's thread: sync, or async awaited to its end."""
+        with self._call(call_id, oneway):
             try:
                 args, kwargs = _arguments(signed, data)
                 value = fn(*args, **kwargs)
@@ -249,54 +259,33 @@ class ActorHost:
                         if self.stopping and self.cancelling:
                             task.cancel()
                     value = self.loop.run_until_complete(task)
-            except asyncio.CancelledError:
-                self._end_interrupted(call_id)
-                return
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
-                self._end_error(call_id, exc, fn)
+                self._end(call_id, fn, oneway, exc=exc)
                 return
-            finally:
-                self.running.pop(call_id, None)
-            self._end_ok(call_id, value, fn, oneway)
-        finally:
-            call_peers.end_call(peers)
+            self._end(call_id, fn, oneway, value)
 
     async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
         # A task of its own, in a copy of the context, so its output is tagged apart.
-        output.begin(call_id)
-        self.running[call_id] = asyncio.current_task()
-        peers = call_peers.begin_call(call_id, told=not oneway)
-        try:
+        with self._call(call_id, oneway, asyncio.current_task()):
             try:
                 args, kwargs = _arguments(signed, data)
                 value = await fn(*args, **kwargs)
-            except asyncio.CancelledError:
-                self._end_interrupted(call_id)
-                return
             except BaseException as exc:
-                self._end_error(call_id, exc, fn)
+                self._end(call_id, fn, oneway, exc=exc)
                 return
-            finally:
-                self.running.pop(call_id, None)
-            self._end_ok(call_id, value, fn, oneway)
-        finally:
-            call_peers.end_call(peers)
+            self._end(call_id, fn, oneway, value)
 
-    def _end_interrupted(self, call_id: int) -> None:
+    def _end(self, call_id: int, fn: Any, oneway: bool, value: Any = None, exc: BaseException | None = None) -> None:
+        """Answer a call: its value, its error, or "interrupted" (cancelled, or a collective it
+        waited in ended by `cancel`)."""
         output.end(_rank._send_output)
-        _interrupted(call_id)
-
-    def _end_error(self, call_id: int, exc: BaseException, fn: Any) -> None:
-        if isinstance(exc, KeyboardInterrupt) and call_peers.cancelled():  # see `cancel`
-            self._end_interrupted(call_id)
-            return
-        output.end(_rank._send_output)
-        _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
-
-    def _end_ok(self, call_id: int, value: Any, fn: Any, oneway: bool) -> None:
-        output.end(_rank._send_output)
-        if not oneway:
-            _reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))
+        if exc is None:
+            if not oneway:
+                _reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))
+        elif isinstance(exc, asyncio.CancelledError) or (isinstance(exc, KeyboardInterrupt) and call_peers.cancelled()):
+            _interrupted(call_id)
+        else:
+            _error(call_id, *format_user_traceback(exc), (self.id, getattr(fn, "__name__", "")))
 
     def _refuse(self, msg: Any) -> None:
         call_id, kind, ep = msg[:3]
