@@ -77,6 +77,28 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
     assert_next_collective_is_right(mesh, 4)
 
 
+def test_a_frozen_rank_0_does_not_hold_the_others_past_an_interrupt(torch_mesh):
+    # Rank 0 hosts the rendezvous store: frozen, it answers nothing and its connections stay
+    # open, so the others' store requests (their agreement check, their give-up record) must
+    # not wait on it in C++, where no interrupt reaches.
+    mesh = torch_mesh(gpus=3)
+    mesh.run(NEXT)
+    fut = mesh.run("if rank == 0: time.sleep(60)\nelse: vr.all_reduce(torch.ones(2))", block=False)
+    wait_running(mesh.slice(gpus=slice(1, 3)), "vr.all_reduce")
+    rank0 = mesh.pids()[0]
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        assert "interrupted" in str(fails_within(fut, mesh.interrupt, 5, timeout=10))
+        wait_until(lambda: [mesh.states()[r] for r in (1, 2)] == ["idle", "idle"], 10,
+                   "ranks 1-2 to leave the collective")
+    finally:
+        os.kill(rank0, signal.SIGKILL)
+    wait_until(lambda: mesh.states()[0] == "dead", 10, "rank 0 to be seen dead")
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 3)
+
+
 @pytest.mark.parametrize("blocked", ["send", "recv"])
 def test_interrupt_releases_a_rank_blocked_in_a_send_or_receive(torch_mesh, blocked):
     mesh = torch_mesh(gpus=2)

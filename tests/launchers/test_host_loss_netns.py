@@ -122,6 +122,39 @@ def test_a_cut_link_releases_the_other_hosts_ranks_from_a_collective_without_fai
         mesh.shutdown()
 
 
+@pytest.mark.slow  # waits out the cut-off agent's 10 s of silence
+@pytest.mark.parametrize("fail_fast", [True, False], ids=["interrupted", "told"])
+def test_cutting_off_the_rendezvous_host_releases_the_ranks_waiting_in_a_collective(ns_hosts, fail_fast):
+    # Host 0's rank 0 holds the rendezvous store. Cut off, its connections stay open and a
+    # store request from host 1's ranks (the collective's agreement check, their give-up
+    # record) would wait in C++ for minutes, deaf to interrupts and to the controller's word.
+    mesh = _mesh(ns_hosts, gpus=2)
+    try:
+        mesh.run("import time, torch, viceroy as vr\nt = torch.ones(2)\nvr.all_reduce(t)")  # the group exists
+        old = _remote_pids(mesh, 0)
+        fut = mesh.run("if coords['hosts'] == 0:\n    time.sleep(60)\nvr.all_reduce(t)", block=False,
+                       fail_fast=fail_fast)
+        wait_running(mesh.slice(hosts=0), "time.sleep")
+        wait_running(mesh.slice(hosts=1), "vr.all_reduce")
+        # host 0 is given up 5 s after the cut: they have been waiting over 2 s by then, so
+        # their agreement check asks the cut-off store
+        msg = str(fails_within(fut, lambda: ns_hosts.net.cut(1), 12.0))
+        assert "ranks 0-1: died (host 0 (10.213.1.2, via ssh) lost" in msg, msg
+        if not fail_fast:
+            assert "ranks 2-3: viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-3): " \
+                   "ranks 0-1 died, while the others waited in it." in msg, msg
+        assert mesh.slice(hosts=1).run("rank", timeout=10).values() == [2, 3]  # free, not stuck
+        wait_until(lambda: not live_pids(old), 15, f"the cut-off host's processes to exit: {live_pids(old)}")
+        ns_hosts.net.mend(1)
+        mesh.restart(failed_only=True)
+        # a new store on the new rank 0: host 1's ranks find it
+        assert mesh.run("import torch, viceroy as vr\nu = torch.ones(1) * (rank + 1)\nvr.all_reduce(u)\nu.item()",
+                        timeout=60).values() == [10.0] * 4
+    finally:
+        ns_hosts.net.mend(1)
+        mesh.shutdown()
+
+
 def test_a_killed_agent_fails_the_call_naming_the_host_and_restart_brings_it_back(ns_hosts):
     mesh = _mesh(ns_hosts, gpus=2)
     try:

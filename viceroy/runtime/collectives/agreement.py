@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from viceroy.runtime import call_peers
+from viceroy.runtime.collectives.asking import Ask, Asking
 from viceroy.runtime.collectives.store import rendezvous
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import describe_ranks
@@ -38,27 +40,44 @@ class Agreement:
         self.members = members
         self.next_at = time.monotonic() + CHECK_AFTER_S
         self.written = False
+        self.me = context().rank
+        self.look: tuple[Asking, Ask] | None = None  # the look on its way, and whom it asks
 
     def mismatch(self) -> str | None:
         """"rank 0: float32[1]; rank 1: float32[2]" when the members' signatures differ, else
-        None (also before CHECK_AFTER_S, and between looks)."""
+        None (also before CHECK_AFTER_S, and while a look is on its way: the store is asked in
+        the background, so a server that stopped answering never holds the caller)."""
         now = time.monotonic()
+        if self.look is not None:
+            store, look = self.look
+            try:
+                if not store.poll(look):
+                    return None
+                self.look = None
+                written = look.value()
+            except RuntimeError:  # the store is gone (with rank 0): the connections say more
+                self.look = None
+                return None
+            return self._compare(written)
         if now < self.next_at:
             return None
         self.next_at = now + LOOK_EVERY_S
         live = rendezvous.current()
-        if live is None or live[1] != self.incarnation:
-            return None
-        store, me = live[0], context().rank
-        try:
-            if not self.written:  # one key for all: two store round trips per look, however many
-                store.append(self.key, f"{me}\t{self.sig}\n")
-                if self.before is not None:  # for a member left waiting in it
-                    store.append(self.before[0], f"{me}\t{self.before[1]}\n")
-                self.written = True
-            written = store.get(self.key).decode()
-        except RuntimeError:  # the store is gone (with rank 0): the connections say more
-            return None
+        if live is not None and live[1] == self.incarnation:
+            self.look = (live[0], live[0].start(self._look))
+        return None
+
+    def _look(self, store: Any) -> str:
+        """On the store's thread: write ours once, read everyone's (two round trips per look,
+        however many members)."""
+        if not self.written:
+            store.append(self.key, f"{self.me}\t{self.sig}\n")
+            if self.before is not None:  # for a member left waiting in it
+                store.append(self.before[0], f"{self.me}\t{self.before[1]}\n")
+            self.written = True
+        return store.get(self.key).decode()
+
+    def _compare(self, written: str) -> str | None:
         by_rank = {int(rank): sig for rank, _, sig in (line.partition("\t") for line in written.splitlines())}
         by_rank.update(call_peers.finished_with(self.members))
         sigs: dict[str, list[int]] = {}

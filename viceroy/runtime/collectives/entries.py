@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.collectives.backend import Communicator
 from viceroy.runtime.collectives.records import Record, read_records, write_record
 from viceroy.runtime.collectives.store import rendezvous, store_on_rank0
@@ -112,8 +113,9 @@ def give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = Fa
     with interrupts_held():
         try:
             # Losing rank 0 usually means losing the store it hosts: asking a dead store makes
-            # torch print a C++ stack trace, so do not.
-            live = None if lost == 0 and store_on_rank0() else rendezvous.current()
+            # torch print a C++ stack trace, and a cut-off one answers nothing, so do not.
+            store_lost = store_on_rank0() and (lost == 0 or call_peers.died([0]))
+            live = None if store_lost else rendezvous.current()
             if live is not None and live[1] == entry.incarnation:
                 store = live[0]
                 write_record(store, entry.prefix, Record(context().rank, reason, time.time(), lost, stale, shared))

@@ -7,6 +7,11 @@ torchrun's agent does). The server is multi-tenant, so when user code on rank 0 
 
 Each server gets an *incarnation* id: when rank 0 dies and is restarted, its new server starts
 empty, and every key we use is prefixed with the incarnation, so nothing stale is read.
+
+A caller never waits on the server in C++: a server cut off (its host's link down, the
+connection not closed) leaves an operation waiting until TCP gives up, minutes later, deaf to
+interrupts and to the controller's word that rank 0 died. So the connection is asked from a
+thread of its own (`asking.Asking`), and callers wait in slices, at most `asking.ASK_S`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from viceroy.runtime.collectives import sockets
+from viceroy.runtime.collectives.asking import Asking
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.waiting import sleep_slice
 
@@ -51,34 +57,49 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._store: Any = None
+        self._store: Asking | None = None
         self._conn: sockets.Socket | None = None
         self._spare: list[Any] = []  # build clients given back, idle: see `client`
         self.incarnation = ""
 
-    def get(self, timeout: float) -> tuple[Any, str]:
+    def get(self, timeout: float) -> tuple[Asking, str]:
         """(store, incarnation); connects first if needed (again if the server went away).
         Waits interruptibly for the server."""
         with self._lock:
-            if self._store is not None and self._conn is not None and not sockets.is_open(self._conn):
-                self._store = None  # asking a dead server makes torch print a C++ stack trace
+            if self._store is not None and not self._live(self._store):
+                self._drop()  # asking a dead server makes torch print a C++ stack trace
             if self._store is None:
                 self._spare.clear()  # clients of the server that went away
-                self._store, self.incarnation = self._connect(timeout)
+                raw, self.incarnation = self._connect(timeout)
+                self._store = Asking(raw, f"{address()[0]}:{address()[1]}", self._lost)
             return self._store, self.incarnation
 
-    def current(self) -> tuple[Any, str] | None:
+    def current(self) -> tuple[Asking, str] | None:
         """(store, incarnation) if connected to a live server, else None; never waits."""
         with self._lock:
-            if self._store is None or (self._conn is not None and not sockets.is_open(self._conn)):
+            if self._store is None or not self._live(self._store):
                 return None
             return self._store, self.incarnation
 
     def reset(self) -> None:
         """Forget the connection (a store operation failed: the server is gone)."""
         with self._lock:
-            self._store = None
-            self._spare.clear()
+            self._drop()
+
+    def _live(self, store: Asking) -> bool:
+        return not store.lost and (self._conn is None or sockets.is_open(self._conn))
+
+    def _drop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+        self._store = None
+        self._spare.clear()
+
+    def _lost(self, store: Asking) -> None:
+        """`store` did not answer in time: the next `get` connects afresh."""
+        with self._lock:
+            if self._store is store:
+                self._drop()
 
     def client(self, timeout: float) -> Any:
         """A client connection of its own, for a thread that may block on it: a TCPStore client
