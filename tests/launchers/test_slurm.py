@@ -97,10 +97,13 @@ def test_controller_death_leaves_nothing_on_the_nodes(slurm):
         everything = ranks + [psutil.Process(p).parent().pid for p in ranks]
         jobs = slurm.jobs()
         assert len(jobs) == 1  # the allocation the controller asked for
+        here = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]  # salloc, its guard, sruns
+        assert any(psutil.Process(p).name() == "salloc" for p in here)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         wait_until(lambda: not live_pids(everything), 10, f"the agents and ranks to exit: {live_pids(everything)}")
         wait_until(lambda: jobs[0] not in slurm.jobs(), 10, f"the dead controller's allocation {jobs[0]} to end")
+        wait_until(lambda: not live_pids(here), 10, f"salloc, its guard and the sruns (pids {here}) to exit")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,9 +1,10 @@
 """What a user sees when a Slurm mesh cannot start, against a real one-node cluster: salloc's
 refusal reported as such, a Python missing on the nodes named, and an interrupted wait for an
-allocation that leaves nothing in the queue."""
+allocation, or a controller killed during it, that leaves nothing in the queue."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -11,10 +12,11 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_until
+from tests.conftest import live_pids, wait_until
 
 
 def test_an_allocation_salloc_refuses_is_reported_at_once_in_its_words(slurm):
@@ -71,6 +73,37 @@ def test_interrupting_the_wait_for_an_allocation_withdraws_it_at_once(slurm):
             proc.wait()
         for job in jobs:
             subprocess.run(["scancel", job], capture_output=True)  # only if the test failed
+
+
+def test_a_controller_killed_while_waiting_for_an_allocation_leaves_no_salloc_nor_job(slurm):
+    # salloc waited on in a session of its own: SIGKILLing the kernel left it, and its pending
+    # job, in the queue until the cluster could grant it (an allocation for nobody)
+    proc = subprocess.Popen([sys.executable, "-c", WAITER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs: list[str] = []
+    sallocs: list[int] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "queued and waiting for resources" in line, line
+        jobs = slurm.jobs()
+        assert len(jobs) == 1
+        children = psutil.Process(proc.pid).children(recursive=True)
+        sallocs = [p.pid for p in children if p.name() == "salloc"]
+        assert len(sallocs) == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_until(lambda: not live_pids(sallocs), 5, f"the dead controller's salloc (pid {sallocs}) to exit")
+        left = [p.pid for p in children]  # its guard too
+        wait_until(lambda: not live_pids(left), 5, f"every process the dead controller started (pids {left}) to exit")
+        wait_until(lambda: jobs[0] not in slurm.jobs(), 5, f"the dead controller's pending job {jobs[0]} to leave the queue")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in live_pids(sallocs):  # only if the test failed
+            os.kill(pid, signal.SIGTERM)  # salloc withdraws its request
+        for job in jobs:
+            subprocess.run(["scancel", job], capture_output=True)
 
 
 def test_zero_hosts_is_refused_naming_the_dim():

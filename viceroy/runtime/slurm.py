@@ -4,7 +4,10 @@ Inside an allocation (``salloc``/``sbatch``: $SLURM_JOB_ID is set) the steps run
 otherwise the launcher asks for one and holds it with a small command run under ``salloc``
 whose stdin is a pipe from this process: the allocation ends when the mesh shuts down, and
 also when this process dies by any signal (the pipe closes, the command exits, salloc gives
-the allocation back), so a killed kernel leaves no job behind.
+the allocation back). While the request is still pending there is no command yet to see the
+pipe close: a guard process (guard.py) holding a lifeline of its own from this process sends
+salloc SIGTERM when it breaks, on which salloc withdraws the request. So a killed kernel
+leaves no salloc and no job behind, granted or pending.
 
 Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
 its configuration, key included, goes on srun's stdin (Slurm forwards it to the task), never
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from viceroy.runtime.forkserver import Lines
+from viceroy.runtime.guard import start_guard, stop_guard
 from viceroy.runtime.launcher import (
     AgentProcess,
     HostPlan,
@@ -77,6 +81,7 @@ class SlurmLauncher(Launcher):
         self.job_id: str | None = None
         self.nodes: list[str] = []
         self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for
+        self._guard: subprocess.Popen[bytes] | None = None  # ends salloc if this process dies (guard.py)
         self._said: list[str] = []  # what salloc has said so far
 
     @staticmethod
@@ -122,6 +127,7 @@ class SlurmLauncher(Launcher):
         except FileNotFoundError:
             raise SlurmError("salloc is not installed here: the Slurm launcher needs Slurm's client commands") from None
         try:
+            self._guard = start_guard(self._holder.pid, "salloc")
             t0 = time.monotonic()
             granted = self._wait_for_grant(n_nodes, wait)
             if not granted:
@@ -254,6 +260,9 @@ class SlurmLauncher(Launcher):
         for pipe in (holder.stdout, holder.stderr):
             if pipe:
                 pipe.close()
+        if self._guard is not None:  # salloc is gone: the guard exits on EOF
+            stop_guard(self._guard)
+            self._guard = None
 
 
 # Run under salloc, inside the allocation: say which one it is, then hold it until stdin closes.
