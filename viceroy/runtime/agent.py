@@ -155,10 +155,12 @@ class Agent:
         return any(s.alive and s.pid is None for s in self.slots.values())
 
     def _on_controller_gone(self) -> None:
+        # The socket directory first: under Slurm the same EOF ends the job, and the step's
+        # SIGTERM may come before the ranks are all down (what is connected stays connected).
+        shutil.rmtree(self.rundir, ignore_errors=True)
         self.kill_all()
         end_descendants()  # the fork server, and whatever the ranks started, daemons included
         self.zygote.kill()
-        shutil.rmtree(self.rundir, ignore_errors=True)
         shm.discard_mesh(self.cfg["token"])
         clean_after_dead_parent(self.parent, str(self.cfg.get("controller_in", "")))
         die_now(0)
