@@ -69,7 +69,7 @@ def start_guard(pid: int, name: str) -> subprocess.Popen[bytes]:
 
 def stop_guard(guard: subprocess.Popen[bytes]) -> None:
     """Dismiss the guard once its process has been ended: it has nothing left to do, and may
-    still be starting (importing viceroy), so it is not waited for."""
+    still be starting (importing viceroy), so it is killed rather than waited on to see EOF."""
     assert guard.stdin is not None
     guard.stdin.close()
     guard.kill()
