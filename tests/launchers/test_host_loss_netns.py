@@ -172,6 +172,48 @@ def test_a_killed_agent_fails_the_call_naming_the_host_and_restart_brings_it_bac
         mesh.shutdown()
 
 
+def test_a_frozen_agent_given_up_is_ended_on_its_host_with_its_ranks(ns_hosts):
+    # A frozen agent (SIGSTOP, a hang) never sees its lifeline or its silence limit: killing
+    # the local ssh client leaves it, and its ranks, running on the host. The controller ends
+    # it there, over a fresh ssh connection, when it gives the host up.
+    mesh = _mesh(ns_hosts, gpus=2)
+    frozen, old, new = None, [], []
+    try:
+        old = _remote_pids(mesh, 1)
+        frozen = old[0]
+        os.kill(frozen, signal.SIGSTOP)
+        wait_until(lambda: 1 in mesh._controller.lost_hosts(), 10, "host 1 to be given up")
+        assert mesh.states() == {0: "idle", 1: "idle", 2: "dead", 3: "dead"}
+        wait_until(lambda: not live_pids(old), 10, f"the frozen host's agent and ranks to exit: {live_pids(old)}")
+        mesh.restart(failed_only=True)
+        new = _remote_pids(mesh, 1)
+        assert not set(new) & set(old)
+        assert mesh.run("rank").values() == [0, 1, 2, 3]
+        ranks = [p for r, p in mesh.pids().items() if r in (2, 3)]
+        assert live_pids(ranks) == ranks
+    finally:
+        mesh.shutdown()
+        if frozen is not None and live_pids([frozen]):
+            os.kill(frozen, signal.SIGKILL)
+    wait_until(lambda: not live_pids([*old, *new]), 10, f"host 1's processes to exit: {live_pids([*old, *new])}")
+
+
+def test_shutdown_ends_a_frozen_agent_not_yet_given_up_on_its_host(ns_hosts):
+    mesh = _mesh(ns_hosts, gpus=2)
+    frozen, pids = None, []
+    try:
+        pids = _remote_pids(mesh, 0) + _remote_pids(mesh, 1)
+        frozen = _remote_pids(mesh, 1)[0]
+        os.kill(frozen, signal.SIGSTOP)  # it will never hear the shutdown
+    finally:
+        mesh.shutdown()
+        try:
+            wait_until(lambda: not live_pids(pids), 10, f"every host's processes to exit: {live_pids(pids)}")
+        finally:
+            if frozen is not None and live_pids([frozen]):
+                os.kill(frozen, signal.SIGKILL)
+
+
 @pytest.mark.slow  # waits out an agent's 10 s of silence
 def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restart(ns_hosts, tmp_path):
     """Attach mode over real links: the controller listens on its own address; agents in each

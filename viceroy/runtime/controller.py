@@ -27,7 +27,7 @@ from viceroy.runtime import shm
 from viceroy.runtime.calls import ACTOR_STUCK_HINT, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
-from viceroy.runtime.hosts import HostLifecycle
+from viceroy.runtime.hosts import REMAINS_AT_SHUTDOWN_S, HostLifecycle, Remains
 from viceroy.runtime.inbound import Inbound
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, check_env, rendezvous_env
 from viceroy.runtime.logs import RankLogs
@@ -75,6 +75,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
         self._agents: dict[int, AgentProcess] = {}
+        self._remains: list[Remains] = []  # lost launches that may have left processes on their hosts
         self._host_of: dict[int, int] = {}
         # Hosts: which launch of each is current, when its agent was last heard, which are lost.
         self._plans: dict[int, HostPlan] = {}
@@ -132,11 +133,16 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         with contextlib.suppress(zmq.ZMQError):
             self._broadcast({"op": "shutdown", "ranks": []}, hosts=set(self._agents) - set(self._lost))
         # Agents stop their ranks and exit by themselves; whatever is left after a second is
-        # killed (with its whole session).
+        # killed (with its whole session), and on other hosts, ended there: a frozen agent, given
+        # up or not yet, outlives its ssh client, and its ranks with it.
         deadline = time.monotonic() + 1.0
-        for agent in self._agents.values():
-            agent.wait(max(0.0, deadline - time.monotonic()))
+        late = []
+        for h, agent in self._agents.items():
+            if agent.wait(max(0.0, deadline - time.monotonic())) is None and h not in self._lost:
+                late.append(agent)
             agent.kill()
+        for why in self._end_remains(None, REMAINS_AT_SHUTDOWN_S, late):
+            print(f"viceroy: shutting down: {why}", file=sys.__stderr__, flush=True)
         self._wake()
         self._io.join(timeout=2)
         if self._beat_thread.ident is not None:

@@ -10,6 +10,7 @@ concern with its own thread (the heartbeat) and its own failure story.
 from __future__ import annotations
 
 import functools
+import sys
 import textwrap
 import threading
 import time
@@ -26,6 +27,31 @@ from viceroy.runtime.wire import Signer
 # An attached agent is given up when its first heartbeat has not come within the host timeout
 # and this much more (it has its configuration; it starts its fork server and connects back).
 FIRST_BEAT_GRACE_S = 5.0
+# How long ending what a lost launch left on its host may take (one ssh, killed after that).
+REMAINS_TIMEOUT_S = 10.0
+# ... and at shutdown, when every host still to be seen to is tried at once.
+REMAINS_AT_SHUTDOWN_S = 5.0
+
+
+class Remains:
+    """One launch of a host whose processes may still run there, where `AgentProcess.kill`
+    could not reach them (a frozen agent on another host, its ranks with it). Ended at most
+    once, by the first of: the give-up, a restart of that host, the shutdown; a try that
+    failed (the host out of reach) is tried again by the next."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        self.agent = agent
+        self._lock = threading.Lock()
+        self.ended = False
+        self.why: str | None = None
+
+    def end(self, timeout: float) -> str | None:
+        """None once nothing is left; else why not (the host named, what to do)."""
+        with self._lock:  # a second caller waits for the first one's try
+            if not self.ended:
+                self.why = self.agent.end_remains(timeout)
+                self.ended = self.why is None
+            return self.why
 
 
 class HostLifecycle:
@@ -41,6 +67,7 @@ class HostLifecycle:
     _last_seen: dict[int, float]
     _lost: dict[int, str]
     _agents: dict[int, AgentProcess]
+    _remains: list[Remains]
     agent_info: dict[int, dict[str, Any]]
     _host_of: dict[int, int]
     _state: dict[int, str]
@@ -163,6 +190,8 @@ class HostLifecycle:
     def _launch(self, h: int) -> None:
         """Start (or, after a loss, start again) host `h`'s agent, as a new generation."""
         plan = self._plans[h]
+        for why in self._end_remains(h, REMAINS_TIMEOUT_S):  # the old launch must not run beside the new
+            print(f"viceroy: restarting host {h} all the same: {why}", file=sys.__stderr__, flush=True)
         gen = self._gen[h] = self._gen.get(h, -1) + 1
         self._last_seen.pop(h, None)
         self._lost.pop(h, None)
@@ -237,14 +266,40 @@ class HostLifecycle:
             if self._state[r] != "dead":
                 self._on_rank_exit(r, reason, False)
         where = self.agent_info.get(h, {}).get("endpoints", [""])[0] if self.launcher.same_host else ""
-        threading.Thread(target=self._put_down, args=(agent, where), name="viceroy-agent-kill", daemon=True).start()
+        remains = Remains(agent)
+        with self._lock:
+            self._remains.append(remains)
+        threading.Thread(target=self._put_down, args=(agent, where, remains), name="viceroy-agent-kill", daemon=True).start()
 
     @staticmethod
-    def _put_down(agent: AgentProcess, rank_inbox: str) -> None:
+    def _put_down(agent: AgentProcess, rank_inbox: str, remains: Remains) -> None:
         """Kill a lost host's agent with its fork server and ranks, and, on this machine, remove
-        the socket directory none of them lived to remove (`rank_inbox` is ``ipc://DIR/in``)."""
+        the socket directory none of them lived to remove (`rank_inbox` is ``ipc://DIR/in``);
+        on another host, end what is left there (a frozen agent outlives its ssh client)."""
         agent.kill()
         remove_socket_dir(rank_inbox)
+        remains.end(REMAINS_TIMEOUT_S)  # a failure is tried again on restart, and at shutdown
+
+    def _end_remains(self, h: int | None, timeout: float, also: Sequence[AgentProcess] = ()) -> list[str]:
+        """End what lost launches of host `h` (of every host: None), and the agents `also`, left
+        on their hosts, all at once, within about `timeout` s. Returns why, for each that could
+        not be ended (blocks: never on the event loop)."""
+        with self._lock:
+            todo = [r for r in self._remains if h is None or r.agent.host == h]
+            self._remains = [r for r in self._remains if r not in todo]
+        todo += [Remains(a) for a in also]
+        if not todo:
+            return []
+        threads = [threading.Thread(target=r.end, args=(timeout,), name="viceroy-remains", daemon=True) for r in todo]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout + 2.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        failed = [r for r in todo if not r.ended]
+        with self._lock:
+            self._remains += failed  # tried again later (a restart, the shutdown)
+        return [r.why or f"{r.agent.label}: its old agent may still run there" for r in failed]
 
     def lost_hosts(self) -> dict[int, str]:
         """host -> why it was given up, for hosts lost and not yet restarted."""

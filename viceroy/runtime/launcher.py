@@ -50,6 +50,13 @@ class AgentProcess(ABC):
         to say); launchers that know their tool's failures say more."""
         return ""
 
+    def end_remains(self, timeout: float) -> str | None:
+        """After `kill`: make sure nothing of this launch is left where the agent ran (an agent
+        `kill` could not reach: frozen on another host, its ranks with it), within `timeout` s.
+        None when nothing is left (or there is nothing more to do); else why not, and what the
+        user can do. Blocks: never call it on the controller's event loop."""
+        return None
+
     def describe_exit(self, code: int | None) -> str:
         """How `wait`'s result reads in an error message."""
         if code is None:

@@ -2,7 +2,8 @@
 
 The mesh key travels on the ssh session's stdin, never on a command line; the same stdin is
 the agent's lifeline, so when the controller dies the remote agent sees EOF and takes its
-ranks down. Ranks on every host connect back to the controller's address, so bind it to an
+ranks down. A frozen agent reads no EOF: when its host is given up, it is ended there over a
+fresh ssh, found by the tag of its launch (see remains). Ranks on every host connect back to the controller's address, so bind it to an
 interface the hosts can reach (`interface=`; loopback by default).
 
     hosts.txt:   node1                   # one host per line
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from viceroy.runtime import remains
 from viceroy.runtime.launcher import (
     AgentProcess,
     ChildAgent,
@@ -80,8 +82,9 @@ class SshAgent(AgentProcess):
     """One host's agent over ssh, whose ssh is started again (after a random, growing pause)
     when sshd turned the connection away before the login (MaxStartups)."""
 
-    def __init__(self, spawn: Callable[[], ChildAgent]) -> None:
+    def __init__(self, spawn: Callable[[], ChildAgent], end: Callable[[float], str | None]) -> None:
         self._spawn = spawn
+        self._end = end
         self._lock = threading.Lock()
         self._killed = False
         self.tries = 1
@@ -113,6 +116,9 @@ class SshAgent(AgentProcess):
         with self._lock:
             self._killed = True
             self.current.kill()
+
+    def end_remains(self, timeout: float) -> str | None:
+        return self._end(timeout)  # over a fresh ssh: a frozen agent outlives its ssh client
 
     def log_tail(self, n: int = 40) -> str:
         return self.current.log_tail(n)
@@ -166,11 +172,15 @@ class SshLauncher(Launcher):
         return [*argv, *shlex.split(os.environ.get("VICEROY_SSH_OPTIONS", "")), *self.options,
                 "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
 
-    def ssh_argv(self, host: SshHost) -> list[str]:
+    def remote_python(self, host: SshHost) -> str:
+        """The host's Python as its shell reads it (~/: the remote home, which quotes would hide)."""
         python = host.python or self.python
-        # ~/ is the remote user's home (quoting alone would keep the shell from expanding it)
-        remote = f'"$HOME"/{shlex.quote(python[2:])}' if python.startswith("~/") else shlex.quote(python)
-        return [*self.ssh_base(), host.address, f"exec {remote} -m viceroy.runtime.agent"]
+        return f'"$HOME"/{shlex.quote(python[2:])}' if python.startswith("~/") else shlex.quote(python)
+
+    def ssh_argv(self, host: SshHost, nonce: str | None = None) -> list[str]:
+        """ssh running the agent on `host`, tagged with `nonce` (see remains) when given."""
+        tag = f"export {remains.TAG}={nonce}; " if nonce else ""
+        return [*self.ssh_base(), host.address, f"{tag}exec {self.remote_python(host)} -m viceroy.runtime.agent"]
 
     def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False, envs: tuple[str, ...] = ()) -> list[str]:
         """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing);
@@ -253,13 +263,17 @@ class SshLauncher(Launcher):
             self._master = self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = with_master_addr(config, self._master)
+        nonce = remains.new_nonce()  # tags this launch's processes on the host
+        label = f"host {host.index} ({target.address}, via ssh)"
+
         def spawn() -> ChildAgent:
-            agent = start_child_agent(self.ssh_argv(target), config, host.index)
-            agent.label = f"host {host.index} ({target.address}, via ssh)"
+            agent = start_child_agent(self.ssh_argv(target, nonce), config, host.index)
+            agent.label = label
             agent.advise = functools.partial(self.advice, target, config["controller_in"])
             return agent
 
-        return SshAgent(spawn)
+        ssh = [*self.ssh_base(), target.address]
+        return SshAgent(spawn, functools.partial(remains.end_over_ssh, ssh, self.remote_python(target), nonce, label))
 
     def _rendezvous_host(self, controller: str) -> str:
         """MASTER_ADDR for every host: host 0's name. Host 0 named by a loopback name
