@@ -3,8 +3,9 @@
 The mesh key travels on the ssh session's stdin, never on a command line; the same stdin is
 the agent's lifeline, so when the controller dies the remote agent sees EOF and takes its
 ranks down. A frozen agent reads no EOF: when its host is given up, it is ended there over a
-fresh ssh, found by the tag of its launch (see remains). Ranks on every host connect back to the controller's address, so bind it to an
-interface the hosts can reach (`interface=`; loopback by default).
+fresh ssh, found by the tag of its launch (see remains). Ranks on every host connect back to
+the controller's address, so bind it to an interface the hosts can reach (`interface=`;
+loopback by default).
 
     hosts.txt:   node1                   # one host per line
                  node2 python=/opt/venv/bin/python
