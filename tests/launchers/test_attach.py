@@ -81,6 +81,18 @@ def test_agents_started_by_anything_attach_to_a_waiting_mesh(tmp_path, capsys):
         assert _reap(procs) == [0, 0]
 
 
+def test_the_users_master_addr_wins_over_the_address_host_0_reached_us_by(tmp_path):
+    key_file, port = str(tmp_path / "mesh.key"), _port()
+    procs, t = _attach_later(f"127.0.0.1:{port}", 2, "--key-file", key_file)
+    try:
+        with vr.Mesh.attach(hosts=2, gpus=1, listen=f"127.0.0.1:{port}", key_file=key_file, preload=[],
+                            echo=False, env={"MASTER_ADDR": "10.9.8.7"}) as mesh:
+            assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == ["10.9.8.7"] * 2
+    finally:
+        t.join()
+        _reap(procs)
+
+
 def test_the_key_can_come_from_the_environment(tmp_path, monkeypatch):
     key, port = os.urandom(32).hex(), _port()
     monkeypatch.setenv("VICEROY_MESH_KEY", key)

@@ -261,20 +261,34 @@ def test_attached_agents_across_links_lose_a_host_and_take_a_new_agent_on_restar
         _reap([p for ps, _ in first for p in ps] + extra)
 
 
-def test_host_0_named_localhost_gives_the_other_hosts_a_master_addr_they_reach(sshd, ns_hosts, tmp_path):
-    # hostfile "localhost / node2": from node2, "localhost" is node2 itself
-
-
+def _localhost_and_node2(sshd, ns_hosts, tmp_path) -> list[str]:
+    """ssh options for hostfile "localhost / node2": from node2, "localhost" is node2 itself."""
     config = tmp_path / "ssh_config"
     config.write_text(f"Host localhost\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {sshd.identity}\n"
                       f"Host node2\n  HostName {ns_hosts.addresses[0]}\n  Port {ns_hosts.port}\n"
                       f"  IdentityFile {ns_hosts.identity}\n")
-    mesh = vr.Mesh.ssh(["localhost", "node2"], gpus=1, ssh_options=["-F", str(config), *SSH_OPTS],
+    return ["-F", str(config), *SSH_OPTS]
+
+
+def test_host_0_named_localhost_gives_the_other_hosts_a_master_addr_they_reach(sshd, ns_hosts, tmp_path):
+    options = _localhost_and_node2(sshd, ns_hosts, tmp_path)
+    mesh = vr.Mesh.ssh(["localhost", "node2"], gpus=1, ssh_options=options,
                        interface=CONTROLLER_ADDR, preload=[], echo=False, startup_timeout=60)
     try:
         assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == [CONTROLLER_ADDR] * 2
     finally:
         mesh.shutdown()
+
+
+def test_host_0_named_localhost_with_no_address_to_give_is_refused_unless_master_addr_is_given(sshd, ns_hosts, tmp_path):
+    # Listening on every interface, the controller has no one address to give node2 for host 0.
+    options = _localhost_and_node2(sshd, ns_hosts, tmp_path)
+    with pytest.raises(ValueError, match=r"host 0 \(localhost\) is this machine by a loopback name, which host 1 "
+                                         r"\(node2\) would read as itself.*interface=ADDR"):
+        vr.Mesh.ssh(["localhost", "node2"], gpus=1, ssh_options=options, interface="0.0.0.0", preload=[], echo=False)
+    with vr.Mesh.ssh(["localhost", "node2"], gpus=1, ssh_options=options, interface="0.0.0.0", preload=[],
+                     echo=False, startup_timeout=60, env={"MASTER_ADDR": CONTROLLER_ADDR}) as mesh:
+        assert mesh.run("import os\nos.environ['MASTER_ADDR']").values() == [CONTROLLER_ADDR] * 2
 
 
 def test_an_attached_host_0_on_loopback_gives_the_others_the_address_they_reached(tmp_path):

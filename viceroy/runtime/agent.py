@@ -117,6 +117,19 @@ class Agent(RankLifecycle):
     # --- processes ---------------------------------------------------------------------------
 
     def _on_controller_gone(self) -> None:
+        self._end_host()
+        clean_after_dead_parent(self.parent, str(self.cfg.get("controller_in", "")))
+        die_now(0)
+
+    def _on_terminated(self, signum: int, frame: Any) -> None:
+        """SIGTERM: the cluster ends the job (scancel, a time limit, preemption). What lives
+        below the agent goes as when the controller is gone; then the agent dies of the signal,
+        so that whoever waits for it sees why."""
+        self._end_host()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _end_host(self) -> None:
         # The socket directory first: under Slurm the same EOF ends the job, and the step's
         # SIGTERM may come before the ranks are all down (what is connected stays connected).
         shutil.rmtree(self.rundir, ignore_errors=True)
@@ -124,8 +137,6 @@ class Agent(RankLifecycle):
         end_descendants()  # the fork server, and whatever the ranks started, daemons included
         self.zygote.kill()
         shm.discard_mesh(self.cfg["token"])
-        clean_after_dead_parent(self.parent, str(self.cfg.get("controller_in", "")))
-        die_now(0)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -258,6 +269,7 @@ class Agent(RankLifecycle):
             self._on_controller_gone()
 
     def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_terminated)
         if self.cfg.get("stdin_lifeline", True):
             hold_lifeline(sys.stdin.fileno(), self._on_controller_gone)
         threading.Thread(target=self._heartbeat, name="viceroy-heartbeat", daemon=True).start()

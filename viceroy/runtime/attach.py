@@ -28,7 +28,13 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher, plan_by_hosts
+from viceroy.runtime.launcher import (
+    AgentProcess,
+    HostPlan,
+    Launcher,
+    plan_by_hosts,
+    users_master_addr,
+)
 from viceroy.runtime.wire import BadMessage, Signer
 
 KEY_ENV = "VICEROY_MESH_KEY"
@@ -256,7 +262,9 @@ class AttachLauncher(Launcher):
         agent.attached_at = time.monotonic()
         agent.label = f"host {h} ({agent.attached_from}, attached)"
         cfg = {k: v for k, v in config.items() if k != "key"}  # the agent has the key already
-        if self._master and _loopback(self._master):
+        if users_master_addr(cfg):
+            pass  # the user's MASTER_ADDR wins, as with the other launchers
+        elif self._master and _loopback(self._master):
             # host 0 reached us on loopback: it is this machine, and every agent reaches this
             # machine at the address it connected to (host 0's own 127.0.0.1 included)
             cfg["master_is_controller"] = True

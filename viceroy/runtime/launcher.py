@@ -97,15 +97,19 @@ def check_env(env: dict[str, Any] | None) -> None:
             raise ValueError(f"env: the value of {name} holds a NUL character")
 
 
-def with_master_addr(config: dict[str, Any], host0: str) -> dict[str, Any]:
-    """`config` with MASTER_ADDR set to `host0` for every host, unless the user gave one in
-    `env` (as with MASTER_PORT, theirs wins). The controller's default (`rendezvous_env`) is
-    its own interface, which `controller_in` names: a different value is the user's."""
-    env = config.get("env", {})
+def users_master_addr(config: dict[str, Any]) -> bool:
+    """Whether the user gave MASTER_ADDR in `env` (as with MASTER_PORT, theirs wins). The
+    controller's default (`rendezvous_env`) is its own interface, which `controller_in` names:
+    a different value is the user's."""
     interface = config.get("controller_in", "").partition("://")[2].rpartition(":")[0].strip("[]")
-    if env.get("MASTER_ADDR") not in (None, interface):
+    return config.get("env", {}).get("MASTER_ADDR") not in (None, interface)
+
+
+def with_master_addr(config: dict[str, Any], host0: str) -> dict[str, Any]:
+    """`config` with MASTER_ADDR set to `host0` for every host, unless the user gave one."""
+    if users_master_addr(config):
         return config
-    return {**config, "env": {**env, "MASTER_ADDR": host0}}
+    return {**config, "env": {**config.get("env", {}), "MASTER_ADDR": host0}}
 
 
 def rendezvous_env(interface: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ from viceroy.runtime.launcher import (
     Launcher,
     plan_by_hosts,
     start_child_agent,
+    users_master_addr,
     with_master_addr,
 )
 
@@ -261,7 +262,7 @@ class SshLauncher(Launcher):
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
-            self._master = self._rendezvous_host(config["controller_in"])
+            self._master = "" if users_master_addr(config) else self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = with_master_addr(config, self._master)
         nonce = remains.new_nonce()  # tags this launch's processes on the host
