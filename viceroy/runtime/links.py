@@ -212,15 +212,33 @@ class LinkServer:
         wake it). A rank with no link yet (just started) is waited for until `deadline`
         (monotonic; default CONNECT_WAIT_S from now); one whose link is gone gets nothing:
         its death is reported by its agent, as on ZeroMQ."""
+        return self.send_many((rank,), frames, deadline)
+
+    def send_many(self, ranks: Sequence[int], frames: Sequence[Any], deadline: float | None = None) -> bool:
+        """`send` to each of `ranks` in turn: the frames are encoded once, and the writes follow
+        one another closely (ranks that answer the first ones meanwhile find the IO thread
+        idle, not competing with the sends for the interpreter)."""
+        encoded = encode(frames)
+        left = False
+        for rank in ranks:
+            link = self._by_rank.get(rank)  # a dict read (atomic); a miss waits under the lock
+            if link is None:
+                link = self._await_link(rank, deadline)
+                if link is None:
+                    continue
+            left |= self._write(link, deque(encoded))
+        return left
+
+    def _await_link(self, rank: int, deadline: float | None) -> Link | None:
         with self._cond:
             link = self._by_rank.get(rank)
             if link is None:
                 wait = (deadline if deadline is not None else time.monotonic() + CONNECT_WAIT_S) - time.monotonic()
                 self._cond.wait_for(lambda: rank in self._by_rank, max(0.0, wait))
                 link = self._by_rank.get(rank)
-                if link is None:
-                    return False
-        bufs = encode(frames)
+        return link
+
+    def _write(self, link: Link, bufs: deque[memoryview]) -> bool:
         with link.lock:
             if link.closed:
                 return False

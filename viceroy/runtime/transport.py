@@ -138,10 +138,8 @@ class ControllerSockets:
         """One copy of `frames` to each rank, on its local link (ranks not connected yet are
         waited for a second, all together)."""
         assert self.links is not None
-        flush, deadline = False, time.monotonic() + CONNECT_WAIT_S
         with whole_messages:
-            for r in ranks:
-                flush |= self.links.send(r, frames, deadline)
+            flush = self.links.send_many(ranks, frames, time.monotonic() + CONNECT_WAIT_S)
         if flush:
             self.wake()
 
