@@ -107,7 +107,7 @@ class RankDisplays:
     def __init__(self, sink: Sink, note: Callable[[str], None] = lambda _: None) -> None:
         self.sink = sink
         self._note: Callable[[str], None] | None = note
-        self._prefix = f"viceroy-{uuid.uuid4().hex[:8]}"  # this call's own display ids
+        self._prefix = ""  # this call's own display ids: made at its first display (most calls show none)
         self._count = 0
         self._slots: dict[int, list[str]] = {}  # rank -> its displays' ids, in order
         self._used: dict[int, int] = {}  # rank -> how many of them it showed since clearing
@@ -140,6 +140,7 @@ class RankDisplays:
             self.sink.display(data, md, display_id=slots[i], update=True)
         else:
             self._count += 1
+            self._prefix = self._prefix or f"viceroy-{uuid.uuid4().hex[:8]}"
             slots.append(f"{self._prefix}-{rank}-{self._count}")
             self.sink.display(data, md, display_id=slots[-1])
 
