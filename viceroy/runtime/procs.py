@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from viceroy.runtime.remains import process_table
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -135,31 +137,10 @@ def die_with_group(code: int = 0) -> None:
     die_now(code)
 
 
-def _process_table() -> dict[int, tuple[int, int, bool]] | None:
-    """pid -> (parent, process group, alive) of every process /proc shows; None without /proc.
-    Not alive: a zombie, dead but for its exit status."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    table = {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        state, ppid, pgid = stat[stat.rindex(b")") + 2:].split()[:3]  # the name may hold anything
-        table[int(name)] = (int(ppid), int(pgid), state not in (b"Z", b"X"))
-    return table
-
-
 def descendants(roots: set[int] | None = None) -> dict[int, int] | None:
     """pid -> process group of each live process below `roots` (this process by default);
     None where there is no /proc to read it from."""
-    table = _process_table()
+    table = process_table()
     if table is None:
         return None
     children: dict[int, list[int]] = {}

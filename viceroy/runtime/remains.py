@@ -27,8 +27,10 @@ TAG = "VICEROY_AGENT_ID"
 NONCE = re.compile(r"[0-9a-f]{16,64}")
 
 
-def _table() -> dict[int, int] | None:
-    """pid -> parent of each live process (zombies left out); None without /proc."""
+def process_table() -> dict[int, tuple[int, int, bool]] | None:
+    """pid -> (parent, process group, alive) of every process /proc shows; None without /proc.
+    Not alive: a zombie, dead but for its exit status. (Here, not in procs, which uses it too:
+    this file must run on a host with nothing but the standard library.)"""
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -42,10 +44,15 @@ def _table() -> dict[int, int] | None:
                 stat = f.read()
         except OSError:  # gone meanwhile
             continue
-        state, ppid = stat[stat.rindex(b")") + 2:].split()[:2]  # the name may hold anything
-        if state not in (b"Z", b"X"):
-            table[int(name)] = int(ppid)
+        state, ppid, pgid = stat[stat.rindex(b")") + 2:].split()[:3]  # the name may hold anything
+        table[int(name)] = (int(ppid), int(pgid), state not in (b"Z", b"X"))
     return table
+
+
+def _table() -> dict[int, int] | None:
+    """pid -> parent of each live process; None without /proc."""
+    table = process_table()
+    return None if table is None else {pid: ppid for pid, (ppid, _, alive) in table.items() if alive}
 
 
 def _tagged(pids: set[int], mark: bytes) -> set[int]:
