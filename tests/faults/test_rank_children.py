@@ -1,7 +1,7 @@
 """Processes that user code on a rank starts (a subprocess, a data-loader worker, a server, a
 daemon that double-forked into a session of its own) belong to the mesh: none outlives it, nor
-the kernel; a rank that dies or is restarted takes the ones in its process group with it, and
-leaves its siblings' alone.
+the kernel; a rank that dies or is restarted takes them with it (those in its process group,
+and daemons, by the tag in their environment), and leaves its siblings' alone.
 
 They are re-parented away from this test process once their rank is gone, so the autouse
 leak check cannot see them: each test looks for its own pids, and kills whichever of them (and
@@ -108,12 +108,9 @@ def test_restarting_the_ranks_ends_their_children(start_mesh, ours):
     children = start_children(mesh)
     ours += pids_of(children)
     mesh.restart()
-    # Daemons that left their rank's process group cannot be told apart from another rank's:
-    # they go with the mesh.
-    wait_until(lambda: not live_pids(pids_of(children, "child")), 5, "the restarted ranks' children to exit")
+    # daemons that left their rank's process group too: they carry their rank's tag
+    wait_until(lambda: not live_pids(ours), 5, f"the restarted ranks' children and daemons to exit: {live_pids(ours)}")
     assert mesh.run("rank").values() == [0, 1]
-    mesh.shutdown()
-    wait_until(lambda: not live_pids(ours), 5, f"the daemons to exit with the mesh: {live_pids(ours)}")
 
 
 def test_a_rank_that_dies_takes_its_children_along_and_leaves_its_siblings_alone(start_mesh, ours):
@@ -122,22 +119,22 @@ def test_a_rank_that_dies_takes_its_children_along_and_leaves_its_siblings_alone
     ours += pids_of(children)
     os.kill(mesh.pids()[1], signal.SIGKILL)
     wait_until(lambda: mesh.states()[1] == "dead", 5, "rank 1 to be dead")
-    wait_until(lambda: not live_pids([children[1]["child"]]), 5, "the dead rank's child to exit")
-    assert len(live_pids([children[0]["child"], children[0]["daemon"], children[1]["daemon"]])) == 3
+    wait_until(lambda: not live_pids(list(children[1].values())), 5, "the dead rank's child and daemon to exit")
+    assert len(live_pids(list(children[0].values()))) == 2
     mesh.restart(failed_only=True)
-    assert live_pids([children[0]["child"]]) and mesh.run("rank").values() == [0, 1]
+    assert len(live_pids(list(children[0].values()))) == 2 and mesh.run("rank").values() == [0, 1]
     mesh.shutdown()
     wait_until(lambda: not live_pids(ours), 5, f"the rest to exit with the mesh: {live_pids(ours)}")
 
 
-def test_the_ranks_of_a_killed_agent_take_their_children_along(start_mesh, ours):
+def test_the_ranks_of_a_killed_agent_take_their_children_and_daemons_along(start_mesh, ours):
     mesh = start_mesh(hosts=2, gpus=1)
     children = start_children(mesh)
     ours += pids_of(children)
     os.kill(mesh._controller.agent_processes()[1].proc.pid, signal.SIGKILL)
-    # (A daemon of that host's rank is beyond reach: what would have ended it is gone.)
-    wait_until(lambda: not live_pids([children[1]["child"]]), 5, "the lost host's rank's child to exit")
-    assert len(live_pids([children[0]["child"], children[0]["daemon"]])) == 2
+    # The daemon left the agent's tree with it; the controller finds it by the launch's tag.
+    wait_until(lambda: not live_pids(list(children[1].values())), 5, "the lost host's rank's child and daemon to exit")
+    assert len(live_pids(list(children[0].values()))) == 2
 
 
 def test_a_frozen_agent_given_up_takes_its_ranks_children_and_daemons_along(start_mesh, ours):

@@ -110,6 +110,7 @@ class Agent(RankLifecycle):
             }
             self.slots[rc["rank"]] = RankSlot(rank_cfg, rank=rc["rank"])
         self.by_pid: dict[int, int] = {}
+        self.tag_of: dict[int, str] = {}
         self.early_exits: dict[int, int] = {}
         self.relay = Relay(self._to_controller)
         self.stopping = False

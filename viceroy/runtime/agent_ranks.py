@@ -6,11 +6,13 @@ kept apart because supervising processes is one concern and relaying messages an
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from viceroy.runtime import remains
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
 from viceroy.runtime.procs import describe_exit, end_descendants, signal_group
@@ -27,6 +29,7 @@ class RankSlot:
     alive: bool = False
     respawn: bool = False
     rank: int = -1
+    tag: str = ""  # this life's VICEROY_RANK_ID (remains.RANK_TAG)
     output: OutputPipes = field(default_factory=lambda: OutputPipes([]))
 
     @property
@@ -41,6 +44,7 @@ class RankSlot:
 class RankLifecycle:
     slots: dict[int, RankSlot]
     by_pid: dict[int, int]
+    tag_of: dict[int, str]  # rank pid -> the tag of its life
     early_exits: dict[int, int]
     zygote: ForkServer
     exits: ChildExits
@@ -56,7 +60,10 @@ class RankLifecycle:
     def _spawn(self, rank: int) -> None:
         slot = self.slots[rank]
         slot.pid, slot.ready, slot.alive, slot.respawn, slot.hellos = None, False, True, False, 0
-        self.zygote.spawn(slot.cfg)
+        # Each life gets a tag of its own in its environment, which what it starts inherits: a
+        # daemon that left its process group is found by it when the rank dies.
+        slot.tag = remains.new_nonce()
+        self.zygote.spawn({**slot.cfg, "env": {**slot.cfg.get("env", {}), remains.RANK_TAG: slot.tag}})
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         """`sig` to each rank and its process group."""
@@ -78,6 +85,7 @@ class RankLifecycle:
         self.slots[r].output = self.zygote.output_pipes(r)
         self.slots[r].pid = pid
         self.by_pid[pid] = r
+        self.tag_of[pid] = self.slots[r].tag
         if pid in self.early_exits:
             self._on_death(pid, self.early_exits.pop(pid))
         elif self.slots[r].respawn:  # restarted again while it was being forked
@@ -98,6 +106,9 @@ class RankLifecycle:
                 self.early_exits[pid] = status
             return
         end_descendants(group=pid)  # what it started goes with it
+        if tag := self.tag_of.pop(pid, ""):  # daemons too (scanning /proc takes a while: aside)
+            threading.Thread(target=remains.end_launch, args=(tag, remains.RANK_TAG), name="viceroy-rank-remains",
+                             daemon=True).start()
         slot = self.slots[r]
         if slot.pid != pid:
             return

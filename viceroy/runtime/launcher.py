@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from viceroy.runtime import remains
 from viceroy.runtime.procs import end_descendants
 
 
@@ -170,9 +171,17 @@ class ChildAgent(AgentProcess):
         self.label = label
         self.advise: Callable[[str], str] | None = None  # the launcher's reading of the last words
         self.is_agent = False  # the child is the agent itself (not an ssh or srun): see kill
+        self.tag = ""  # its VICEROY_AGENT_ID, when it runs on this machine (see end_remains)
         self.proc = proc
         self._log = log
         self._log_path = log_path
+
+    def end_remains(self, timeout: float) -> str | None:
+        """An agent of this machine killed outright left its ranks' daemons to init: they carry
+        its tag (see remains)."""
+        if self.tag:
+            remains.end_launch(self.tag)
+        return None
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
@@ -241,11 +250,13 @@ class LocalLauncher(Launcher):
         return plan_by_hosts(dims)
 
     def start(self, host: HostPlan, config: dict[str, Any]) -> AgentProcess:
+        tag = remains.new_nonce()
         agent = start_child_agent(
-            [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"), env=agent_env()
+            [sys.executable, "-m", "viceroy.runtime.agent"], config, host.index, cwd=config.get("cwd"),
+            env={**agent_env(), remains.TAG: tag},
         )
         agent.label = f"host {host.index} (local, pid {agent.proc.pid})"
-        agent.is_agent = True
+        agent.is_agent, agent.tag = True, tag
         return agent
 
 

@@ -24,6 +24,7 @@ import signal
 import sys
 
 TAG = "VICEROY_AGENT_ID"
+RANK_TAG = "VICEROY_RANK_ID"  # the same for one rank's life: what it starts goes with it
 NONCE = re.compile(r"[0-9a-f]{16,64}")
 
 
@@ -68,10 +69,10 @@ def _tagged(pids: set[int], mark: bytes) -> set[int]:
     return found
 
 
-def end_launch(nonce: str) -> int | None:
-    """Stop, then kill, every process tagged with `nonce` and everything below them. Returns how
-    many were killed; None where there is no /proc to find them in."""
-    mark, me = f"{TAG}={nonce}".encode(), os.getpid()
+def end_launch(nonce: str, tag: str = TAG) -> int | None:
+    """Stop, then kill, every process whose `tag` is `nonce`, and everything below them. Returns
+    how many were killed; None where there is no /proc to find them in."""
+    mark, me = f"{tag}={nonce}".encode(), os.getpid()
     held: set[int] = set()
     checked: set[int] = set()  # environments read already: a pid's environment never changes
     while True:
