@@ -138,3 +138,20 @@ def test_asking_for_help_prints_every_command_with_its_options(
                   "%mesh logs RANK [--tail N]", "%mesh restart [--failed]", "%mesh auto on|off",
                   "%%mesh [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]"):
         assert usage in out, (usage, out)
+
+
+def test_a_bad_launcher_option_leaves_the_running_mesh_up(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):
+    session = current_session(shell)
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    try:
+        mesh = session.mesh
+        shell.run_cell_magic("mesh", "", "x = 42")
+        capsys.readouterr()
+        with pytest.raises(UsageError) as e:
+            shell.run_line_magic("mesh", "up gpus=2 --launcher ssh --hostfile /nonexistent.txt")
+        assert str(e.value) == "%mesh up: --hostfile /nonexistent.txt: No such file or directory"
+        assert "stopped the previous mesh" not in capsys.readouterr().out
+        assert session.mesh is mesh and shell.user_ns["mesh"] is mesh
+        assert mesh.run("x").values() == [42, 42]
+    finally:
+        shell.run_line_magic("mesh", "down")

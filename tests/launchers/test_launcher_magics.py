@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -101,3 +102,68 @@ def test_ssh_and_rsync_share_the_hosts_ssh_options():
     ssh = argv[argv.index("-e") + 1]
     assert "-p 2222 -i /k" in ssh and "StrictHostKeyChecking=no" in ssh
     assert argv[-2:] == ["/data/project/", "node1:/data/project/"]
+
+
+def test_up_parses_the_ssh_and_slurm_options():
+    cmd = parse_command('up hosts=2 gpus=1 --launcher ssh --hostfile h --identity ~/.ssh/k --ssh-port 2222 '
+                        '--ssh-options "-o ProxyJump=gw -v"')
+    assert cmd.launcher_options == {"--identity": "~/.ssh/k", "--ssh-port": 2222, "--ssh-options": "-o ProxyJump=gw -v"}
+    cmd = parse_command('up hosts=2 gpus=1 --launcher slurm --salloc-options "-p gpu -t 60" '
+                        '--srun-options=--exclusive --agents-per-node 2')
+    assert cmd.launcher_options == {"--salloc-options": "-p gpu -t 60", "--srun-options": "--exclusive",
+                                    "--agents-per-node": 2}
+    assert parse_command("up gpus=1").launcher_options == {}
+
+
+def test_ssh_and_slurm_options_map_onto_the_launchers_keywords(tmp_path):
+    hostfile, key = tmp_path / "hosts", tmp_path / "id"
+    hostfile.write_text("node1\nnode2\n")
+    key.write_text("")
+    opts = {"--identity": str(key), "--ssh-port": 2222, "--ssh-options": "-o ProxyJump=gw -v"}
+    assert check_launcher_options("ssh", {"hosts": 2}, str(hostfile), None, None, opts) == {
+        "identity": str(key), "port": 2222, "ssh_options": ["-o", "ProxyJump=gw", "-v"]}
+    opts = {"--salloc-options": "-p gpu -t 60", "--srun-options": "--exclusive", "--agents-per-node": 2}
+    assert check_launcher_options("slurm", {"hosts": 2}, None, None, None, opts) == {
+        "salloc_options": ["-p", "gpu", "-t", "60"], "srun_options": ["--exclusive"], "agents_per_node": 2}
+
+
+@pytest.mark.parametrize(("launcher", "opts", "message"), [
+    ("local", {"--identity": "k"}, "%mesh up: --identity goes with --launcher ssh"),
+    ("slurm", {"--ssh-options": "-v"}, "%mesh up: --ssh-options goes with --launcher ssh"),
+    ("ssh", {"--salloc-options": "-p gpu"}, "%mesh up: --salloc-options goes with --launcher slurm"),
+    ("attach", {"--agents-per-node": 2}, "%mesh up: --agents-per-node goes with --launcher slurm"),
+    ("slurm", {"--agents-per-node": 0}, "%mesh up: --agents-per-node takes a positive number, got 0"),
+    ("ssh", {"--ssh-port": 70000}, "%mesh up: --ssh-port takes a port number 1-65535, got 70000"),
+    ("ssh", {"--ssh-options": "-o 'Proxy"}, "%mesh up: --ssh-options \"-o 'Proxy\": No closing quotation"),
+    ("ssh", {"--identity": "/nonexistent/key"}, "%mesh up: --identity /nonexistent/key: No such file or directory"),
+])
+def test_ssh_and_slurm_options_for_another_launcher_or_bad_values_are_refused(tmp_path, launcher, opts, message):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1\n")
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+        check_launcher_options(launcher, {"hosts": 1, "gpus": 1}, str(hostfile) if launcher == "ssh" else None,
+                               None, None, opts)
+
+
+def test_what_can_be_checked_before_starting_is_checked_naming_the_option(tmp_path):
+    bad = tmp_path / "bad-hosts"
+    bad.write_text("node1 gpus=8\n")
+    good = tmp_path / "hosts"
+    good.write_text("node1\n")
+    cases = [
+        ("ssh", {"hosts": 1}, {"hostfile": "/nonexistent.txt"},
+         "%mesh up: --hostfile /nonexistent.txt: No such file or directory"),
+        ("ssh", {"hosts": 1}, {"hostfile": str(tmp_path)}, f"%mesh up: --hostfile {tmp_path}: Is a directory"),
+        ("ssh", {"hosts": 1}, {"hostfile": str(bad)},
+         f"%mesh up: --hostfile {bad}:1: unknown host option 'gpus=8' (only python=PATH)"),
+        ("ssh", {"hosts": 2}, {"hostfile": str(good)}, f"%mesh up: hosts=2 but --hostfile {good} lists 1 host(s)"),
+        ("attach", {"hosts": 1}, {"listen": "0.0.0.0"},
+         "%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got '0.0.0.0'"),
+        ("attach", {"hosts": 1}, {"key_file": "/nonexistent/mesh.key"},
+         "%mesh up: --key-file /nonexistent/mesh.key: there is no directory /nonexistent to create it in"),
+        ("attach", {"hosts": 1}, {"key_file": str(tmp_path)},
+         f"%mesh up: --key-file {tmp_path} is a directory; --key-file names the mesh's key file"),
+    ]
+    for launcher, dims, opts, message in cases:
+        with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+            check_launcher_options(launcher, dims, opts.get("hostfile"), opts.get("listen"), opts.get("key_file"))

@@ -228,3 +228,14 @@ def _free_port_here() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_refused_login_names_both_ways_to_give_a_key():
+    from viceroy.runtime.ssh import SshLauncher
+
+    launcher = SshLauncher(["node1"], port=2222)
+    words = "node1: Permission denied (publickey)."
+    assert launcher.advice(launcher.hosts[0], "tcp://10.0.0.1:5555", words) == (  # type: ignore[arg-type]
+        "node1 refused the login and the ssh launcher never types a password (BatchMode): make "
+        "`ssh -p 2222 node1 true` work without one (ssh-copy-id node1, ssh-add), or give it a key: "
+        "identity=KEYFILE in Mesh.ssh, --identity KEYFILE in %mesh up")

@@ -14,7 +14,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 
@@ -211,6 +211,9 @@ class Command:
     hostfile: str | None = None
     listen: str | None = None
     key_file: str | None = None
+    # --identity, --ssh-port, --ssh-options (ssh); --salloc-options, --srun-options,
+    # --agents-per-node (slurm): only those given, keyed by the option as spelled
+    launcher_options: dict[str, Any] = field(default_factory=dict)
     sync_src: str = "."
     sync_dest: str | None = None
     dry_run: bool = False
@@ -224,6 +227,10 @@ class Command:
     names: list[str] = field(default_factory=list)
     assignments: list[tuple[str, str]] = field(default_factory=list)  # (name, expression)
     on: bool | None = None
+
+
+_LAUNCHER_OPTIONS = ("--identity", "--ssh-port", "--ssh-options", "--salloc-options", "--srun-options",
+                     "--agents-per-node")
 
 
 def parse_dims(tokens: list[str], prog: str = "%mesh up") -> dict[str, int]:
@@ -276,13 +283,16 @@ def parse_command(line: str) -> Command:
         p = _Parser(
             prog,
             "usage: %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] "
-            "[--listen ADDR] [--key-file FILE] "
+            "[--listen ADDR] [--key-file FILE] [--identity KEYFILE] [--ssh-port N] [--ssh-options=\"...\"] "
+            "[--salloc-options=\"...\"] [--srun-options=\"...\"] [--agents-per-node N] "
             "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]...",
         )
         p.add_argument("--launcher", default="local", choices=["local", "ssh", "slurm", "attach"])
         p.add_argument("--hostfile")
         p.add_argument("--listen")
         p.add_argument("--key-file")
+        for name in _LAUNCHER_OPTIONS:
+            p.add_argument(name, type=int if name in ("--ssh-port", "--agents-per-node") else str)
         p.add_argument("--torch-dist", action="store_true")
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
@@ -292,6 +302,10 @@ def parse_command(line: str) -> Command:
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
         cmd.hostfile, cmd.listen, cmd.torch_dist = ns.hostfile, ns.listen, ns.torch_dist
         cmd.key_file = ns.key_file
+        for name in _LAUNCHER_OPTIONS:
+            value = getattr(ns, name[2:].replace("-", "_"))
+            if value is not None:
+                cmd.launcher_options[name] = value
         if ns.preload is not None:
             mods = [m for m in ns.preload.split(",") if m.strip()]
             cmd.preload = [] if mods == ["none"] else mods

@@ -30,6 +30,9 @@ HELP = """\
 %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] [--listen ADDR]
     [--key-file FILE] [--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none]
     [--env NAME=VALUE]...          start a mesh (gpus=4, hosts=2 gpus=8, dp=2 tp=2); binds `mesh`
+    ssh:   [--identity KEYFILE] [--ssh-port N] [--ssh-options="-o ProxyJump=gw ..."]
+    slurm: [--salloc-options="-p gpu -t 60 --gpus-per-node=8"] [--srun-options="..."]
+           [--agents-per-node N]   (outside an allocation, salloc is asked for nodes and tasks only)
 %mesh status | down | interrupt | stacks
 %mesh restart [--failed]           every rank (their state is lost), or only the dead ones
 %mesh logs RANK [--tail N]         a rank's recent output
@@ -131,6 +134,7 @@ class MeshMagics(Magics):
             key_file=cmd.key_file,
             torch_dist=cmd.torch_dist,
             env=cmd.env,
+            launcher_options=cmd.launcher_options,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
         self.show_view()

@@ -92,16 +92,19 @@ class MeshSession:
         torch_dist: bool = False,
         key_file: str | None = None,
         env: dict[str, str] | None = None,
+        launcher_options: dict[str, Any] | None = None,
     ) -> Mesh:
         """Start a mesh with these dims, local or through `launcher` (stopping the previous
         one), and bind ``mesh``.
 
         ``preload``: modules the ranks import once before starting (runtime default if None).
         ``env``: environment variables for every rank.
+        ``launcher_options``: ``{"--identity": "KEYFILE", ...}`` (see `launching.LAUNCHER_OPTIONS`).
+        Every option is checked before the running mesh is stopped: a typo leaves it up.
         """
         import viceroy as vr
 
-        launching.check_launcher_options(launcher, dims, hostfile, listen, key_file)
+        launcher_kwargs = launching.check_launcher_options(launcher, dims, hostfile, listen, key_file, launcher_options)
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -122,7 +125,7 @@ class MeshSession:
             self.down()
             print(f"stopped the previous mesh ({old})")
         try:
-            mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file)
+            mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file, launcher_kwargs)
             self._attach(mesh)
             with self._setup_calls():
                 mesh.run(display_hook.install)

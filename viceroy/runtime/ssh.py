@@ -320,7 +320,8 @@ class SshLauncher(Launcher):
         ssh = f"ssh -p {self.port} {addr}" if self.port is not None else f"ssh {addr}"
         if "Permission denied" in words:
             return (f"{addr} refused the login and the ssh launcher never types a password (BatchMode): make "
-                    f"`{ssh} true` work without one (ssh-copy-id {addr}, ssh-add), or pass identity=KEYFILE")
+                    f"`{ssh} true` work without one (ssh-copy-id {addr}, ssh-add), or give it a key: "
+                    "identity=KEYFILE in Mesh.ssh, --identity KEYFILE in %mesh up")
         if "Host key verification failed" in words or "HOST IDENTIFICATION HAS CHANGED" in words:
             return (f"{addr}'s host key is not in known_hosts, or has changed: check it and accept it with "
                     f"`{ssh}` once (after `ssh-keygen -R {addr}` if it changed)")
