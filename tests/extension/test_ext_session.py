@@ -145,3 +145,16 @@ def test_an_interrupted_mesh_up_leaves_no_mesh_and_says_so_in_one_line(monkeypat
         s.close()
         for m in started:
             m.shutdown()
+
+
+def test_ranks_outside_what_where_selects_are_named_against_where(session: MeshSession):
+    from IPython.core.error import UsageError
+
+    from viceroy.extension.args import parse_run_options
+
+    with pytest.raises(UsageError) as e:
+        session.run_cell("rank", parse_run_options("--where gpus=0:1 --ranks 1"))
+    assert str(e.value) == "--ranks: rank(s) 1 not among the ranks --where gpus=0:1 selects (0)"
+    with pytest.raises(UsageError) as e:
+        session.run_cell("rank", parse_run_options("--ranks 0,5"))
+    assert str(e.value) == "--ranks: rank(s) 5 not in this mesh (its ranks are 0-1)"

@@ -37,6 +37,14 @@ INTERRUPT_GRACE_S = 2.0  # how long an interrupted cell waits for its ranks to s
 _RIDE_ALONG = ("call_started", "rank_done", "ranks_done", "call_finished")
 
 
+def _where_text(sel: int | slice) -> str:
+    """``slice(0, 2)`` -> ``0:2``, as --where took it."""
+    if isinstance(sel, int):
+        return str(sel)
+    text = f"{'' if sel.start is None else sel.start}:{'' if sel.stop is None else sel.stop}"
+    return text if sel.step is None else f"{text}:{sel.step}"
+
+
 class CellRunner:
     """Runs cells, one at a time, for a shell (``shell.user_ns`` holds the handles a cell may
     read; None outside IPython)."""
@@ -74,6 +82,13 @@ class CellRunner:
             except (ValueError, IndexError, TypeError) as e:
                 raise UsageError(f"--where: {e}") from None
         if opts.ranks is not None:
+            missing = sorted(set(opts.ranks) - set(view.ranks))
+            if opts.where and missing:  # ranks of the mesh, maybe, but not of the part --where chose
+                where = " ".join(f"--where {dim}={_where_text(sel)}" for dim, sel in opts.where.items())
+                raise UsageError(
+                    f"--ranks: rank(s) {format_rank_set(missing)} not among the ranks {where} selects "
+                    f"({format_rank_set(view.ranks)})"
+                )
             try:
                 view = view.select(opts.ranks)
             except (ValueError, IndexError) as e:
