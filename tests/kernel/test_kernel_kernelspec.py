@@ -104,3 +104,11 @@ def test_the_wheel_ships_the_kernelspec_as_shared_data_and_the_quickstart(tmp_pa
     assert "viceroy/runtime/mesh.py" in names
     # `viceroy demo` finds the quickstart in an installed wheel, where no notebooks/ lies beside it.
     assert "viceroy/kernel/notebooks/01-quickstart.ipynb" in names
+
+
+def test_the_demo_prints_nothing_for_a_display_without_data():
+    from viceroy.kernel.demo import _output_text
+
+    assert _output_text({"output_type": "display_data", "data": {}, "metadata": {}}) == ""
+    assert _output_text({"output_type": "display_data", "data": {"text/html": "<b>"}}) == "<text/html>\n"
+    assert _output_text({"output_type": "execute_result", "data": {"text/plain": "3"}}) == "3\n"

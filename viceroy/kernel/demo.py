@@ -30,6 +30,8 @@ def _output_text(out: dict[str, Any]) -> str:
     data = out.get("data", {})
     if "text/plain" in data:
         return str(data["text/plain"]) + "\n"
+    if not data:  # a display made to be updated later (a progress bar's first draw): nothing yet
+        return ""
     return f"<{', '.join(data)}>\n"
 
 
