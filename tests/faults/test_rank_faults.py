@@ -445,8 +445,9 @@ def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
 
 def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):
     mesh = start_mesh(gpus=2)
-    with pytest.raises(vr.MeshError, match=r"rank 0: died \(SIGSEGV\)"):
+    with pytest.raises(vr.MeshError) as e:
         mesh.run("import ctypes\ndef deep():\n    ctypes.string_at(0)\nif rank == 0:\n    deep()", timeout=10)
+    assert "rank 0: died (SIGSEGV) (its Python stacks are in its output: mesh.logs(0) / %mesh logs 0)" in str(e.value)
     wait_until(lambda: "Segmentation fault" in mesh.logs(0), 5, "the fault's report in rank 0's log")
     log = mesh.logs(0)
     assert "in deep" in log and "<mesh-cell" in log, log

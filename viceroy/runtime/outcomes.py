@@ -28,6 +28,10 @@ Event = dict[str, Any]
 # Of a rank that died they are told at once.
 PEERS_DONE_AFTER_S = 1.0
 
+# A rank that crashed in native code: faulthandler wrote its Python stacks to its output.
+_CRASHES = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGABRT"})
+_STACKS_HINT = " (its Python stacks are in its output: mesh.logs({r}) / %mesh logs {r})"
+
 
 class CallOutcomes:
     signer: Signer
@@ -180,7 +184,8 @@ class CallOutcomes:
             for call in list(self._calls.values()):
                 if r in call.shape.ranks and not call.answered(r):
                     call.failures[r] = (RankFailure("interrupted", "restarted while it ran") if reason == "restarted"
-                                        else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")))
+                                        else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")
+                                                         + (_STACKS_HINT.format(r=r) if reason in _CRASHES else "")))
                     if call.fail_fast:
                         self._stop(call, f"stopped by fail-fast after rank {r} died")
                     if not call.missing():
