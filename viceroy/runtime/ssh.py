@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from viceroy.runtime import remains
+from viceroy.runtime import remains, rsync
 from viceroy.runtime.launcher import (
     AgentProcess,
     ChildAgent,
@@ -35,42 +35,14 @@ from viceroy.runtime.launcher import (
     users_master_addr,
     with_master_addr,
 )
+from viceroy.runtime.rsync import Synced
 
-# Not worth copying to the hosts: version control, environments, caches.
-SYNC_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules")
-
-
-def python_envs(src: str) -> tuple[str, ...]:
-    """The folders of `src` that are Python environments, whatever their name (a venv has
-    pyvenv.cfg, a conda environment conda-meta/): machine-specific, never worth copying."""
-    try:
-        entries = list(os.scandir(src))
-    except OSError:
-        return ()
-    return tuple(sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and (
-        os.path.exists(os.path.join(e.path, "pyvenv.cfg")) or os.path.isdir(os.path.join(e.path, "conda-meta")))))
-
+__all__ = ["SshHost", "SshLauncher", "Synced", "read_hostfile"]
 
 @dataclass(frozen=True)
 class SshHost:
     address: str  # what ssh connects to: "node1", "user@10.0.0.2"
     python: str | None = None  # this host's Python (default: the launcher's)
-
-
-@dataclass(frozen=True)
-class Synced:
-    """One host's part in a sync: `address:dest` was synced (in a dry run, `would_copy` files
-    would be), or it was `skipped`, saying why."""
-
-    address: str
-    dest: str
-    would_copy: int | None = None
-    skipped: str = ""
-
-    def __str__(self) -> str:
-        if self.skipped:
-            return f"{self.address}: skipped ({self.skipped})"
-        return f"{self.address}:{self.dest}" + (f" (would copy {self.would_copy} file(s))" if self.would_copy is not None else "")
 
 
 # sshd drops connections beyond MaxStartups (default 10:30:100) that are still logging in: many
@@ -185,62 +157,12 @@ class SshLauncher(Launcher):
         return [*self.ssh_base(), host.address, f"{tag}exec {self.remote_python(host)} -m viceroy.runtime.agent"]
 
     def rsync_argv(self, host: SshHost, src: str, dest: str, dry_run: bool = False, envs: tuple[str, ...] = ()) -> list[str]:
-        """rsync over the same ssh: `src`'s contents into `dest` on `host` (created if missing);
-        `envs` are more folders of `src` to leave out (Python environments by any name)."""
-        return [
-            "rsync", "-az", "--mkpath", *(["--dry-run", "--itemize-changes"] if dry_run else []),
-            *(f"--exclude={p}" for p in SYNC_EXCLUDES), *(f"--exclude=/{e}/" for e in envs),
-            "-e", shlex.join(self.ssh_base()), src.rstrip("/") + "/", f"{host.address}:{dest.rstrip('/')}/",
-        ]
+        """rsync over the same ssh as the agents' (see `rsync.rsync_argv`)."""
+        return rsync.rsync_argv(self.ssh_base(), host.address, src, dest, dry_run, envs)
 
     def sync(self, src: str, dest: str | None = None, dry_run: bool = False, lost: frozenset[int] = frozenset()) -> list[Synced]:
-        """Copy the directory `src` to every host (at `dest`, by default the same absolute path,
-        where the ranks look for the controller's working directory). One `Synced` per host;
-        hosts in `lost` (indices) are skipped, saying why. A host that fails does not stop the
-        others: the error, raised at the end, names each one at fault and what was synced."""
-        import shutil
-        import subprocess
-
-        src = os.path.abspath(src)
-        if not os.path.isdir(src):
-            raise NotADirectoryError(f"{src} is not a directory")
-        if shutil.which("rsync") is None:
-            raise FileNotFoundError("rsync is not installed on this machine (the controller's); install it "
-                                    "here and on every host, e.g. `apt-get install rsync`")
-        dest = dest or src
-        envs = python_envs(src)
-        indices: dict[str, list[int]] = {}
-        for i, h in enumerate(self.hosts):
-            assert isinstance(h, SshHost)
-            indices.setdefault(h.address, []).append(i)
-        lines: list[Synced] = []
-        failed: list[str] = []
-        for address, idx in indices.items():  # each distinct host once
-            host = self.hosts[idx[0]]
-            assert isinstance(host, SshHost)
-            if all(i in lost for i in idx):
-                which = ", ".join(map(str, idx))
-                lines.append(Synced(address, dest, skipped=f"host {which} is lost; sync again after mesh.restart(failed_only=True)"))
-                continue
-            proc = subprocess.run(self.rsync_argv(host, src, dest, dry_run, envs), capture_output=True, text=True)
-            if proc.returncode != 0:
-                failed.append(f"rsync to {address}:{dest} failed (exit code {proc.returncode}): "
-                              f"{proc.stderr.strip()}\n{self._rsync_advice(host, proc.returncode, proc.stderr)}")
-                continue
-            files = sum(1 for ln in proc.stdout.splitlines() if ln[1:2] == "f")  # itemized: ">f+++++++++ path"
-            lines.append(Synced(address, dest, would_copy=files if dry_run else None))
-        if failed:
-            done = "; ".join(map(str, lines)) if lines else "nothing"
-            raise RuntimeError("\n".join(failed) + f"\nsynced: {done}")
-        return lines
-
-    def _rsync_advice(self, host: SshHost, code: int, stderr: str) -> str:
-        if code == 255:  # ssh itself failed
-            port = f"-p {self.port} " if self.port is not None else ""
-            return f"(ssh could not reach {host.address}: make `ssh {port}{host.address} true` work, then sync again)"
-        if "not found" in stderr or code in (12, 127):
-            return f"(is rsync installed on {host.address}? e.g. `apt-get install rsync` there)"
-        return f"(check that {host.address} can write the destination; --to PATH picks another)"
+        """Copy the directory `src` to every host (see `rsync.sync`)."""
+        return rsync.sync(self, src, dest, dry_run, lost)
 
     def _ssh_setting(self, host: SshHost, key: str) -> str | None:
         """What ssh's configuration (options, $VICEROY_SSH_OPTIONS, ~/.ssh/config) sets `key`
