@@ -264,6 +264,22 @@ def test_a_rank_dying_before_it_joins_releases_the_others_at_once_without_fail_f
     assert_next_collective_is_right(mesh, 4)
 
 
+def test_rank_0_dying_before_its_store_is_up_releases_the_others_without_fail_fast(start_mesh):
+    # Without torch preloaded, rank 0 opens the rendezvous store only once it uses a collective:
+    # the others wait for it to come up, and nothing but the controller's word says it never will.
+    mesh = start_mesh(gpus=3)
+    mesh.run(SETUP)
+    fut = mesh.run("t = torch.ones(2)\nif rank == 0:\n    time.sleep(60)\nvr.all_reduce(t)", block=False, fail_fast=False)
+    wait_running(mesh.select([0]), "time.sleep")
+    wait_running(mesh.select([1, 2]), "vr.all_reduce")
+    msg = str(fails_within(fut, lambda: os.kill(mesh.pids()[0], signal.SIGKILL), 5))
+    assert ("ranks 1-2: viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-2): rank 0 "
+            "died, and the rendezvous store with it (it hosts it), while the others waited for it.") in msg, msg
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    assert_next_collective_is_right(mesh, 3)
+
+
 def test_ranks_that_finished_are_blamed_only_by_groups_they_belong_to(torch_mesh):
     # Ranks 0-1 (a=0) take part in the whole-mesh all_reduce and finish; ranks 2-3 compute
     # past the controller's notice, then all_reduce over their own group along "b".

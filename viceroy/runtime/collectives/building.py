@@ -28,7 +28,7 @@ from viceroy.runtime.collectives.entries import (
 from viceroy.runtime.collectives.errors import CollectiveError
 from viceroy.runtime.collectives.groups import Group
 from viceroy.runtime.collectives.records import read_records
-from viceroy.runtime.collectives.store import rendezvous
+from viceroy.runtime.collectives.store import StoreGone, rendezvous
 from viceroy.runtime.collectives.waiting import SLICE_S, uninterrupted
 from viceroy.runtime.context import context
 from viceroy.runtime.shape import format_rank_set
@@ -126,7 +126,10 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     me = context().rank
     index, timeout = group.index(me), current_timeout()
     with _store_ops():
-        store, incarnation = rendezvous.get(timeout)
+        try:
+            store, incarnation = rendezvous.get(timeout)
+        except StoreGone as exc:
+            raise _group_failed(what, group, f"{exc}, while the others waited for it.") from None
         base = f"viceroy/{incarnation}/{backend.name}/{group.name}"
         if device is not None:
             base += f"/dev{device}"

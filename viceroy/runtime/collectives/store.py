@@ -26,6 +26,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.collectives import sockets
 from viceroy.runtime.collectives.asking import Asking
 from viceroy.runtime.collectives.errors import CollectiveError
@@ -158,6 +159,10 @@ class Rendezvous:
         return store, store.get(INCARNATION_KEY).decode()
 
 
+class StoreGone(CollectiveError):
+    """Rank 0 died while this rank waited for the store it was to open."""
+
+
 def start_early() -> None:
     """On rank 0, when torch is already imported (preloaded): start the server now, in the
     background, so that ranks talking among themselves without rank 0 (a send from rank 1 to
@@ -182,6 +187,9 @@ def _wait_for_server(host: str, port: int, deadline: float) -> None:
             socket.create_connection((host, port), timeout=1.0).close()
             return
         except OSError:
+            call_peers.check_cancelled()  # an actor's endpoint, interrupted
+            if store_on_rank0() and call_peers.died([0]):  # the controller's word: it never comes
+                raise StoreGone("rank 0 died, and the rendezvous store with it (it hosts it)") from None
             if time.monotonic() > deadline:
                 raise CollectiveError(
                     f"the rendezvous store at {host}:{port} did not come up: it runs on rank 0, "
