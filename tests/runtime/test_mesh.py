@@ -1,6 +1,7 @@
 """A local mesh driven from plain Python: running code, namespaces, sub-meshes, transfers."""
 
 import os
+import re
 import sys
 import textwrap
 import threading
@@ -393,3 +394,53 @@ def test_coords_and_mesh_follow_the_view_until_the_users_code_rebinds_them(start
     sp.run("mesh = 'my device mesh'")
     assert sp.run("mesh, coords").item(dp=1, tp=0) == ("my device mesh", {"dp": 1, "tp": 0})
     assert m.run("mesh, coords").values()[2] == ("my device mesh", {"gpus": 2})
+
+
+def test_a_call_after_shutdown_fails_at_once_saying_so_and_one_in_flight_says_it_ran(start_mesh):
+    """Every entry point of a mesh shut down raises MeshClosedError at once, saying when it was
+    shut down and how to start another; only a call already running then says "while it ran"."""
+    import torch
+
+    from tests.actors.test_actors import Counter
+    from viceroy.runtime.errors import MeshClosedError
+
+    mesh = start_mesh(gpus=2, preload=["torch"])
+    counters = mesh.spawn(Counter, 0)
+    with mesh.activate():
+        t = torch.ones(2)
+    slow = mesh.run("import time\ntime.sleep(30)", block=False)
+    with mesh.activate():
+        u = t * 3
+    mesh.run("1", block=False)  # sends u's op, which waits behind the sleep on each rank
+    wait_running(mesh, "sleep")
+    mesh.shutdown()
+    with pytest.raises(MeshClosedError, match=r"the mesh was shut down while this call \(mesh.run.*\) ran"):
+        slow.get(timeout=5)
+    after = {
+        "fetch of an op in flight at shutdown": u.fetch,
+        "fetch": t.fetch,
+        "run": lambda: mesh.run("1"),
+        "run, not blocking": lambda: mesh.run("1", block=False),
+        "pull": lambda: mesh.pull("x"),
+        "slice": lambda: mesh.slice(gpus=0),
+        "tensor op": lambda: t + 1,
+        "to_mesh": lambda: t.to_mesh(mesh),
+        "spawn": lambda: mesh.spawn(Counter, 0),
+        "actor call": counters.incr.call,
+        "actor broadcast": counters.incr.broadcast,
+    }
+    for name, use in after.items():
+        t0 = time.monotonic()
+        with pytest.raises(MeshClosedError) as info:
+            use()
+        took, msg = time.monotonic() - t0, str(info.value)
+        assert took < 0.5, f"{name}: failed after {took:.1f} s, not at once"
+        assert "while this call" not in msg, f"{name}: {msg}"
+        assert re.search(r"was shut down at \d\d:\d\d:\d\d \(\d+ s ago\), before this call; nothing was sent", msg), f"{name}: {msg}"
+        assert "vr.Mesh.local(...)" in msg and "%mesh up" in msg, f"{name}: {msg}"
+    with pytest.raises(MeshClosedError, match=r"actor mesh Counter \(gpus=2\) belongs to a mesh that was shut down at"):
+        counters.incr.call()
+    with pytest.raises(MeshClosedError, match=r"this MeshTensor \(gpus=2\) belongs to a mesh that was shut down at"):
+        t + 1
+    with pytest.raises(MeshClosedError, match=r"this mesh \(gpus=2\) was shut down at"):
+        mesh.run("1")

@@ -225,7 +225,7 @@ def test_a_mesh_tensor_of_a_mesh_shut_down_says_so_at_the_users_line(start_mesh)
     with mesh.activate():
         a = torch.ones(2)
     mesh.shutdown()
-    with pytest.raises(RuntimeError, match=r"this MeshTensor's mesh \(gpus=2\) was shut down"):
+    with pytest.raises(RuntimeError, match=r"this MeshTensor \(gpus=2\) belongs to a mesh that was shut down at"):
         a + 1  # at the line that uses it, not at a later fetch
     for use in (a.fetch, lambda: mesh.run(lambda t: t, a), mesh.activate):
         with pytest.raises(RuntimeError, match="shut down"):

@@ -61,7 +61,7 @@ def _closed_mesh_guard(fn: Any) -> Any:
             if hasattr(e, "failures"):
                 raise render_mesh_error(e) from None
             if type(e).__name__ == "MeshClosedError":
-                raise UsageError(f"the mesh was shut down ({e}); start one with %mesh up") from None
+                raise UsageError(str(e)) from None  # it says when, and to start one with %mesh up
             raise
 
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__

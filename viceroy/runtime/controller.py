@@ -86,6 +86,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._beat_thread = threading.Thread(target=self._heartbeats, name="viceroy-heartbeat", daemon=True)
         self._tasks: deque[Callable[[], None]] = deque()
         self._closed = False
+        self._shut_at: float | None = None  # time.time() of shutdown, for the errors of later calls
         # The tensor engine of each view of this mesh, by its shape (see runtime.tensors).
         self.engines: dict[Shape, Any] = {}
         self._startup_error: str | None = None
@@ -126,10 +127,12 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             if self._closed:
                 return
             self._closed = True
+            self._shut_at = time.time()
             calls = list(self._calls.values())
             self._calls.clear()
         for call in calls:
-            call.future._set_exception(MeshClosedError("the mesh was shut down while this call ran"))
+            call.future._set_exception(MeshClosedError(
+                f"the mesh was shut down while this call ({call.label}) ran; {START_AGAIN}"))
         with contextlib.suppress(zmq.ZMQError):
             self._broadcast({"op": "shutdown", "ranks": []}, hosts=set(self._agents) - set(self._lost))
         # Agents stop their ranks and exit by themselves; whatever is left after a second is
@@ -316,9 +319,21 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
 
     # --- internals: sending ------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _check_open(self, what: str | None = None) -> None:
+        """Raise MeshClosedError, before anything is sent, once the mesh was shut down. `what`:
+        the thing the user touched, when not the mesh itself ("actor mesh C (gpus=2)")."""
         if self._closed:
-            raise MeshClosedError("this mesh was shut down; start a new one with Mesh.local(...)")
+            raise self.closed_error(what)
+
+    def closed_error(self, what: str | None = None) -> MeshClosedError:
+        """The error of a call made after `shutdown()`: when it was, and what to do."""
+        at = self._shut_at
+        when = "" if at is None else (
+            f" at {time.strftime('%H:%M:%S', time.localtime(at))} ({max(0.0, time.time() - at):.0f} s ago)")
+        subject = f"{what} belongs to a mesh that" if what else f"this mesh ({self.shape.describe()})"
+        return MeshClosedError(f"{subject} was shut down{when}, before this call; nothing was sent. {START_AGAIN}")
+
+START_AGAIN = "Start a new mesh: vr.Mesh.local(...) in Python, or %mesh up in a notebook."
 
 _live: weakref.WeakSet[Controller] = weakref.WeakSet()
 

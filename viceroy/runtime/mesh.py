@@ -55,6 +55,7 @@ class Mesh(MeshStarts, ShapeOps):
         self._shape = shape
 
     def _reshaped(self, shape: Shape) -> Mesh:
+        self._controller._check_open()  # a view of a mesh shut down: say so at the slice
         return Mesh(self._controller, shape)
 
     def __enter__(self) -> Mesh:

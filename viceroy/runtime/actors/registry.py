@@ -74,7 +74,7 @@ class ActorRecord(Stopping):
 
     def check_callable(self, shape: Shape) -> None:
         if self.controller.closed:
-            raise RuntimeError(f"actor mesh {self.label(shape)} belongs to a mesh that was shut down")
+            raise self.controller.closed_error(f"actor mesh {self.label(shape)}")
         with self._lock:
             stopped = [r for r in shape.ranks if self.status[r] in ("stopped", "stopping")]
             stopping = [r for r in stopped if self.status[r] == "stopping"]
@@ -212,7 +212,7 @@ class ActorRecord(Stopping):
         """Respawn the failed actors of `shape`; -> their ranks. Raises (restarting nothing)
         when some of them were stopped: a stop is final."""
         if self.controller.closed:
-            raise RuntimeError(f"actor mesh {self.label(shape)} belongs to a mesh that was shut down")
+            raise self.controller.closed_error(f"actor mesh {self.label(shape)}")
         with self._lock:
             failed = [r for r in shape.ranks if self.status[r] == "failed"]
             stopped = [r for r in shape.ranks if self.status[r] in ("stopped", "stopping")]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils import _pytree as pytree
 
-from viceroy.runtime.errors import MeshClosedError, MeshError
+from viceroy.runtime.errors import MeshError
 from viceroy.runtime.tensors import unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
@@ -238,10 +238,8 @@ class Engine:
         return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
 
     def _enqueue(self, op: tuple[Any, ...]) -> None:
-        if self._controller._closed:
-            raise MeshClosedError(
-                f"this MeshTensor's mesh ({self.describe()}) was shut down, and its tensors with it; "
-                "start a new mesh and make them again there")
+        if self._controller.closed:
+            raise self._controller.closed_error(f"this MeshTensor ({self.describe()})")
         q = self._queue
         q.append(op)
         if len(q) >= BATCH_MAX:
@@ -320,6 +318,8 @@ class Engine:
 
     def sync(self) -> None:
         """Send what is queued and wait for it; raise the first failure."""
+        # A mesh shut down: what was in flight then ended with it; a sync now is a call after.
+        self._controller._check_open()
         with self._send_lock:  # (a batch of frees may go out from another thread meanwhile)
             self._send()
             pending = self._pending
