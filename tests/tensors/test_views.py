@@ -115,6 +115,37 @@ def test_to_mesh_refuses_views_that_do_not_pair_up_and_sends_nothing(mesh4, star
     assert _values(a) == [[1.0, 1.0]] * 2
 
 
+@pytest.mark.parametrize("dead", [1, 3], ids=["source rank dead", "target rank dead"])
+def test_to_mesh_with_a_dead_rank_fails_at_once_naming_it_and_gives_no_handle(mesh4, dead):
+    import os
+    import signal
+
+    first, second = mesh4.slice(gpus=slice(0, 2)), mesh4.slice(gpus=slice(2, 4))
+    with first.activate():
+        h = torch.arange(3.0) + 10
+    assert [v.tolist() for v in h.fetch().values()] == [[10.0, 11.0, 12.0]] * 2
+    os.kill(mesh4.pids()[dead], signal.SIGKILL)
+    wait_until(lambda: mesh4.states()[dead] == "dead", 10, f"rank {dead} to be seen dead")
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        h.to_mesh(second)  # here, not at a later fetch of a handle whose tensor exists nowhere
+    assert time.monotonic() - t0 < 1.0
+    msg = str(info.value)
+    assert f"rank {dead}: dead (SIGKILL) before the call" in msg, msg
+    assert "to_mesh (ranks 0-1 -> 2-3) failed" in msg and "mesh.restart(failed_only=True)" in msg, msg
+    mesh4.restart(failed_only=True)
+    # Nothing was half-moved, nor left due: the source is intact, and the move works now.
+    if dead == 3:
+        assert [v.tolist() for v in h.fetch().values()] == [[10.0, 11.0, 12.0]] * 2
+    else:
+        with pytest.raises(vr.MeshError, match=r"rank 1: .*does not exist here .*restarted since"):
+            h.fetch()  # the source rank restarted has lost its piece, and says so
+        with first.activate():
+            h = torch.arange(3.0) + 10
+    moved = h.to_mesh(second)
+    assert [v.tolist() for v in moved.fetch().values()] == [[10.0, 11.0, 12.0]] * 2
+
+
 def test_to_mesh_of_a_tensor_that_failed_ends_at_once_naming_its_line(mesh4):
     with mesh4.slice(gpus=slice(0, 2)).activate():
         a = torch.arange(4.0)

@@ -22,6 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
+from viceroy.runtime.shape import format_rank_set
 from viceroy.runtime.tensors import unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
@@ -209,7 +210,8 @@ class Engine:
     def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
         """`t` on `target`'s view: position i of this view sends its tensor to position i of
         the target's (row-major), rank to rank. One call over the ranks of both views, after
-        what each has queued; its failure surfaces at the next sync of either."""
+        what each has queued; its failure surfaces at the next sync of either. Refused at once
+        (MeshError, no handle) when a rank of either view is dead."""
         src, dst = self.mesh, target.mesh
         if src._controller is not dst._controller:
             raise ValueError(
@@ -231,7 +233,13 @@ class Engine:
         label = f"to_mesh ({self.describe()} -> {target.describe()})"
         view = src._reshaped(src._controller.shape.select(union))
         fut = view._run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
-                       block=False, label="to_mesh", fail_fast=True)
+                       block=False, label=f"to_mesh (ranks {format_rank_set(src.ranks)} -> "
+                       f"{format_rank_set(dst.ranks)})", fail_fast=True)
+        refused = fut.exception(0) if fut.done() else None
+        if refused is not None:
+            # Not sent (a rank of either view is dead): say so here, naming the ranks and the
+            # restart, and give no handle, rather than one whose tensor exists nowhere.
+            raise refused
         for engine in (self, target):
             with engine._send_lock:
                 engine._pending.append(fut)
