@@ -8,7 +8,6 @@ process, with the process group it leads (what user code started), when its agen
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import os
 import signal
@@ -259,7 +258,10 @@ class Rank:
                     value = None
                 else:
                     view = header.get("view")
-                    with context_mod.calling_view(view[0], view[1], header["ranks"]) if view else contextlib.nullcontext():
+                    if view:
+                        with context_mod.calling_view(view[0], view[1], header["ranks"]):
+                            value = self._run_user(header, signed, data)
+                    else:  # the whole mesh: no view to put in place (nor a null context to enter)
                         value = self._run_user(header, signed, data)
             finally:
                 self.in_user_code = False
