@@ -76,7 +76,7 @@ def counts() -> dict[str, list[Any]]:
     """What to report with the current call's answer: ``{group: [collectives started, the last
     one's signature]}`` (empty: no collective was started)."""
     state = _call.get()
-    if state is None:
+    if state is None or not state.counts:  # only this context's thread adds to them
         return {}
     with _lock:
         return {group: list(c) for group, c in state.counts.items()}
