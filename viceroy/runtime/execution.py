@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import inspect
 import io
 import linecache
 import os
@@ -15,7 +14,7 @@ import tokenize
 import traceback
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from types import CodeType, FrameType
+from types import CodeType, CoroutineType, FrameType
 from typing import Any
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -132,7 +131,7 @@ class Executor:
                 _run_after_call_hooks()
 
     def _await_if_needed(self, value: Any) -> Any:
-        if not inspect.iscoroutine(value):
+        if not isinstance(value, CoroutineType):  # inspect.iscoroutine, without a Python call
             return value
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
