@@ -239,7 +239,8 @@ class OutputCapture:
             self._queued = len(keep[1]) if keep else 0
             self._due = None
             self._line_start = not self._queue
-            self._drained.notify_all()
+            if batch:  # writers wait only while much is queued (not at a call's end with none)
+                self._drained.notify_all()
         for stream, data in batch:
             self._forward(stream, bytes(data))
 
