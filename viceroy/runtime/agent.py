@@ -30,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from viceroy.runtime import devices, interfaces, multipart, shm
+from viceroy.runtime import devices, interfaces, multipart, remains, shm
 from viceroy.runtime.agent_ranks import RankLifecycle, RankSlot
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer
@@ -61,7 +61,8 @@ class Agent(RankLifecycle):
         become_subreaper()
         self.exits = ChildExits()
         self.lifeline_r, self.lifeline_w = os.pipe()
-        self.rundir = tempfile.mkdtemp(prefix="viceroy-agent-")  # mode 0700: ours alone
+        tag = os.environ.get(remains.TAG, "")  # its launch's, by which a killed agent's is found
+        self.rundir = tempfile.mkdtemp(prefix=remains.rundir_prefix(tag) if tag else "viceroy-agent-")  # 0700
         self.zygote = ForkServer(cfg.get("cwd"), cfg.get("sys_path", []), cfg.get("preload", []), self.lifeline_r, self.rundir)
 
         self.ctx = zmq.Context()

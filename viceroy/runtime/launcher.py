@@ -181,6 +181,7 @@ class ChildAgent(AgentProcess):
         its tag (see remains)."""
         if self.tag:
             remains.end_launch(self.tag)
+            remains.remove_rundirs(self.tag)
         return None
 
     def wait(self, timeout: float | None = None) -> int | None:

@@ -107,6 +107,21 @@ def end_launch(nonce: str, tag: str = TAG) -> int | None:
     return len(held)
 
 
+def rundir_prefix(nonce: str) -> str:
+    """How the name of the socket directory of the agent launched with `nonce` starts (in its
+    temp directory): the directory a killed agent could not remove is found by it."""
+    return f"viceroy-agent-{nonce[:12]}-"
+
+
+def remove_rundirs(nonce: str) -> None:
+    import glob
+    import shutil
+    import tempfile
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), rundir_prefix(nonce) + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def new_nonce() -> str:
     """A fresh tag for one launch of an agent."""
     import secrets
@@ -148,6 +163,7 @@ def main(argv: list[str]) -> int:
     if ended is None:
         print("no /proc on this host: cannot find the agent's processes", file=sys.stderr)
         return 3
+    remove_rundirs(argv[1])  # what the agent, killed, could not remove
     print(f"ended {ended} process(es)")
     return 0
 
