@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from viceroy.runtime.tensors import worker
+from viceroy.runtime.tensors import rank_ops, worker
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor
 
 __all__ = ["MeshTensor", "assemble", "inspect", "reduce"]
@@ -52,7 +52,7 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     for coords, rank in zip(mesh._shape.coords(), mesh.ranks, strict=True):
         groups[rank] = tuple(mesh._shape.slice(**{d: coords[d] for d in others}).ranks)
     label = f"reduce over {', '.join(names)}"
-    return t._engine.rank_op(t, worker.reduced, op, groups, label)
+    return t._engine.rank_op(t, rank_ops.reduced, op, groups, label)
 
 
 def _check_mesh_tensor(t: Any, name: str) -> None:

@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.shape import format_rank_set
-from viceroy.runtime.tensors import unsent, worker
+from viceroy.runtime.tensors import rank_ops, unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
     BATCH_MAX,
@@ -46,7 +46,7 @@ PENDING_MAX = 64  # batches in flight before the ones that already succeeded are
 _IDS = itertools.count(1)
 # The op that talks to other ranks: sent in calls of their own that interrupt every rank once one
 # fails, or the others would wait in it for the failed rank (see `_send`).
-_TALKER = worker.reduced
+_TALKER = rank_ops.reduced
 _MODES = worker._modes
 _default_dtype = torch.get_default_dtype
 _grad_enabled = torch.is_grad_enabled
@@ -204,7 +204,7 @@ class Engine:
             if grad:
                 meta.requires_grad_(True)
         tid = self._new_id()
-        self._enqueue((worker.deepcopied, [t._id], None, (0,), tid, where(), False))
+        self._enqueue((rank_ops.deepcopied, [t._id], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
 
     def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
@@ -232,7 +232,7 @@ class Engine:
         target.flush()
         label = f"to_mesh ({self.describe()} -> {target.describe()})"
         view = src._reshaped(src._controller.shape.select(union))
-        fut = view._run(worker.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
+        fut = view._run(rank_ops.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
                        block=False, label=f"to_mesh (ranks {format_rank_set(src.ranks)} -> "
                        f"{format_rank_set(dst.ranks)})", fail_fast=True)
         refused = fut.exception(0) if fut.done() else None
