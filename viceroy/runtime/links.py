@@ -57,10 +57,13 @@ def encode(frames: Sequence[Any]) -> deque[memoryview]:
         if mv.ndim != 1 or mv.format != "B":
             mv = mv.cast("B")
         views.append(mv)
-    lens = [mv.nbytes for mv in views]
-    n = len(views)
-    head = _HEAD.pack(8 * n + sum(lens), n) + struct.pack(f"<{n}Q", *lens)
-    return deque([memoryview(head), *(mv for mv in views if mv.nbytes)])
+    return deque([memoryview(header([mv.nbytes for mv in views])), *(mv for mv in views if mv.nbytes)])
+
+
+def header(lens: Sequence[int]) -> bytes:
+    """What goes before frames of these lengths: the size of the rest, the count, each length."""
+    n = len(lens)
+    return _HEAD.pack(8 * n + sum(lens), n) + struct.pack(f"<{n}Q", *lens)
 
 
 def write(sock: socket.socket, bufs: deque[memoryview]) -> None:
@@ -168,8 +171,7 @@ class RankLink:
             size += len(f)
         else:  # a small message of bytes (an answer, a line of output): one buffer, one write
             if size <= _JOIN_MAX:
-                n = len(frames)
-                self.sock.sendall(b"".join([_HEAD.pack(8 * n + size, n), struct.pack(f"<{n}Q", *map(len, frames)), *frames]), _NOSIGNAL)
+                self.sock.sendall(b"".join([header([len(f) for f in frames]), *frames]), _NOSIGNAL)
                 return
         write(self.sock, encode(frames))
 
