@@ -123,14 +123,18 @@ class OutputCapture:
         killed before the reader has sent it; the reader forwards it from there."""
         if self._forked:
             return
+        reader = threading.get_ident() == self._reader_ident
         with self._queue_lock:
-            if not self._queue:
-                return
-            if not durable or threading.get_ident() == self._reader_ident:
+            taken = not self._queue  # by the reader, which may be sending it still
+            if not taken and (not durable or reader):
                 self._due = 0.0
                 self._wake()
                 return
-            batch = self._take_queue()
+            batch = [] if taken else self._take_queue()
+        if taken:  # durable: what the reader took is out, in the link, before we return
+            if durable and not reader and self._sending.acquire(timeout=1.0):
+                self._sending.release()
+            return
         for stream, data in batch:  # outside the lock: the reader drains a full pipe meanwhile
             _write_all(1 if stream == "stdout" else 2, bytes(data))
 
