@@ -257,14 +257,16 @@ class HostLifecycle:
         reason = f"{agent.label} lost: {why}"
         log = agent.log_tail(5).strip()
         advice = agent.advice(log)
-        self._lost[h] = reason + (f"; its agent's last words:\n{log}" if log else "") + (f"\n{advice}" if advice else "")
+        lost = reason + (f"; its agent's last words:\n{log}" if log else "") + (f"\n{advice}" if advice else "")
         with self._changed:
             if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
-                self._startup_error = self._lost[h]  # read now: the log goes with the agent
-            self._changed.notify_all()
+                self._startup_error = lost  # read now: the log goes with the agent
         for r in self._plans[h].ranks_ids():
             if self._state[r] != "dead":
                 self._on_rank_exit(r, reason, False)
+        with self._changed:  # published last: whoever sees the host lost sees its ranks dead
+            self._lost[h] = lost
+            self._changed.notify_all()
         where = self.agent_info.get(h, {}).get("endpoints", [""])[0] if self.launcher.same_host else ""
         remains = Remains(agent)
         with self._lock:
