@@ -20,7 +20,6 @@ there, or, when the rank is killed first, its agent reads it out.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import os
 import select
@@ -28,7 +27,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
+
+from viceroy.runtime.output_streams import nonblocking, text_stream, write_all, write_before
 
 Send = Callable[[str, bytes, "int | None"], None]  # (stream, data, call id)
 
@@ -77,17 +78,17 @@ class OutputCapture:
             r, w = (pipes or {}).get(target) or os.pipe()
             os.dup2(w, target)
             os.close(w)
-            _nonblocking(r)
+            nonblocking(r)
             self._fds[r] = name
         self._pipes = select.poll()
         for fd in self._fds:
             self._pipes.register(fd, select.POLLIN)
         self._wake_r, self._wake_w = os.pipe()
-        _nonblocking(self._wake_r)
-        _nonblocking(self._wake_w)
+        nonblocking(self._wake_r)
+        nonblocking(self._wake_w)
         self._forked = False
         os.register_at_fork(after_in_child=self._after_fork)
-        self._streams = (_text_stream(self, "stdout", 1), _text_stream(self, "stderr", 2))
+        self._streams = (text_stream(self, "stdout", 1), text_stream(self, "stderr", 2))
         sys.stdout = sys.__stdout__ = self._streams[0]  # type: ignore[misc]
         sys.stderr = sys.__stderr__ = self._streams[1]  # type: ignore[misc]
         os._exit = self._exit_after_writing_out(os._exit)  # type: ignore[assignment]
@@ -97,7 +98,7 @@ class OutputCapture:
 
     def write(self, stream: str, data: bytes, fd: int) -> None:
         if self._forked:  # a child forked by user code: its fds lead to our pipes
-            _write_all(fd, data)
+            write_all(fd, data)
             return
         if not data:
             return
@@ -136,7 +137,7 @@ class OutputCapture:
                 self._sending.release()
             return
         for stream, data in batch:  # outside the lock: the reader drains a full pipe meanwhile
-            _write_all(1 if stream == "stdout" else 2, bytes(data))
+            write_all(1 if stream == "stdout" else 2, bytes(data))
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""
@@ -174,7 +175,7 @@ class OutputCapture:
         finally:
             self._queue_lock.release()
         for name, data in batch:
-            if not _write_before(1 if name == "stdout" else 2, bytes(data), deadline):
+            if not write_before(1 if name == "stdout" else 2, bytes(data), deadline):
                 return
 
     def _wake(self) -> None:
@@ -325,80 +326,3 @@ def cut_at(data: bytes, room: int, first: bool) -> int:
     (`first`: nothing was forwarded yet), so that it shows something."""
     cut = data.rfind(b"\n", 0, room) + 1
     return cut if cut or not first else room
-
-
-class _Queued(io.RawIOBase):
-    """The raw file under a rank's sys.stdout / sys.stderr (a line-buffered TextIOWrapper, so
-    print() reaches it once per line): bytes into the capture's queue, in write order."""
-
-    def __init__(self, capture: OutputCapture, stream: str, fd: int) -> None:
-        self._capture = capture
-        self._stream = stream
-        self._fd = fd
-
-    def write(self, data: Any) -> int:
-        data = bytes(data)
-        self._capture.write(self._stream, data, self._fd)
-        if not data.endswith(b"\n"):  # a flush (line-buffered text reaches here by lines):
-            self._capture.flush()  # e.g. a progress bar's "\r 42%"
-        return len(data)
-
-    def flush(self) -> None:
-        self._capture.flush()
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def writable(self) -> bool:
-        return True
-
-
-class _FlushedText(io.TextIOWrapper):
-    """sys.stdout / sys.stderr on a rank: an explicit flush() (print(..., flush=True), logging
-    after each record) puts the lines where a kill right after cannot take them."""
-
-    capture: OutputCapture
-
-    def flush(self) -> None:
-        super().flush()
-        self.capture.flush(durable=True)
-
-
-def _text_stream(capture: OutputCapture, stream: str, fd: int) -> io.TextIOWrapper:
-    text = _FlushedText(
-        io.BufferedWriter(_Queued(capture, stream, fd)), encoding="utf-8", errors="backslashreplace",
-        line_buffering=True,
-    )
-    text.capture = capture
-    return text
-
-
-def _nonblocking(fd: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
-
-
-def _write_before(fd: int, data: bytes, deadline: float) -> bool:
-    """Write `data` to the pipe `fd` in pieces the pipe has room for (a write of at most
-    PIPE_BUF bytes to a pipe poll calls writable never blocks); whether all of it went before
-    `deadline`."""
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    view = memoryview(data)
-    while view:
-        left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(int(left * 1000) + 1):
-            return False
-        try:
-            view = view[os.write(fd, view[: select.PIPE_BUF]):]
-        except InterruptedError:
-            continue
-    return True

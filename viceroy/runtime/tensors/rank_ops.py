@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from viceroy.runtime.context import context
-from viceroy.runtime.tensors.worker import OpFailed, _device, _lookup, failures, table
+from viceroy.runtime.tensors.worker import OpFailed, failures, lookup, rank_device, table
 
 
 def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> Any:
@@ -53,11 +53,11 @@ def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, .
     tab = table()
     at = f"to_mesh (issued at {where[0]}, line {where[1]})"
     try:
-        out = None if to is None else _lookup(tab, src).detach().to(_device()).contiguous()
+        out = None if to is None else lookup(tab, src).detach().to(rank_device()).contiguous()
         if out is not None and to == me:
             tab[dst] = out.clone()
             return
-        into = None if frm is None else torch.empty(shape, dtype=dtype, device=_device())
+        into = None if frm is None else torch.empty(shape, dtype=dtype, device=rank_device())
         exchange(out, to, into, frm, Group(movers, label), "to_mesh")
     except OpFailed as exc:
         if frm is not None:

@@ -50,7 +50,7 @@ def failures() -> dict[int, str]:
     return failed
 
 
-def _device() -> Any:
+def rank_device() -> Any:
     """Where this rank's tensors live: its own GPU (`viceroy.runtime.devices`), or the CPU."""
     import torch
 
@@ -109,7 +109,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
 
     tab = table()
     failed = failures()
-    device = _device()
+    device = rank_device()
     local = device.type != "cpu"  # a controller's local tensor in an op goes to this device
 
     def resolve(x: Any) -> Any:
@@ -302,7 +302,7 @@ def _value(tab: dict[int, Any], failed: dict[int, str], tid: int) -> Any:
         raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
 
 
-def _lookup(tab: dict[int, Any], tid: int) -> Any:
+def lookup(tab: dict[int, Any], tid: int) -> Any:
     """Tensor `tid` for a fetch, a handle, `inspect` or `to_mesh`: OpFailed naming why it has no
     value (the op that failed first, and its line)."""
     try:
@@ -322,14 +322,14 @@ def resolve(tid: int, token: str, describe: str) -> Any:
     """A MeshTensor sent to the ranks, as this rank's own tensor (see MeshTensor.as_handle)."""
     if context().mesh_token != token:
         raise ValueError(f"a MeshTensor of mesh ({describe}) reached a rank of another mesh")
-    t = _lookup(table(), tid)
+    t = lookup(table(), tid)
     handles.resolved(tid, t)
     return t
 
 
 def get(tid: int) -> Any:
     """This rank's tensor, on the CPU."""
-    return _lookup(table(), tid).detach().cpu()
+    return lookup(table(), tid).detach().cpu()
 
 
 def summary(tid: int) -> dict[str, Any]:
@@ -337,7 +337,7 @@ def summary(tid: int) -> dict[str, Any]:
     its mean is a complex number and its norm the norm of the complex values."""
     import torch
 
-    t = _lookup(table(), tid)
+    t = lookup(table(), tid)
     some = t.numel() > 0
     if t.is_complex():
         c = t.detach().to(torch.complex128)
