@@ -382,6 +382,26 @@ def test_rank_side_cancel_stops_async_endpoints_and_drops_queued_calls(start_mes
     assert counters.value.call_one().get() == 0  # the dropped incr never ran; the actor lives on
 
 
+class Late(vr.Actor):
+    @vr.endpoint
+    def later(self, sync_s: float) -> object:
+        time.sleep(sync_s)  # a sync part first (a decorator's, say), then the awaitable to run
+        return asyncio.sleep(30)
+
+
+def test_a_cancel_before_an_awaitable_has_its_task_still_stops_it(start_mesh):
+    # The cancel lands while the endpoint has no task yet: it must not be forgotten.
+    mesh = start_mesh(gpus=1)
+    late = mesh.spawn(Late)
+    running = late.later.call_one(1.0)
+    wait_until(lambda: mesh.run(_cancel_on_rank, running.call_id).values() == [True], 10, "the call to start")
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError, match="interrupted"):
+        running.get(timeout=20)
+    assert time.monotonic() - t0 < 5  # not the 30 s the awaitable would have slept
+    assert mesh.run(_cancel_on_rank, running.call_id).values() == [False]  # forgotten once over
+
+
 def test_stop_answers_every_call_sent_before_it(start_mesh):
     mesh = start_mesh(gpus=1)
     gates = mesh.spawn(Gate)

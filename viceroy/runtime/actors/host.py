@@ -106,6 +106,7 @@ class ActorHost:
         self.wake = asyncio.Event()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
+        self.cancel_asked: set[int] = set()  # running calls cancelled before they had a task
         # Named after the actor (not "viceroy-..."): its frames are user code, shown by stacks.
         threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
 
@@ -156,9 +157,11 @@ class ActorHost:
                     self.queue.remove(msg)
                     _interrupted(call_id, "interrupted before it started")
                     return True
-        if call_id not in self.running:
-            return False
-        task = self.running.get(call_id)
+            if call_id not in self.running:
+                return False
+            task = self.running.get(call_id)
+            if task is None:  # sync, or an awaitable's task not made yet: `_run` cancels it then
+                self.cancel_asked.add(call_id)
         if task is not None:
             self.loop.call_soon_threadsafe(task.cancel)
         # A viceroy collective it waits in (sync or async: either blocks the thread) ends at
@@ -243,7 +246,9 @@ class ActorHost:
         try:
             yield
         finally:
-            self.running.pop(call_id, None)
+            with self.qlock:
+                self.running.pop(call_id, None)
+                self.cancel_asked.discard(call_id)
             call_peers.end_call(peers)
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
@@ -254,9 +259,9 @@ class ActorHost:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):  # a task of its own, so that `cancel` can stop it
                     task = asyncio.ensure_future(value, loop=self.loop)
-                    with self.qlock:  # a stop that came meanwhile cancels it (see begin_stop)
+                    with self.qlock:  # a stop or cancel that came meanwhile cancels it (see begin_stop)
                         self.running[call_id] = task
-                        if self.stopping and self.cancelling:
+                        if self.stopping and self.cancelling or call_id in self.cancel_asked:
                             task.cancel()
                     value = self.loop.run_until_complete(task)
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
