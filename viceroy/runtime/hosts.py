@@ -97,7 +97,10 @@ class HostLifecycle:
     def _handle_received(self) -> None:
         raise NotImplementedError
 
-    def _on_rank_exit(self, r: int, reason: str, respawning: bool) -> None:
+    def _on_ranks_exit(
+        self, ranks: Sequence[int], reason: str, respawning: bool = False, pid: int | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         raise NotImplementedError
 
     # --- starting and restarting -----------------------------------------------------------
@@ -258,19 +261,19 @@ class HostLifecycle:
         log = agent.log_tail(5).strip()
         advice = agent.advice(log)
         lost = reason + (f"; its agent's last words:\n{log}" if log else "") + (f"\n{advice}" if advice else "")
-        with self._changed:
-            if any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h):
-                self._startup_error = lost  # read now: the log goes with the agent
-        for r in self._plans[h].ranks_ids():
-            if self._state[r] != "dead":
-                self._on_rank_exit(r, reason, False)
-        with self._changed:  # published last: whoever sees the host lost sees its ranks dead
-            self._lost[h] = lost
-            self._changed.notify_all()
-        where = self.agent_info.get(h, {}).get("endpoints", [""])[0] if self.launcher.same_host else ""
         remains = Remains(agent)
-        with self._lock:
+        with self._lock:  # before the loss is seen: a restart or shutdown right after ends it
             self._remains.append(remains)
+        with self._changed:
+            starting = any(s == "starting" for r, s in self._state.items() if self._host_of.get(r) == h)
+
+        def publish() -> None:  # with the ranks dead, before anyone waiting wakes
+            if starting:
+                self._startup_error = lost  # read now: the log goes with the agent
+            self._lost[h] = lost
+
+        self._on_ranks_exit([r for r in self._plans[h].ranks_ids() if self._state[r] != "dead"], reason, then=publish)
+        where = self.agent_info.get(h, {}).get("endpoints", [""])[0] if self.launcher.same_host else ""
         threading.Thread(target=self._put_down, args=(agent, where, remains), name="viceroy-agent-kill", daemon=True).start()
 
     @staticmethod

@@ -38,6 +38,8 @@ class Inbound:
     _changed: threading.Condition
     _queries: dict[int, Query]
     _gen: dict[int, int]
+    _host_of: dict[int, int]
+    _lost: dict[int, str]
     _last_seen: dict[int, float]
     _startup_error: str | None
     # Declared, not defined: the bases after this one define them, and a stub here would
@@ -111,6 +113,8 @@ class Inbound:
                     if set(q.replies) >= q.expected:
                         q.done.set()
         elif op in ("rank_ready", "hello"):  # from the agent, or from the rank in direct mode
+            if self._host_of.get(header["r"]) in self._lost:
+                return  # a direct-mode rank of a lost launch (no generation on links): dying with it
             if link is not None and self._sockets.links is not None:  # its work goes there now
                 self._sockets.links.bind(header["r"], link)
             self._on_rank_ready(header["r"], header["pid"])

@@ -172,61 +172,69 @@ class CallOutcomes:
         self._wake()
 
     def _on_rank_exit(self, r: int, reason: str, respawning: bool, pid: int | None = None) -> None:
+        self._on_ranks_exit([r], reason, respawning, pid)
+
+    def _on_ranks_exit(
+        self, ranks: Sequence[int], reason: str, respawning: bool = False, pid: int | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """`ranks` exited (`pid`: the process of the one rank, if known): their calls fail for
+        them. `then` runs under the lock once all their states changed, before anyone waiting
+        on them wakes: what it publishes (a lost host) is never seen with the ranks half dead."""
+        whys = {r: deaths.explain(reason, functools.partial(self.logs.tail, r, 60)) for r in ranks}  # last words came first
+        exited: list[int] = []
         finished: list[Call] = []
-        why = deaths.explain(reason, lambda: self.logs.tail(r, 60))  # its agent sent its last words first
         with self._changed:
-            if pid is not None and self._pids.get(r) not in (None, pid):
-                return  # a process already replaced (see `_replaced`): the new one is up
-            self._set_state(r, "starting" if respawning else "dead")
-            self._stuck.pop(r, None)
-            self._exit_reason[r] = reason
-            self._pids.pop(r, None)
-            for call in list(self._calls.values()):
-                if r in call.shape.ranks and not call.answered(r):
-                    call.failures[r] = (RankFailure("interrupted", "restarted while it ran") if reason == "restarted"
-                                        else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")
-                                                         + (_STACKS_HINT.format(r=r) if reason in _CRASHES else "")))
-                    if call.fail_fast:
-                        self._stop(call, f"stopped by fail-fast after rank {r} died")
-                    if not call.missing():
-                        finished.append(call)
-                    elif call.stop_reason is None:  # peers waiting in a collective for it stop
-                        self._tell_peers_soon(call)
+            for r in ranks:
+                if pid is not None and self._pids.get(r) not in (None, pid):
+                    continue  # a process already replaced (see `_on_rank_ready`): the new one is up
+                exited.append(r)
+                finished += self._exited(r, reason, respawning, whys[r])
+            if then is not None:
+                then()
             self._changed.notify_all()
-        self._emit({"type": "rank_exit", "rank": r, "reason": reason})
+        for r in exited:
+            self._emit({"type": "rank_exit", "rank": r, "reason": reason})
         for c in finished:
             self._finish(c)
+
+    def _exited(self, r: int, reason: str, respawning: bool, why: str | None) -> list[Call]:
+        """Rank `r`'s process is gone; the calls now complete. Caller holds the lock."""
+        finished = []
+        self._set_state(r, "starting" if respawning else "dead")
+        self._stuck.pop(r, None)
+        self._exit_reason[r] = reason
+        self._pids.pop(r, None)
+        for call in list(self._calls.values()):
+            if r in call.shape.ranks and not call.answered(r):
+                call.failures[r] = (RankFailure("interrupted", "restarted while it ran") if reason == "restarted"
+                                    else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")
+                                                     + (_STACKS_HINT.format(r=r) if reason in _CRASHES else "")))
+                if call.fail_fast:
+                    self._stop(call, f"stopped by fail-fast after rank {r} died")
+                if not call.missing():
+                    finished.append(call)
+                elif call.stop_reason is None:  # peers waiting in a collective for it stop
+                    self._tell_peers_soon(call)
+        return finished
 
     def _on_rank_ready(self, r: int, pid: int) -> None:
         ended: list[Call] = []
         with self._changed:
-            replaced = self._pids.get(r)
-            if replaced is not None and replaced != pid:
-                # The new process is up before the agent's word that the old one exited
-                # (direct mode: two channels): calls the old one had are over.
-                ended = self._replaced(r, replaced)
+            replaced = self._pids.get(r) not in (None, pid)
+            if replaced:
+                # The new process is up before the agent's word that the old one exited (direct
+                # mode: two channels; only a restart respawns): the old one's calls are over.
+                ended = self._exited(r, "restarted", True, "")
             self._set_state(r, "idle")
             self._pids[r] = pid
             self._exit_reason.pop(r, None)
             self._changed.notify_all()
+        if replaced:  # the agent's late word is dropped (its pid is not this one's)
+            self._emit({"type": "rank_exit", "rank": r, "reason": "restarted"})
         for call in ended:
             self._finish(call)
         self._emit({"type": "rank_ready", "rank": r, "pid": pid})
-
-    def _replaced(self, r: int, old_pid: int) -> list[Call]:
-        """Rank `r`'s process `old_pid` was replaced by a new one that is already up: the calls
-        it had not answered end for it. Caller holds the lock, and finishes the calls returned
-        (those now complete) once it let go of it (see `_on_rank_ready`)."""
-        self._stuck.pop(r, None)
-        finished = []
-        for call in list(self._calls.values()):
-            if r in call.shape.ranks and not call.answered(r):
-                call.failures[r] = RankFailure("interrupted", f"restarted while it ran (process {old_pid} ended)")
-                if not call.missing():
-                    finished.append(call)
-                elif call.stop_reason is None:
-                    self._tell_peers_soon(call)
-        return finished
 
     def _late_answer(self, header: dict[str, Any]) -> None:
         """A call given up on (see `_check_deadlines`) was answered after all: those ranks are

@@ -261,7 +261,7 @@ class ActorHost:
                     task = asyncio.ensure_future(value, loop=self.loop)
                     with self.qlock:  # a stop or cancel that came meanwhile cancels it (see begin_stop)
                         self.running[call_id] = task
-                        if self.stopping and self.cancelling or call_id in self.cancel_asked:
+                        if (self.stopping and self.cancelling) or call_id in self.cancel_asked:
                             task.cancel()
                     value = self.loop.run_until_complete(task)
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the actor lives on
