@@ -6,6 +6,7 @@ transform of each cell (ViceroyKernel.do_execute)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 
@@ -70,6 +71,38 @@ def test_each_cell_is_transformed_once(kernel: Kernel):
     kernel.ok("y_8812 += 1")
     ex = kernel.ok("get_ipython().input_transformers_post.remove(count_8812)\nprint(seen_8812[:2], y_8812)")
     assert ex.stream().strip() == "['y_8812 = 41\\n', 'y_8812 += 1\\n'] 42"
+
+
+def test_cell_magics_are_transformed_exactly_as_ipython_does(kernel: Kernel):
+    """The kernel gives a ``%%magic`` cell its call without IPython's tokenizer pass: the result
+    must be IPython's own, cleanup transforms (prompts, indentation, one that adds a cell magic as
+    auto mode does) included."""
+    cells = [
+        "%%mesh\na=1", "%%mesh --where gpus=0:2 --timeout 30\nprint(1)\n!ls\nx = %pwd\n", "%%mesh?",
+        "%%time\nx = %pwd\n", "\n\n%%mesh\nb=2\n", "    %%mesh\n    a=1\n", ">>> %%mesh\n>>> a=1\n",
+        "%%mesh\n>>> a = 1\n... b\n", "In [3]: %%mesh\n   ...: c\n", "x = %pwd", "!echo hi", "a?", "%%?\nx",
+        "%%mesh x 'y\n\"\"\"\n", "%%mesh", "", "%%px\nawait f()\n", "#t\na=1\n",
+    ]
+    ex = kernel.ok(
+        "import json\nfrom IPython.core.inputtransformer2 import TransformerManager\n"
+        "m_8813 = get_ipython().input_transformer_manager\n"
+        f"cells_8813 = {cells!r}\n"
+        "def both_8813():\n"
+        "    return [(m_8813.transform_cell(c), TransformerManager.transform_cell(m_8813, c)) for c in cells_8813]\n"
+        "off_8813 = both_8813()\n"
+        "def timed_8813(lines):\n"
+        "    return ['%%time\\n', *lines] if lines and lines[0].startswith('#t') else lines\n"
+        "get_ipython().input_transformers_cleanup.append(timed_8813)\n"
+        "on_8813 = both_8813()\n"
+        "get_ipython().input_transformers_cleanup.remove(timed_8813)\n"
+        "print(json.dumps([off_8813, on_8813]))"
+    )
+    off, on = json.loads(ex.stream())
+    for pairs in (off, on):
+        for (ours, ipythons), cell in zip(pairs, cells, strict=True):
+            assert ours == ipythons, cell
+    assert off[0][0] == "get_ipython().run_cell_magic('mesh', '', 'a=1\\n')\n"
+    assert on[-1][0] == "get_ipython().run_cell_magic('time', '', '#t\\na=1\\n')\n"  # made a cell magic
 
 
 def test_history_is_still_written_after_a_shell_escape_forks_the_kernel(kernel: Kernel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import inspect
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -51,6 +52,32 @@ def _answer_sync_cells_without_compiling(shell: Any) -> None:
         return bool(should_run_async(raw_cell, transformed_cell=transformed_cell, preprocessing_exc_tuple=preprocessing_exc_tuple))
 
     shell.should_run_async = fast_should_run_async
+
+
+def _cell_magics_without_tokenizing(shell: Any) -> None:
+    """IPython turns a ``%%magic`` cell into one call, ``get_ipython().run_cell_magic(name,
+    line, body)``, and then tokenizes that call looking for more to transform, of which a call
+    whose every argument is a string literal has none (~80 us a cell). A cell magic is given
+    its call at once; any other cell is transformed as IPython would (the cleanup transforms,
+    Viceroy's auto mode among them, run on every cell first)."""
+    manager = shell.input_transformer_manager
+    transform = manager.transform_cell
+    from IPython.core.inputtransformer2 import cell_magic
+
+    def transform_cell(cell: str) -> str:
+        if manager.line_transforms != [cell_magic]:  # someone added their own: IPython's way
+            return str(transform(cell))
+        lines = (cell if cell.endswith("\n") else cell + "\n").splitlines(keepends=True)
+        for cleanup in manager.cleanup_transforms:
+            lines = cleanup(lines)
+        if not lines or not lines[0].startswith("%%") or _CELL_MAGIC_HELP.match(lines[0]):
+            return "".join(manager.do_token_transforms(cell_magic(lines)))
+        return "".join(cell_magic(lines))
+
+    manager.transform_cell = transform_cell
+
+
+_CELL_MAGIC_HELP = re.compile(r"%%\w+\?")  # ``%%mesh?``: IPython's help transform takes it
 
 
 def _memoize_signature_checks() -> None:
@@ -100,6 +127,7 @@ class ViceroyKernel(IPythonKernel):
         self._transform_memo = threading.local()
         self.shell.transform_cell = self._transform_once(self.shell.transform_cell)
         _answer_sync_cells_without_compiling(self.shell)
+        _cell_magics_without_tokenizing(self.shell)
         _memoize_signature_checks()
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
