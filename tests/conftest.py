@@ -111,13 +111,25 @@ def _no_leaked_files(before: set[str]) -> None:
 
 
 def _no_leaked_processes(me: psutil.Process, before: set[int], exempt: Callable[[], set[int]]) -> None:
+    def running(p: psutil.Process) -> bool:  # gone between the listing and the look: not a leak
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def describe(p: psutil.Process) -> str:
+        try:
+            return f"{p.pid} {' '.join(p.cmdline()[:4])}"
+        except psutil.Error:
+            return f"{p.pid} (gone since)"
+
     def leftovers() -> list[psutil.Process]:
         spared = before | exempt()
-        return [p for p in me.children(recursive=True) if p.pid not in spared and p.status() != psutil.STATUS_ZOMBIE]
+        return [p for p in me.children(recursive=True) if p.pid not in spared and running(p)]
 
     left = _left_after(leftovers)
     if left:
-        desc = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left]
+        desc = [describe(p) for p in left]
         for p in left:
             try:
                 os.kill(p.pid, signal.SIGKILL)

@@ -72,10 +72,10 @@ def test_stop_during_a_long_sync_endpoint_says_it_is_not_done_and_stops_when_it_
     fut = actors.slice(gpus=1).until.call_one(str(gate))
     wait_until(lambda: _marks(marks) == ["started-1"], 10, "the endpoint to start")
     t0 = time.monotonic()
-    actors.stop(timeout=0.5)
-    assert time.monotonic() - t0 < 3
+    actors.stop(timeout=3)  # rank 0 stops within it; rank 1 is held by the gate
+    assert time.monotonic() - t0 < 6
     err = capfd.readouterr().err
-    assert "not stopped yet on rank 1 after 0.5 s" in err and "repr() says 'stopping'" in err, err
+    assert "not stopped yet on rank 1 after 3 s" in err and "repr() says 'stopping'" in err, err
     assert "1 stopped, 1 stopping" in repr(actors)
     with pytest.raises(RuntimeError, match=r"is stopping \(still busy on 1\)"):
         actors.ping.call()

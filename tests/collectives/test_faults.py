@@ -175,11 +175,16 @@ def test_abort_all_releases_a_stock_torch_distributed_collective(torch_mesh):
         assert took < 2 and closed
 
 
-def test_a_blocked_collective_does_not_stop_other_threads(torch_mesh):
+def test_a_blocked_collective_does_not_stop_other_threads(torch_mesh, tmp_path):
     mesh = torch_mesh(gpus=2)
-    fut = mesh.run("if rank == 0: vr.all_reduce(torch.ones(1))\nelse: time.sleep(2); vr.all_reduce(torch.ones(1))", block=False)
-    # While rank 0 waits for rank 1, its IO thread still answers (stacks needs the GIL).
-    wait_until(lambda: "all_reduce" in mesh.stacks(timeout=1).item(gpus=0), 1.5, "rank 0's stack in all_reduce")
+    gate = tmp_path / "gate"  # rank 1 joins once the test has seen rank 0 waiting (30 s at most)
+    fut = mesh.run("import os, time\nend = time.monotonic() + 30\n"
+                   "while rank == 1 and not os.path.exists(gate) and time.monotonic() < end: time.sleep(0.02)\n"
+                   "vr.all_reduce(torch.ones(1))", gate=str(gate), block=False)
+    try:  # while rank 0 waits for rank 1, its IO thread still answers (stacks needs the GIL)
+        wait_until(lambda: "all_reduce" in mesh.stacks(timeout=1).item(gpus=0), 10, "rank 0's stack in all_reduce")
+    finally:
+        gate.touch()
     fut.get(timeout=30)
 
 

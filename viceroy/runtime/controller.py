@@ -84,6 +84,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._lost: dict[int, str] = {}
         self._host_timeout = host_timeout()
         self._beat_thread = threading.Thread(target=self._heartbeats, name="viceroy-heartbeat", daemon=True)
+        self._beats_stop = threading.Event()  # set at shutdown: the beat thread ends at once, not after its nap
         self._tasks: deque[Callable[[], None]] = deque()
         self._closed = False
         self._shut_at: float | None = None  # time.time() of shutdown, for the errors of later calls
@@ -127,6 +128,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             if self._closed:
                 return
             self._closed = True
+            self._beats_stop.set()
             self._shut_at = time.time()
             calls = list(self._calls.values())
             self._calls.clear()

@@ -78,6 +78,7 @@ class HostLifecycle:
     _lock: threading.RLock
     _changed: threading.Condition
     _beat_thread: threading.Thread
+    _beats_stop: threading.Event
 
     def call_soon(self, task: Callable[[], None]) -> None:
         raise NotImplementedError
@@ -224,7 +225,7 @@ class HostLifecycle:
                 if seen is None and attached is not None and not starved \
                         and now - attached > self._host_timeout + FIRST_BEAT_GRACE_S:
                     self.call_soon(functools.partial(self._host_never_heard, h, self._gen[h]))
-            time.sleep(HEARTBEAT_S)
+            self._beats_stop.wait(HEARTBEAT_S)
 
     def _host_silent(self, h: int, gen: int) -> None:
         """On the IO thread: read what has arrived (beats may be queued behind a busy moment),
