@@ -54,7 +54,7 @@ def freed(nbytes: int) -> bool:
         if _state["freed"] < (resources.rss() or 0) // 4:
             if _state["timer"] is None:  # the rest goes back a little later, if no trim comes first
                 timer = _state["timer"] = threading.Timer(IDLE_TRIM_S, _trim_later)
-                timer.daemon = True
+                timer.name, timer.daemon = "viceroy-heap-trim", True
                 timer.start()
             return False
         _state["freed"] = 0
