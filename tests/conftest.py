@@ -18,6 +18,12 @@ import pytest
 
 import viceroy as vr
 
+# Tests press Ctrl-C by sending this process SIGINT. A shell without job control starts what it
+# runs in the background with SIGINT ignored, and Python then installs no KeyboardInterrupt
+# handler: give it back (children exec'd from here get the default again too).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
     """Poll `cond` until it returns something truthy or fail after `timeout` seconds."""
