@@ -389,6 +389,29 @@ def test_ranks_that_exit_while_starting_fail_the_start_at_once_saying_why(monkey
     assert time.monotonic() - t0 < 10
 
 
+def test_a_rank_that_dies_while_restarting_ends_the_restart_at_once_with_its_traceback(start_mesh):
+    """A restarted rank that exits before it is up (here its link to the controller is gone, as
+    when a cleaner empties the run directory) fails mesh.restart at once, not after the whole
+    timeout, with the traceback it printed; once the cause is gone a restart brings it back."""
+    mesh = start_mesh(gpus=2)
+    mesh.run("keep = rank")
+    path = mesh._controller._sockets.address_links
+    os.rename(path, path + ".away")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        mesh.select([1]).restart(timeout=60)
+    assert time.monotonic() - t0 < 10
+    text = str(info.value)
+    assert text.startswith("rank 1 exited while restarting (exit code 1); mesh.restart(failed_only=True) tries again")
+    assert "rank 1's last output:" in text and "FileNotFoundError" in text
+    assert mesh.states() == {0: "idle", 1: "dead"}
+    assert mesh.select([0]).run("keep").values() == [0]  # the other rank is untouched
+    os.rename(path + ".away", path)
+    mesh.restart(failed_only=True, timeout=60)
+    assert mesh.states() == {0: "idle", 1: "idle"}
+    assert mesh.run("rank").values() == [0, 1]
+
+
 def test_an_env_name_no_process_can_hold_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match=r"env: 'BAD=NAME' is not an environment variable name"):
         vr.Mesh.local(gpus=1, env={"BAD=NAME": "x"}, echo=False)
@@ -441,6 +464,33 @@ def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
         mesh.run(code, timeout=10)
     wait_until(lambda: "unfinished" in mesh.logs(1), 5, "rank 1's last output in its log")
     assert mesh.logs(1).splitlines() == ["last words", "on stderr", "unfinished"]
+
+
+def test_a_flush_returns_only_once_lines_another_thread_took_are_in_the_pipes_too(start_mesh):
+    # Another thread's explicit flush took the queue (this thread's line in it) and was still
+    # writing it into the pipes when this thread's own flush returned; a SIGKILL then lost the
+    # line. That thread's write is slowed here, and the rank's reader held: only the pipes,
+    # which the agent reads out after the death, can save the lines.
+    mesh = start_mesh(gpus=2)
+    code = ("import gc, os, signal, sys, threading, time\nfrom viceroy.runtime import output\n"
+            "if rank == 1:\n"
+            "    capture = next(o for o in gc.get_objects() if isinstance(o, output.OutputCapture))\n"
+            "    capture._sending.acquire()\n"
+            "    write_all, writing = output.write_all, threading.Event()\n"
+            "    def slow_write(fd, data):\n"
+            "        if threading.current_thread().name == 'flusher':\n"
+            "            writing.set()\n            time.sleep(0.5)\n"
+            "        write_all(fd, data)\n"
+            "    output.write_all = slow_write\n"
+            "    print('first line')\n"
+            "    threading.Thread(target=sys.stdout.flush, name='flusher').start()\n"
+            "    assert writing.wait(5)\n"
+            "    print('second line', flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):
+        mesh.run(code, timeout=10)
+    wait_until(lambda: "second line" in mesh.logs(1), 5, "rank 1's last output in its log")
+    assert mesh.logs(1).splitlines() == ["first line", "second line"]
 
 
 def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):

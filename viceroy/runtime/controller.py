@@ -74,6 +74,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._hosts_of_ranks: dict[tuple[int, ...], list[int]] = {}  # routing, cached per rank set
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
+        self._never_ready: set[int] = set()  # ranks whose latest process exited before its hello
         self._agents: dict[int, AgentProcess] = {}
         self._remains: list[Remains] = []  # lost launches that may have left processes on their hosts
         self._host_of: dict[int, int] = {}

@@ -19,6 +19,7 @@ from typing import Any
 
 from viceroy.runtime.errors import MeshStartError
 from viceroy.runtime.launcher import AgentProcess, HostPlan, Launcher
+from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.procs import HEARTBEAT_S, remove_socket_dir
 from viceroy.runtime.shape import Shape, describe_ranks
 from viceroy.runtime.transport import ControllerSockets
@@ -31,6 +32,7 @@ FIRST_BEAT_GRACE_S = 5.0
 REMAINS_TIMEOUT_S = 10.0
 # ... and at shutdown, when every host still to be seen to is tried at once.
 REMAINS_AT_SHUTDOWN_S = 5.0
+LAST_WORDS_LINES = 20  # of a rank that died while restarting, shown in restart's error
 
 
 class Remains:
@@ -73,6 +75,8 @@ class HostLifecycle:
     _state: dict[int, str]
     _dead: set[int]
     _exit_reason: dict[int, str]
+    _never_ready: set[int]
+    logs: RankLogs
     _host_timeout: float
     _startup_error: str | None
     _lock: threading.RLock
@@ -126,9 +130,7 @@ class HostLifecycle:
                     self._changed.wait(left)
                 error = self._startup_error
                 if self._dead and not error:  # no point waiting for the others: say why now
-                    dead = sorted(self._dead)
-                    why = sorted({self._exit_reason.get(r, "exited") for r in dead})
-                    error = f"{describe_ranks(dead)} exited while starting ({'; '.join(why)})"
+                    error = self._exited_while("starting", sorted(self._dead))
                 waiting = [r for r, s in self._state.items() if s != "idle"]
         except BaseException:  # an interrupt while waiting for the ranks, too
             self.shutdown()  # nothing half-started stays behind
@@ -151,6 +153,7 @@ class HostLifecycle:
             self._check_open()
             for r in ranks:
                 self._set_state(r, "starting")
+                self._never_ready.discard(r)
             lost = {self._host_of[r] for r in ranks} & set(self._lost)
             for h in lost:  # a new agent for a lost host brings all its ranks back
                 ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
@@ -167,12 +170,24 @@ class HostLifecycle:
                 again = {self._host_of[r] for r in ranks} & set(self._lost)
                 if again:
                     raise RuntimeError("during restart: " + "\n".join(self._lost[h] for h in sorted(again)))
+                died = [r for r in ranks if r in self._never_ready]
+                if died:  # no point waiting for them: say why now
+                    again_hint = "; mesh.restart(failed_only=True) tries again"
+                    raise RuntimeError(self._exited_while("restarting", died, again_hint))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
                     raise RuntimeError(f"{describe_ranks(late)} did not come back within {timeout} s"
                                        + self._give_up_late({self._host_of[r] for r in late} & lost, timeout))
                 self._changed.wait(left)
+
+    def _exited_while(self, doing: str, ranks: list[int], hint: str = "") -> str:
+        """Why `ranks` exited before they were up, with what each printed last (a traceback,
+        often: it is written to the rank's output pipes from its first moment)."""
+        why = sorted({self._exit_reason.get(r, "exited") for r in ranks})
+        words = "".join(f"\nrank {r}'s last output:\n" + textwrap.indent(t, "  ")
+                        for r in ranks if (t := self.logs.tail(r, LAST_WORDS_LINES)))
+        return f"{describe_ranks(ranks)} exited while {doing} ({'; '.join(why)}){hint}{words}"
 
     def _give_up_late(self, hosts: set[int], timeout: float) -> str:
         """Under `_changed`: the relaunched `hosts` whose agent did not come back in time are lost

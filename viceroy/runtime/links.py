@@ -367,6 +367,11 @@ class LinkServer:
                 return
             for frames in messages:
                 yield frames, link
+            if len(chunk) < _READ:
+                # The socket held less than asked: it is empty now. What comes next wakes the
+                # poll again (it is level-triggered), so a read that would only say "nothing
+                # more" (a system call, and the interpreter handed over twice) is not made.
+                return
 
     def _close(self, link: Link, poller: zmq.Poller | None) -> None:
         with link.lock:

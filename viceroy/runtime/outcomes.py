@@ -45,6 +45,7 @@ class CallOutcomes:
     _dead: set[int]
     _stuck: dict[int, set[int]]
     _exit_reason: dict[int, str]
+    _never_ready: set[int]
     _pids: dict[int, int]
     _returns: shm.Returns
     _listeners: list[Callable[[Event], None]]
@@ -189,6 +190,8 @@ class CallOutcomes:
                 if pid is not None and self._pids.get(r) not in (None, pid):
                     continue  # a process already replaced (see `_on_rank_ready`): the new one is up
                 exited.append(r)
+                if pid is not None and r not in self._pids and self._state.get(r) == "starting" and not respawning:
+                    self._never_ready.add(r)  # a new process (a restart's) died before its hello
                 finished += self._exited(r, reason, respawning, whys[r])
             if then is not None:
                 then()
@@ -229,6 +232,7 @@ class CallOutcomes:
             self._set_state(r, "idle")
             self._pids[r] = pid
             self._exit_reason.pop(r, None)
+            self._never_ready.discard(r)
             self._changed.notify_all()
         if replaced:  # the agent's late word is dropped (its pid is not this one's)
             self._emit({"type": "rank_exit", "rank": r, "reason": "restarted"})

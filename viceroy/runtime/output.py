@@ -35,6 +35,7 @@ Send = Callable[[str, bytes, "int | None"], None]  # (stream, data, call id)
 
 LINE_DELAY_S = 0.002  # a line waits at most this long for others to go out with it
 MAX_QUEUED = 1 << 20  # past this many bytes waiting, writers wait for the reader (backpressure)
+_FD = {"stdout": 1, "stderr": 2}
 
 
 class OutputCapture:
@@ -58,6 +59,10 @@ class OutputCapture:
         self._rank = rank
         self._current_call = current_call
         self._sending = threading.Lock()  # held by whoever forwards: one sender at a time, in order
+        # Held by a thread writing the queue out into the pipes (an explicit flush, an exit), from
+        # taking it to the last byte: another thread's flush then returns only when what was
+        # taken, its own lines perhaps, is in the pipes too, and its own lines go after.
+        self._writing_out = threading.RLock()  # (an exit from a signal handler inside a flush)
         # Held briefly, also by writers; reentrant, as a signal handler that prints may run in a
         # thread that is inside write().
         self._queue_lock = threading.RLock()
@@ -124,20 +129,21 @@ class OutputCapture:
         killed before the reader has sent it; the reader forwards it from there."""
         if self._forked:
             return
-        reader = threading.get_ident() == self._reader_ident
-        with self._queue_lock:
-            taken = not self._queue  # by the reader, which may be sending it still
-            if not taken and (not durable or reader):
-                self._due = 0.0
-                self._wake()
-                return
-            batch = [] if taken else self._take_queue()
-        if taken:  # durable: what the reader took is out, in the link, before we return
-            if durable and not reader and self._sending.acquire(timeout=1.0):
-                self._sending.release()
+        if not durable or threading.get_ident() == self._reader_ident:
+            with self._queue_lock:
+                if self._queue:
+                    self._due = 0.0
+                    self._wake()
             return
-        for stream, data in batch:  # outside the lock: the reader drains a full pipe meanwhile
-            write_all(1 if stream == "stdout" else 2, bytes(data))
+        with self._writing_out:
+            with self._queue_lock:
+                batch = self._take_queue() if self._queue else None
+            if batch is None:  # taken by the reader, which may be sending it still
+                if self._sending.acquire(timeout=1.0):  # out, in the link, before we return
+                    self._sending.release()
+                return
+            for stream, data in batch:  # outside the queue lock: the reader drains a full pipe meanwhile
+                write_all(_FD[stream], bytes(data))
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""
@@ -168,6 +174,9 @@ class OutputCapture:
         for stream in self._streams:  # the text layer's unfinished line, into the queue
             with contextlib.suppress(OSError, ValueError):
                 io.TextIOWrapper.flush(stream)
+        # After a flush another thread is writing out (within the deadline: it may be stuck).
+        if not self._writing_out.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return
         if not self._queue_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return
         try:
@@ -175,7 +184,7 @@ class OutputCapture:
         finally:
             self._queue_lock.release()
         for name, data in batch:
-            if not write_before(1 if name == "stdout" else 2, bytes(data), deadline):
+            if not write_before(_FD[name], bytes(data), deadline):
                 return
 
     def _wake(self) -> None:

@@ -368,6 +368,7 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
     """Entry point in a freshly forked process. Never returns."""
     try:
         hold_lifeline(lifeline_fd, lambda: die_with_group(0))  # the agent is gone: so is what we started
+        _output_into_pipes(cfg)
         _no_stdin()
         for k, v in cfg.get("env", {}).items():
             os.environ[k] = str(v)
@@ -382,6 +383,14 @@ def main(cfg: dict[str, Any], lifeline_fd: int) -> None:
         traceback.print_exc()
     finally:
         die_now(1)
+
+
+def _output_into_pipes(cfg: dict[str, Any]) -> None:
+    """fds 1 and 2 into the rank's output pipes from its first moment, not only once
+    `OutputCapture` is set up: what a rank that fails before then prints (its traceback) is
+    its last words, which the agent reads out of them, and not lost in the agent's log."""
+    for fd, (_, w) in cfg.get("output_pipes", {}).items():
+        os.dup2(w, int(fd))
 
 
 def _namespace_module() -> types.ModuleType:
