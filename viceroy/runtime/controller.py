@@ -76,6 +76,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._exit_reason: dict[int, str] = {}
         self._never_ready: set[int] = set()  # ranks whose latest process exited before its hello
         self._agents: dict[int, AgentProcess] = {}
+        self._agent_gen: dict[int, int] = {}  # the launch each of `_agents` is (behind `_gen` while one starts)
         self._remains: list[Remains] = []  # lost launches that may have left processes on their hosts
         self._host_of: dict[int, int] = {}
         # Hosts: which launch of each is current, when its agent was last heard, which are lost.

@@ -69,6 +69,7 @@ class HostLifecycle:
     _last_seen: dict[int, float]
     _lost: dict[int, str]
     _agents: dict[int, AgentProcess]
+    _agent_gen: dict[int, int]
     _remains: list[Remains]
     agent_info: dict[int, dict[str, Any]]
     _host_of: dict[int, int]
@@ -217,6 +218,7 @@ class HostLifecycle:
         cfg = {**self._config, "host": h, "gen": gen, "ranks": plan.ranks, "direct": self._direct}
         agent = self.launcher.start(plan, cfg)
         self._agents[h] = agent
+        self._agent_gen[h] = gen
         threading.Thread(target=self._watch_agent, args=(agent, gen), name="viceroy-agent-watch", daemon=True).start()
 
     def _heartbeats(self) -> None:
@@ -236,10 +238,13 @@ class HostLifecycle:
                 seen = self._last_seen.get(h)
                 if seen is not None and now - seen > self._host_timeout and not starved:
                     self.call_soon(functools.partial(self._host_silent, h, self._gen[h]))
+                gen = self._agent_gen.get(h)
+                if gen != self._gen[h]:
+                    continue  # being launched again: `_agents[h]` is still the old launch's
                 attached = getattr(self._agents[h], "attached_at", None)
                 if seen is None and attached is not None and not starved \
                         and now - attached > self._host_timeout + FIRST_BEAT_GRACE_S:
-                    self.call_soon(functools.partial(self._host_never_heard, h, self._gen[h]))
+                    self.call_soon(functools.partial(self._host_never_heard, h, gen))
             self._beats_stop.wait(HEARTBEAT_S)
 
     def _host_silent(self, h: int, gen: int) -> None:
@@ -258,7 +263,7 @@ class HostLifecycle:
         self._handle_received()
         agent = self._agents.get(h)
         attached = getattr(agent, "attached_at", None)
-        if h in self._last_seen or attached is None:
+        if h in self._last_seen or attached is None or self._agent_gen.get(h) != gen:
             return
         ports = getattr(agent, "ports", "")
         why = (f"its agent took the host's configuration {time.monotonic() - attached:.1f} s ago and was never "
