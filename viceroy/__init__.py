@@ -24,7 +24,7 @@ from viceroy.runtime.collectives import (
 )
 from viceroy.runtime.context import Context, context
 from viceroy.runtime.device_mesh import device_mesh
-from viceroy.runtime.errors import MeshError, RankFailure
+from viceroy.runtime.errors import MeshError, PreloadWarning, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.mesh import Mesh
 from viceroy.runtime.values import ValueMesh
@@ -38,6 +38,7 @@ __all__ = [
     "Future",
     "Mesh",
     "MeshError",
+    "PreloadWarning",
     "RankFailure",
     "ValueMesh",
     "all_gather",

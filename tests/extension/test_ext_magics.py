@@ -127,6 +127,18 @@ def test_a_mesh_that_cannot_start_is_one_usage_error_naming_the_ranks(shell: Int
     assert current_session(shell).mesh is None
 
 
+def test_a_preload_that_fails_is_one_line_in_the_cell_and_the_mesh_is_up(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+):
+    # `%mesh up --preload nosuchmodule` said only "mesh up"; the failure went to the server's terminal.
+    shell.run_line_magic("mesh", "up gpus=2 --preload nosuchmodule_xyz")
+    err = capsys.readouterr().err
+    assert err.startswith("%mesh up: could not preload nosuchmodule_xyz (ModuleNotFoundError: "), err
+    assert err.count("\n") == 1 and "viceroy/" not in err
+    assert current_session(shell).mesh is not None
+    assert shell.run_cell_magic("mesh", "", "rank").values() == [0, 1]
+
+
 @pytest.mark.parametrize("line", ["--help", "-h", "help", "up --help", "logs -h"])
 def test_asking_for_help_prints_every_command_with_its_options(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str

@@ -238,10 +238,15 @@ def test_bad_dims_and_indexes_explain_themselves(start_mesh):
 
 
 def test_sys_exit_on_a_rank_is_an_error_not_a_death(start_mesh):
+    # It said only "SystemExit: 2", which reads as a failure without saying what happened.
     mesh = start_mesh(gpus=1)
-    with pytest.raises(vr.MeshError, match="SystemExit"):
+    mesh.run("kept = 'state'")
+    with pytest.raises(vr.MeshError, match=r"rank 0: SystemExit: exit\(2\) ends only the call on a rank: the rank "
+                                           r"stays up, its state kept; to end the ranks, shut the mesh down"):
         mesh.run("import sys\nsys.exit(2)")
-    assert mesh.run("rank").values() == [0]
+    with pytest.raises(vr.MeshError, match=r"rank 0: SystemExit: exit\(\) ends only the call"):
+        mesh.run("exit()")
+    assert mesh.run("kept").values() == ["state"]
 
 
 def test_killed_agent_marks_its_ranks_dead(start_mesh):

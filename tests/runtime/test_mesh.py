@@ -80,6 +80,16 @@ def test_ranks_start_in_the_controllers_directory_with_its_path(start_mesh, tmp_
     ] * 2
 
 
+def test_a_module_that_cannot_be_preloaded_is_a_warning_naming_it_and_the_mesh_starts(start_mesh):
+    # It was a line on the controller's own stderr (a Jupyter server's terminal): a misspelled
+    # preload looked like a success.
+    with pytest.warns(vr.PreloadWarning, match=r"^could not preload nosuchmodule_xyz \(ModuleNotFoundError: "
+                                                r"No module named 'nosuchmodule_xyz'\): .*check the name") as caught:
+        mesh = start_mesh(gpus=2, preload=["json", "nosuchmodule_xyz"])
+    assert len(caught) == 1 and "/viceroy/" not in caught[0].filename  # where the user started the mesh
+    assert mesh.run("import json\njson.dumps(rank)").values() == ["0", "1"]
+
+
 def test_ranks_read_no_stdin_and_input_says_what_to_do_instead(start_mesh):
     # Ranks are forked by a server that reads spawn requests (with the mesh's key) on its stdin:
     # none of that may be readable on a rank.

@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from viceroy.extension.displays import Sink
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted_start
 from viceroy.extension.state import MeshState, rank_hosts
+from viceroy.runtime.errors import PreloadWarning
 
 if TYPE_CHECKING:
     from viceroy import Mesh
@@ -125,7 +127,14 @@ class MeshSession:
             self.down()
             print(f"stopped the previous mesh ({old})")
         try:
-            mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file, launcher_kwargs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", PreloadWarning)
+                mesh = launching.start(launcher, dims, kwargs, hostfile, listen, key_file, launcher_kwargs)
+            for w in caught:  # a preload that failed: one line in the cell, not a warning from our code
+                if issubclass(w.category, PreloadWarning):
+                    print(f"%mesh up: {w.message}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self._attach(mesh)
             with self._setup_calls():
                 mesh.run(display_hook.install)

@@ -94,6 +94,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self.engines: dict[Shape, Any] = {}
         self._startup_error: str | None = None
         self.agent_info: dict[int, dict[str, Any]] = {}
+        self.preload_failures: dict[str, str] = {}  # module -> why a host could not preload it
+        self._agents_ready: set[int] = set()  # hosts whose fork server has preloaded (or tried)
 
         self._sockets = ControllerSockets(launcher.same_host, interface)
         # Direct mode: one host, the controller's own. Ranks then talk to the controller itself

@@ -87,6 +87,11 @@ class MeshClosedError(RuntimeError):
     """The mesh was shut down; start a new one."""
 
 
+class PreloadWarning(UserWarning):
+    """A module given to `preload` could not be imported by a host's template process; the mesh
+    started, and its ranks import the module themselves when their code does."""
+
+
 class MeshStartError(RuntimeError):
     """A mesh could not start: the message names the hosts or ranks at fault, and why (an
     agent's last words, a timeout)."""

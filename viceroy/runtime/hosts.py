@@ -77,6 +77,7 @@ class HostLifecycle:
     _dead: set[int]
     _exit_reason: dict[int, str]
     _never_ready: set[int]
+    _agents_ready: set[int]
     logs: RankLogs
     _host_timeout: float
     _startup_error: str | None
@@ -124,7 +125,7 @@ class HostLifecycle:
             self._beat_thread.start()
             deadline = time.monotonic() + timeout
             with self._changed:
-                while not all(s == "idle" for s in self._state.values()):
+                while not (all(s == "idle" for s in self._state.values()) and self._plans.keys() <= self._agents_ready):
                     left = deadline - time.monotonic()
                     if self._startup_error or left <= 0 or self._dead:
                         break

@@ -30,6 +30,8 @@ class Inbound:
     signer: Signer
     logs: RankLogs
     agent_info: dict[int, dict[str, Any]]
+    preload_failures: dict[str, str]
+    _agents_ready: set[int]
     _sockets: ControllerSockets
     _closed: bool
     _tasks: deque[Callable[[], None]]
@@ -122,9 +124,12 @@ class Inbound:
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
         elif op == "agent_hello":
             self.agent_info[header["host"]] = header
-        elif op == "agent_ready" and header.get("failed"):
-            for name, why in header["failed"].items():  # the ranks will import it themselves, slowly
-                print(f"viceroy: host {header['host']} could not preload {name}: {why}", file=sys.__stderr__)
+        elif op == "agent_ready":
+            with self._changed:  # `start` waits for it: the failures below are known when it returns
+                for name, why in header.get("failed", {}).items():  # the ranks import it themselves
+                    self.preload_failures.setdefault(name, why)
+                self._agents_ready.add(header["host"])
+                self._changed.notify_all()
         elif op == "agent_error":
             with self._changed:
                 self._startup_error = header["error"]

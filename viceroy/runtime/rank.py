@@ -299,8 +299,12 @@ def _described(exc: BaseException) -> tuple[str, str, str]:
 
 
 def _explained(exc: BaseException) -> str | None:
-    """A better summary for errors we know the cause of (a stock torch.distributed group whose
-    connections were cut to release a blocked collective)."""
+    """A better summary for errors we know the cause of: ``exit()`` in rank code, a stock
+    torch.distributed group whose connections were cut to release a blocked collective."""
+    if isinstance(exc, SystemExit):
+        code = "" if exc.code is None else repr(exc.code)
+        return (f"SystemExit: exit({code}) ends only the call on a rank: the rank stays up, its state "
+                "kept; to end the ranks, shut the mesh down (mesh.shutdown(), %mesh down)")
     if "torch.distributed" not in sys.modules:
         return None
     from viceroy.runtime.collectives.stock import explain

@@ -7,9 +7,11 @@ import difflib
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Self
 
 from viceroy.runtime.controller import Controller
+from viceroy.runtime.errors import PreloadWarning
 from viceroy.runtime.launcher import Launcher, LocalLauncher
 from viceroy.runtime.shape import Shape
 
@@ -77,7 +79,8 @@ class MeshStarts:
             output into cells instead).
         preload: modules the ranks' template process imports once before forking them; default
             ``["torch"]`` when torch is installed, so ``import torch`` on a rank is instant;
-            ``[]`` (or ``"none"``) for none. A string may name several: ``"torch,numpy"``.
+            ``[]`` (or ``"none"``) for none. A string may name several: ``"torch,numpy"``. A
+            module that cannot be imported is a `PreloadWarning` naming it; the mesh starts.
         output_limit: bytes of output forwarded per rank per call; the rest is dropped with a
             notice.
         A leading dim named ``hosts`` gets one agent per host index (the layout many-host
@@ -102,6 +105,10 @@ class MeshStarts:
             env=env,
         )
         controller.start(startup_timeout)
+        for name, why in controller.preload_failures.items():
+            warnings.warn(PreloadWarning(
+                f"could not preload {name} ({why}): the ranks import it themselves, when their code does; "
+                "check the name, or leave it out of preload"), stacklevel=2)
         return cls(controller, shape)
 
     @classmethod
