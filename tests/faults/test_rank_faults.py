@@ -506,6 +506,21 @@ def test_a_segfault_on_a_rank_shows_where_it_was(start_mesh):
     wait_until(lambda: "Segmentation fault" in mesh.logs(0), 5, "the fault's report in rank 0's log")
     log = mesh.logs(0)
     assert "in deep" in log and "<mesh-cell" in log, log
+    # The user's frames only: none of the runtime's threads (its IO and output threads were
+    # ~40 lines of our frames in the cell), nor the list of extension modules.
+    assert "viceroy/runtime" not in log and "Extension modules" not in log, log
+    assert log.count("(most recent call first)") == 1, log
+
+
+def test_a_process_forked_on_a_rank_that_crashes_reports_on_the_ranks_output(start_mesh):
+    # The rank's crash report goes to a file its agent reads when the rank dies; a child the
+    # rank's code forked (a data loader's worker) writes its own to stderr, which the rank forwards.
+    mesh = start_mesh(gpus=2)
+    code = ("import ctypes, os\nif rank == 1:\n    pid = os.fork()\n    if pid == 0:\n        ctypes.string_at(0)\n"
+            "    os.waitpid(pid, 0)\n'alive'")
+    assert mesh.run(code, timeout=30).values() == ["alive", "alive"]
+    wait_until(lambda: "Segmentation fault" in mesh.logs(1), 5, "the child's report in rank 1's log")
+    assert mesh.states() == {0: "idle", 1: "idle"}
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from viceroy.runtime import remains
+from viceroy.runtime import crash_report, remains
 from viceroy.runtime.answers import Relay
 from viceroy.runtime.forkserver import ChildExits, ForkServer, OutputPipes
 from viceroy.runtime.procs import describe_exit, end_descendants, signal_group
@@ -30,6 +30,7 @@ class RankSlot:
     respawn: bool = False
     rank: int = -1
     tag: str = ""  # this life's VICEROY_RANK_ID (remains.RANK_TAG)
+    crash_file: str = ""  # where this life's crash report goes (crash_report)
     output: OutputPipes = field(default_factory=lambda: OutputPipes([]))
 
     @property
@@ -46,6 +47,7 @@ class RankLifecycle:
     by_pid: dict[int, int]
     tag_of: dict[int, str]  # rank pid -> the tag of its life
     early_exits: dict[int, int]
+    rundir: str
     zygote: ForkServer
     exits: ChildExits
     relay: Relay
@@ -63,7 +65,9 @@ class RankLifecycle:
         # Each life gets a tag of its own in its environment, which what it starts inherits: a
         # daemon that left its process group is found by it when the rank dies.
         slot.tag = remains.new_nonce()
-        self.zygote.spawn({**slot.cfg, "env": {**slot.cfg.get("env", {}), remains.RANK_TAG: slot.tag}})
+        slot.crash_file = f"{self.rundir}/crash-{rank}-{slot.tag}"
+        self.zygote.spawn({**slot.cfg, "env": {**slot.cfg.get("env", {}), remains.RANK_TAG: slot.tag},
+                           "crash_file": slot.crash_file})
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         """`sig` to each rank and its process group."""
@@ -124,10 +128,13 @@ class RankLifecycle:
             self._spawn(r)
 
     def _last_words(self, slot: RankSlot) -> None:
-        """Send on what a dead rank's stdout and stderr pipes still hold, as its output."""
+        """Send on what a dead rank's stdout and stderr pipes still hold, then its crash report
+        if it wrote one, as its output."""
         for stream, data in slot.output.left(LAST_WORDS_MAX):
             self._to_controller({"op": "out", "s": stream, "id": None, "r": slot.rank}, [data])
         slot.output.close()
+        if slot.crash_file and (report := crash_report.take(slot.crash_file, LAST_WORDS_MAX)):
+            self._to_controller({"op": "out", "s": "stderr", "id": None, "r": slot.rank}, [report.encode()])
 
     def _end_ranks(self) -> None:
         self.kill_all(signal.SIGTERM)

@@ -8,7 +8,6 @@ process, with the process group it leads (what user code started), when its agen
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import sys
@@ -18,7 +17,7 @@ import traceback
 import types
 from typing import Any
 
-from viceroy.runtime import call_peers, devices, handles, resources, serialize, shm
+from viceroy.runtime import call_peers, crash_report, devices, handles, resources, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -78,9 +77,9 @@ class Rank:
         )
         pipes = {int(fd): (r, w) for fd, (r, w) in cfg.get("output_pipes", {}).items()}
         self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current, pipes)
-        # A crash (segfault, abort) writes every thread's Python stack to fd 2: the agent reads
-        # it out of the pipe after the rank died, and the cell shows where it was.
-        faulthandler.enable(file=2, all_threads=True)
+        # A crash (segfault, abort) writes every thread's Python stack to a file the agent reads
+        # after the rank died: the cell shows where it was.
+        crash_report.enable(cfg.get("crash_file"))
         signal.signal(signal.SIGINT, self._on_sigint)
 
     # --- sending ---------------------------------------------------------------------------
