@@ -31,6 +31,29 @@ def test_ranks_take_lists_and_ranges():
     assert parse_ranks("0,3,5-7") == [0, 3, 5, 6, 7]
     with pytest.raises(UsageError, match="0-2,5"):
         parse_ranks("zero")
+    with pytest.raises(UsageError, match=r"^--ranks: the range '3-1' runs backwards; write LOW-HIGH"):
+        parse_ranks("0,3-1")  # was dropped without a word: --ranks 0,3-1 ran on rank 0 alone
+
+
+@pytest.mark.parametrize(
+    ("text", "mesh_ranks", "message"),
+    [
+        (f"0-{10**30}", range(2), f"--ranks: rank(s) 2-{10**30} not in this mesh (its ranks are 0-1)"),
+        ("1,0-3000000", range(4), "--ranks: rank(s) 4-3000000 not in this mesh (its ranks are 0-3)"),
+        ("0-5,9", [1, 3], "--ranks: rank(s) 0,2,4-5,9 not in this mesh (its ranks are 1,3)"),
+        (f"0-{10**30}", None, "--ranks: 0-" + str(10**30) + " goes past rank 1,048,575, the last a mesh can have; "
+                              "give ranks of the mesh, e.g. --ranks 0,3"),
+        ("0-3000000", None, "--ranks: 0-3000000 goes past rank 1,048,575, the last a mesh can have; "
+                            "give ranks of the mesh, e.g. --ranks 0,3"),
+    ],
+)
+def test_ranks_are_checked_against_the_mesh_before_ranges_are_expanded(text, mesh_ranks, message):
+    # A range was expanded into a list first: 0-3000000 took seconds to refuse, a longer one
+    # ran out of memory (or, this long, raised OverflowError from the expansion).
+    with pytest.raises(UsageError) as e:
+        parse_ranks(text, mesh_ranks)
+    assert str(e.value) == message
+    assert parse_ranks("3,0-1", range(4)) == [3, 0, 1]
 
 
 def test_run_options():
@@ -54,6 +77,9 @@ def test_run_options():
         ("--timeout x", "--timeout"),
         ("--where gpus=1 --where gpus=0", "names dim 'gpus' twice"),
         ("--where 'gpus=1", "cannot parse"),
+        # both were read, and the last one used
+        ("--ranks 0 --ranks 1", r"^%%mesh: --ranks given 2 times \(--ranks 0, --ranks 1\); give it once, e\.g\. --ranks 0,1$"),
+        ("--timeout 5 --timeout 30", r"^%%mesh: --timeout given 2 times \(--timeout 5, --timeout 30\); give it once"),
     ],
 )
 def test_bad_run_options_are_one_line(line: str, message: str):
@@ -110,8 +136,18 @@ def test_up_parses_dims_and_options():
         ("logs 1 --tail 0", "--tail takes a positive number of lines, got 0"),
         ("logs 1 --tail -1", "--tail takes a positive number of lines, got -1"),
         ("pull", "give the names"),
+        ("pull a,1x", r"^%mesh pull: '1x' is not a valid Python name; give the names to fetch, e\.g\. `%mesh pull t`$"),
+        ("gather 1x None", r"^%mesh gather: '1x', 'None' are not valid Python names; give the names to join"),
+        ("pull lr --ranks 0", r"^%mesh pull takes no options, got '--ranks': it reads every rank; for some ranks "
+                              r"only, use the mesh, e\.g\. mesh\.select\(\[0\]\)\.pull\('lr'\)$"),
+        ("gather --where=gpus=0 part", r"^%mesh gather takes no options, got '--where'.*mesh\.select\(\[0\]\)\.gather\('part'\)$"),
         ("push", "NAME=EXPRESSION"),
-        ("push 1x=2", "NAME=EXPRESSION"),
+        ("push 1x=2", r"^%mesh push: '1x' \(in '1x=2'\) is not a valid Python name; give NAME=EXPRESSION or NAME"),
+        ("scatter 1x", r"^%mesh scatter: '1x' is not a valid Python name; give NAME=EXPRESSION or NAME, e\.g\. `%mesh scatter part=data`$"),
+        ("push x=1 --ranks 0", r"^%mesh push takes no options, got '--ranks': it sends to every rank; for some "
+                               r"ranks only, use the mesh, e\.g\. mesh\.select\(\[0\]\)\.push\(lr=0\.1\)$"),
+        ("push --ranks=0 x", r"^%mesh push takes no options, got '--ranks'"),
+        ("scatter part=data --where gpus=0", r"^%mesh scatter takes no options, got '--where'.*mesh\.select\(\[0, 1\]\)\.scatter\('part', data\)$"),
         ("scatter", "`%mesh scatter part=data`"),
         ("gather", "give the names to join, e.g. `%mesh gather part`"),
         ("down now", "takes no arguments"),
@@ -153,6 +189,7 @@ def test_push_takes_expressions_with_spaces_and_bare_names():
         ("a=1 b c", [("a", "1"), ("b", "b"), ("c", "c")]),
         ('s="a=1 b" t=f (1)', [("s", '"a=1 b"'), ("t", "f (1)")]),
         ("a={1: 2} b={c: d for c, d in e}", [("a", "{1: 2}"), ("b", "{c: d for c, d in e}")]),
+        ("x=a - -b y=f(--c)", [("x", "a - -b"), ("y", "f(--c)")]),  # not options: spaced, or in brackets
     ],
 )
 def test_push_values_are_python_expressions_spaces_and_all(text: str, assignments: list[tuple[str, str]]):
@@ -166,7 +203,12 @@ def test_push_values_are_python_expressions_spaces_and_all(text: str, assignment
         ("a=b=2", r"a=b=2 is not a Python expression"),
         ("x='a", r"cannot parse"),
         ("x=(1", r"cannot parse"),
-        ("None=1", r"got 'None=1'"),
+        ("None=1", r"'None' \(in 'None=1'\) is not a valid Python name"),
+        # a WORD= that is not a name is named; it was read into the expression before it
+        ("x=1 a.b=2", r"'a\.b' \(in 'a\.b=2'\) is not a valid Python name"),
+        ("x=1 2y=3", r"'2y' \(in '2y=3'\) is not a valid Python name"),
+        ("x=1 None=2", r"'None' \(in 'None=2'\) is not a valid Python name"),
+        ("x=", r"nothing after '=' in 'x='"),
     ],
 )
 def test_push_values_that_are_not_expressions_are_one_line(text: str, message: str):

@@ -167,3 +167,83 @@ def test_a_bad_launcher_option_leaves_the_running_mesh_up(shell: InteractiveShel
         assert mesh.run("x").values() == [42, 42]
     finally:
         shell.run_line_magic("mesh", "down")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # pull and gather said only "give the names to fetch, e.g. `%mesh pull t`"
+        ("pull 1x", r"^%mesh pull: '1x' is not a valid Python name; give the names to fetch, e\.g\. `%mesh pull t`$"),
+        ("gather part,2y", r"^%mesh gather: '2y' is not a valid Python name; give the names to join"),
+        ("pull lr --ranks 0", r"^%mesh pull takes no options, got '--ranks': it reads every rank; "
+                              r"for some ranks only, use the mesh, e\.g\. mesh\.select\(\[0\]\)\.pull\('lr'\)$"),
+        ("gather lr --ranks 0", r"^%mesh gather takes no options, got '--ranks'.*mesh\.select\(\[0\]\)\.gather\('lr'\)$"),
+        # was "give NAME=EXPRESSION or NAME, e.g. `%mesh push lr=0.1`; got '1x=3'"
+        ("push 1x=3", r"^%mesh push: '1x' \(in '1x=3'\) is not a valid Python name; give NAME=EXPRESSION or NAME, "
+                      r"e\.g\. `%mesh push lr=0\.1`$"),
+        # was "x=1 --ranks 0 is not a Python expression (invalid syntax)"
+        ("push x=1 --ranks 0", r"^%mesh push takes no options, got '--ranks': it sends to every rank; "
+                               r"for some ranks only, use the mesh, e\.g\. mesh\.select\(\[0\]\)\.push\(lr=0\.1\)$"),
+        # was "cannot evaluate x=1 --where here: NameError: name 'where' is not defined"
+        ("scatter part=[1, 2] --where gpus=0", r"^%mesh scatter takes no options, got '--where'"),
+    ],
+)
+def test_a_bad_name_or_option_on_a_mesh_line_is_named(shell: InteractiveShell, line: str, message: str):
+    with pytest.raises(UsageError, match=message) as e:
+        shell.run_line_magic("mesh", line)
+    assert "\n" not in str(e.value)
+
+
+def test_an_option_given_twice_is_refused_not_overridden(shell: InteractiveShell):
+    # `%%mesh --ranks 0 --ranks 1` ran the cell on rank 1 alone, as --where twice is refused
+    with pytest.raises(UsageError) as e:
+        shell.run_cell_magic("mesh", "--ranks 0 --ranks 1", "x = rank")
+    assert str(e.value) == "%%mesh: --ranks given 2 times (--ranks 0, --ranks 1); give it once, e.g. --ranks 0,1"
+    with pytest.raises(UsageError) as e:
+        shell.run_line_magic("px", "--ranks 0 --ranks=1 x = rank")
+    assert str(e.value) == "%px: --ranks given 2 times (--ranks 0, --ranks 1); give it once, e.g. --ranks 0,1"
+    with pytest.raises(UsageError, match=r"^%%px: --timeout given 2 times \(--timeout 5, --timeout 30\); give it once"):
+        shell.run_cell_magic("px", "--timeout 5 --timeout 30", "x = rank")
+
+
+def test_a_rank_range_past_the_mesh_is_refused_before_it_is_expanded(shell: InteractiveShell):
+    # The range became a list before it was checked against the mesh: --ranks 0-3000000 took
+    # seconds to refuse, 0-100000000 could raise MemoryError, and this one OverflowError.
+    huge = 10**30
+    with pytest.raises(UsageError) as e:  # no mesh up: bounded by the most ranks a mesh has
+        shell.run_cell_magic("mesh", f"--ranks 0-{huge}", "x = rank")
+    assert str(e.value) == f"--ranks: 0-{huge} goes past rank 1,048,575, the last a mesh can have; give ranks of the mesh, e.g. --ranks 0,3"
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    try:
+        with pytest.raises(UsageError) as e:
+            shell.run_cell_magic("mesh", f"--ranks 0-{huge}", "x = rank")
+        assert str(e.value) == f"--ranks: rank(s) 2-{huge} not in this mesh (its ranks are 0-1)"
+        with pytest.raises(UsageError) as e:
+            shell.run_line_magic("px", "--ranks 1,0-3000000 x = rank")
+        assert str(e.value) == "--ranks: rank(s) 2-3000000 not in this mesh (its ranks are 0-1)"
+        assert shell.run_cell_magic("mesh", "--ranks 1", "rank").values() == [1]
+    finally:
+        shell.run_line_magic("mesh", "down")
+
+
+def test_pushing_a_variable_the_controller_lacks_names_it(shell: InteractiveShell):
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    try:
+        # was "cannot evaluate undefined_var_xyz=undefined_var_xyz here: NameError: ...", an
+        # assignment the user never typed
+        for magic in ("push", "scatter"):
+            with pytest.raises(UsageError) as e:
+                shell.run_line_magic("mesh", f"{magic} undefined_var_xyz")
+            assert str(e.value) == (
+                f"%mesh {magic}: there is no variable 'undefined_var_xyz' here on the controller to send; "
+                f"define it first, or give a value: `%mesh {magic} undefined_var_xyz=...`"
+            )
+        with pytest.raises(UsageError) as e:  # an expression keeps its assignment, as typed
+            shell.run_line_magic("mesh", "push y=undefined_var_xyz + 1")
+        assert str(e.value) == ("%mesh push: cannot evaluate y=undefined_var_xyz + 1 here: NameError: "
+                                "name 'undefined_var_xyz' is not defined")
+        shell.user_ns["undefined_var_xyz"] = 7
+        shell.run_line_magic("mesh", "push undefined_var_xyz")
+        assert current_session(shell).require().pull("undefined_var_xyz").values() == [7, 7]
+    finally:
+        shell.run_line_magic("mesh", "down")

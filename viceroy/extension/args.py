@@ -9,10 +9,13 @@
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
+import keyword
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -41,6 +44,9 @@ RUN_OPTIONS_HELP = (
 )
 # Longer waits overflow the millisecond timeouts the transport polls with (~24 days).
 MAX_TIMEOUT_S = 1_000_000
+# More ranks than any mesh has: a --ranks range is checked against this (or the mesh's own
+# ranks, when known) before it is expanded into a list.
+MAX_RANKS = 1 << 20
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -89,21 +95,75 @@ def parse_where(text: str) -> tuple[str, int | slice]:
         ) from None
 
 
-def parse_ranks(text: str) -> list[int]:
-    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]``."""
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            lo, dash, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
-    except ValueError:
-        raise UsageError(f"--ranks takes rank numbers like 0,3 or 0-2,5, got {text!r}") from None
-    if not out:
+def parse_ranks(text: str, mesh_ranks: Sequence[int] | None = None) -> list[int]:
+    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]``.
+
+    Every range is checked before it is expanded: against `mesh_ranks` (the ranks of the mesh
+    the cell goes to) when given, else against MAX_RANKS, so ``--ranks 0-100000000`` is one
+    line at once, not a list of a hundred million ints.
+    """
+    spans: list[tuple[int, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if dash else first
+        except ValueError:
+            raise UsageError(f"--ranks takes rank numbers like 0,3 or 0-2,5, got {text!r}") from None
+        if last < first:
+            raise UsageError(f"--ranks: the range {part!r} runs backwards; write LOW-HIGH, e.g. 0-2")
+        spans.append((first, last))
+    if not spans:
         raise UsageError(f"--ranks takes rank numbers like 0,3 or 0-2,5, got {text!r}")
+    if mesh_ranks is not None:
+        have = sorted(set(mesh_ranks))
+        missing = [gap for span in spans for gap in _gaps(span, have)]
+        if missing:
+            raise UsageError(
+                f"--ranks: rank(s) {_format_spans(missing)} not in this mesh (its ranks are "
+                f"{_format_spans([(r, r) for r in have])})"
+            )
+    past = next((span for span in spans if span[1] >= MAX_RANKS), None)
+    if past is not None:
+        raise UsageError(
+            f"--ranks: {_format_spans([past])} goes past rank {MAX_RANKS - 1:,}, the last a mesh "
+            "can have; give ranks of the mesh, e.g. --ranks 0,3"
+        )
+    count = sum(last - first + 1 for first, last in spans)
+    if count > MAX_RANKS:  # so ranks given more than once
+        raise UsageError(
+            f"--ranks {text}: {count:,} ranks, more than a mesh can have ({MAX_RANKS:,}); "
+            "give each rank once, e.g. --ranks 0-3,5"
+        )
+    return [r for first, last in spans for r in range(first, last + 1)]
+
+
+def _gaps(span: tuple[int, int], have: list[int]) -> list[tuple[int, int]]:
+    """The parts of ``first..last`` not in `have` (sorted), as inclusive spans."""
+    first, last = span
+    out = []
+    at = first
+    for r in have[bisect.bisect_left(have, first) : bisect.bisect_right(have, last)]:
+        if r > at:
+            out.append((at, r - 1))
+        at = r + 1
+    if at <= last:
+        out.append((at, last))
     return out
+
+
+def _format_spans(spans: list[tuple[int, int]]) -> str:
+    """``[(5, 7), (0, 0), (1, 2)]`` -> ``0-2,5-7``: as `format_rank_set` writes those ranks."""
+    merged: list[list[int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in merged)
 
 
 @dataclass
@@ -120,22 +180,33 @@ class RunOptions:
 def _run_parser(prog: str) -> _Parser:
     p = _Parser(prog, RUN_OPTIONS_HELP)
     p.add_argument("--where", action="append", default=[])
-    p.add_argument("--ranks")
+    p.add_argument("--ranks", action="append", default=[])  # given twice is a mistake, said below
     p.add_argument("--no-fail-fast", dest="fail_fast", action="store_false")
-    p.add_argument("--timeout", type=float)
+    p.add_argument("--timeout", type=float, action="append", default=[])
     return p
 
 
-def _to_run_options(ns: argparse.Namespace, prog: str) -> RunOptions:
-    opts = RunOptions(fail_fast=ns.fail_fast, timeout=ns.timeout)
+def _once(values: list[Any], option: str, prog: str, example: str) -> Any:
+    """The one value of an option that takes one; given more than once is a UsageError (the
+    last one silently won)."""
+    if len(values) > 1:
+        given = ", ".join(f"{option} {v:g}" if isinstance(v, float) else f"{option} {v}" for v in values)
+        raise UsageError(f"{prog}: {option} given {len(values)} times ({given}); give it once, e.g. {example}")
+    return values[0] if values else None
+
+
+def _to_run_options(ns: argparse.Namespace, prog: str, mesh_ranks: Sequence[int] | None = None) -> RunOptions:
+    ranks = _once(ns.ranks, "--ranks", prog, "--ranks " + ",".join(ns.ranks))
+    timeout = _once(ns.timeout, "--timeout", prog, "--timeout 30")
+    opts = RunOptions(fail_fast=ns.fail_fast, timeout=timeout)
     for w in ns.where:
         for item in w.split(","):
             dim, sel = parse_where(item)
             if dim in opts.where:
                 raise UsageError(f"{prog}: --where names dim {dim!r} twice")
             opts.where[dim] = sel
-    if ns.ranks is not None:
-        opts.ranks = parse_ranks(ns.ranks)
+    if ranks is not None:
+        opts.ranks = parse_ranks(ranks, mesh_ranks)
     if opts.timeout is not None and not (math.isfinite(opts.timeout) and 0 < opts.timeout <= MAX_TIMEOUT_S):
         raise UsageError(
             f"{prog}: --timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,}; "
@@ -144,8 +215,9 @@ def _to_run_options(ns: argparse.Namespace, prog: str) -> RunOptions:
     return opts
 
 
-def parse_run_options(line: str, prog: str = "%%mesh") -> RunOptions:
-    """The options on a ``%%mesh`` line."""
+def parse_run_options(line: str, prog: str = "%%mesh", mesh_ranks: Sequence[int] | None = None) -> RunOptions:
+    """The options on a ``%%mesh`` line; ``--ranks`` is checked against `mesh_ranks` (the
+    running mesh's ranks) when given."""
     if not line.strip():
         return RunOptions()
     tokens = _split(line, prog)
@@ -164,10 +236,10 @@ def parse_run_options(line: str, prog: str = "%%mesh") -> RunOptions:
                 f"({RUN_OPTIONS_HELP})"
             )
         raise UsageError(f"{prog}: unknown option {bad!r}; {RUN_OPTIONS_HELP}")
-    return _to_run_options(ns, prog)
+    return _to_run_options(ns, prog, mesh_ranks)
 
 
-def split_line_code(line: str, prog: str = "%px") -> tuple[RunOptions, str]:
+def split_line_code(line: str, prog: str = "%px", mesh_ranks: Sequence[int] | None = None) -> tuple[RunOptions, str]:
     """``%px --ranks 0 print(rank)`` -> the options, and the code after them. A lone ``--``
     ends the options: ``%px --ranks 0 -- --x`` runs ``--x``."""
     rest = line.lstrip()
@@ -192,7 +264,7 @@ def split_line_code(line: str, prog: str = "%px") -> tuple[RunOptions, str]:
                 raise UsageError(f"{prog}: {m.group(1)} needs a value; {RUN_OPTIONS_HELP}")
             opt_text.append(v.group(1))
             rest = rest[v.end() :]
-    opts = parse_run_options(" ".join(shlex.quote(t) for t in opt_text), prog)
+    opts = parse_run_options(" ".join(shlex.quote(t) for t in opt_text), prog, mesh_ranks)
     if not rest.strip():
         raise UsageError(f"{prog}: give code to run on the ranks, e.g. {prog} print(rank)")
     return opts, rest
@@ -336,10 +408,23 @@ def parse_command(line: str) -> Command:
             p.error(f"--tail takes a positive number of lines, got {ns.tail}")
         cmd.rank, cmd.tail = ns.rank, ns.tail
     elif word in ("pull", "gather"):
+        what = "fetch, e.g. `%mesh pull t`" if word == "pull" else "join, e.g. `%mesh gather part`"
+        option = next((t for t in tokens if re.match(r"--?[A-Za-z]", t)), None)
+        if option is not None:
+            name = next((n for t in tokens for n in t.split(",") if is_name(n)), "t")
+            raise UsageError(
+                f"{prog} takes no options, got {option.partition('=')[0]!r}: it reads every rank; "
+                f"for some ranks only, use the mesh, e.g. mesh.select([0]).{word}({name!r})"
+            )
         cmd.names = [n for n in tokens for n in n.split(",") if n]
-        bad = [n for n in cmd.names if not _NAME.match(n)]
-        if bad or not cmd.names:
-            what = "fetch, e.g. `%mesh pull t`" if word == "pull" else "join, e.g. `%mesh gather part`"
+        bad = [n for n in cmd.names if not is_name(n)]
+        if bad:
+            listed = ", ".join(repr(n) for n in bad)
+            raise UsageError(
+                f"{prog}: {listed} {'is not a valid Python name' if len(bad) == 1 else 'are not valid Python names'}; "
+                f"give the names to {what}"
+            )
+        if not cmd.names:
             raise UsageError(f"{prog}: give the names to {what}")
     elif word == "auto":
         if tokens not in (["on"], ["off"]):
@@ -348,6 +433,11 @@ def parse_command(line: str) -> Command:
     elif tokens:
         raise UsageError(f"{prog} takes no arguments, got {' '.join(tokens)!r}")
     return cmd
+
+
+def is_name(text: str) -> bool:
+    """Whether `text` can name a variable: an identifier, not a keyword (``None``, ``class``)."""
+    return text.isidentifier() and not keyword.iskeyword(text)
 
 
 def _parse(p: _Parser, tokens: list[str]) -> argparse.Namespace:

@@ -40,19 +40,37 @@ def parse_assignments(text: str, prog: str = "%mesh push", example: str = "`%mes
     def src(a: tokenize.TokenInfo, b: tokenize.TokenInfo) -> str:
         return text[a.start[1] : b.end[1]]
 
-    # Cut the tokens into items: at commas outside brackets, and where a NAME= begins.
+    def adjacent(ts: list[tokenize.TokenInfo], i: int) -> bool:  # no space before ts[i]
+        return i > 0 and ts[i].start[1] == ts[i - 1].end[1]
+
+    def assigned_at(ts: list[tokenize.TokenInfo], i: int) -> int | None:
+        """Where the ``=`` is if ts[i:] begins WORD= (WORD: tokens with no space between, so
+        `1x` or `a.b` too, for the message that says it is not a name); else None."""
+        j = i + 1
+        while j < len(ts) and ts[j].string != "=" and adjacent(ts, j):
+            j += 1
+        return j if j < len(ts) and ts[j].string == "=" else None
+
+    word = prog.split()[-1]
+    api = "mesh.select([0]).push(lr=0.1)" if word == "push" else f"mesh.select([0, 1]).{word}('part', data)"
+
+    # Cut the tokens into items: at commas outside brackets, and where a WORD= begins.
     pieces: list[list[tokenize.TokenInfo]] = [[]]
     depth = lambdas = 0
     for i, t in enumerate(toks):
         if t.type == tokenize.OP and depth == 0 and not lambdas and t.string == ",":
             pieces.append([])
             continue
-        starts_item = (
-            depth == 0 and not lambdas and t.type == tokenize.NAME and not keyword.iskeyword(t.string)
-            and i + 1 < len(toks) and toks[i + 1].string == "="
-            and (i == 0 or t.start[1] > toks[i - 1].end[1])  # after a space: `a=b=1` is one item
-        )
-        if starts_item and pieces[-1]:
+        spaced = not adjacent(toks, i)  # `a=b=1` is one item
+        if (
+            spaced and depth == 0 and t.string == "-" and i + 2 < len(toks) and toks[i + 1].string == "-"
+            and toks[i + 2].type == tokenize.NAME and adjacent(toks, i + 1) and adjacent(toks, i + 2)
+        ):  # `x=1 --ranks 0` read as 1 - (-ranks), then an item `0`
+            raise UsageError(
+                f"{prog} takes no options, got '--{toks[i + 2].string}': it sends to every rank; "
+                f"for some ranks only, use the mesh, e.g. {api}"
+            )
+        if spaced and depth == 0 and not lambdas and pieces[-1] and assigned_at(toks, i) is not None:
             pieces.append([])
         pieces[-1].append(t)
         if t.type == tokenize.OP:
@@ -65,22 +83,36 @@ def parse_assignments(text: str, prog: str = "%mesh push", example: str = "`%mes
         elif t.string == "lambda" and depth == 0:
             lambdas += 1
 
+    def not_a_name(what: str, ts: list[tokenize.TokenInfo]) -> UsageError:
+        item = src(ts[0], ts[-1])
+        where = f" (in {item!r})" if item != what else ""
+        return UsageError(f"{prog}: {what!r}{where} is not a valid Python name; {usage}")
+
     def bare(ts: list[tokenize.TokenInfo]) -> list[tuple[str, str]]:
-        for t in ts:
-            if t.type != tokenize.NAME or keyword.iskeyword(t.string):
-                raise UsageError(f"{prog}: {usage}; got {src(ts[0], ts[-1])!r}")
-        return [(t.string, t.string) for t in ts]
+        words: list[list[tokenize.TokenInfo]] = []
+        for i, t in enumerate(ts):
+            if adjacent(ts, i):
+                words[-1].append(t)
+            else:
+                words.append([t])
+        for w in words:
+            if len(w) > 1 or w[0].type != tokenize.NAME or keyword.iskeyword(w[0].string):
+                raise not_a_name(src(w[0], w[-1]), ts)
+        return [(w[0].string, w[0].string) for w in words]
 
     out: list[tuple[str, str]] = []
     for piece in pieces:
         if not piece:
             continue
-        if len(piece) < 2 or piece[1].string != "=" or piece[0].type != tokenize.NAME:
+        at = assigned_at(piece, 0)
+        if at is None:
             out.extend(bare(piece))
             continue
+        if at != 1 or piece[0].type != tokenize.NAME or keyword.iskeyword(piece[0].string):
+            raise not_a_name(src(piece[0], piece[at - 1]), piece)
         name, body = piece[0].string, piece[2:]
-        if keyword.iskeyword(name) or not body:
-            raise UsageError(f"{prog}: {usage}; got {src(piece[0], piece[-1])!r}")
+        if not body:
+            raise UsageError(f"{prog}: nothing after '=' in {src(piece[0], piece[-1])!r}; {usage}")
         # `a=1 b c`: bare names may follow the expression, after a space
         cuts = [len(body)]
         for cut in range(len(body) - 1, 0, -1):

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -94,7 +95,7 @@ class MeshMagics(Magics):
         trailing expression as a ValueMesh.
         """
         if cell is not None:
-            return self._run(cell, parse_run_options(line, "%%mesh"), "%%mesh")
+            return self._run(cell, parse_run_options(line, "%%mesh", self._mesh_ranks()), "%%mesh")
         cmd = parse_command(line)
         return getattr(self, f"_cmd_{cmd.name}")(cmd)
 
@@ -105,9 +106,9 @@ class MeshMagics(Magics):
         """ipyparallel habit: ``%px CODE`` / ``%%px`` run code on the ranks (same options; on the
         line, ``--`` ends them: ``%px --ranks 0 -- CODE``)."""
         if cell is None:
-            opts, code = _split_line_code(line, "%px")
+            opts, code = _split_line_code(line, "%px", self._mesh_ranks())
             return self._run(code, opts, "%px")
-        return self._run(cell, parse_run_options(line, "%%px"), "%%px")
+        return self._run(cell, parse_run_options(line, "%%px", self._mesh_ranks()), "%%px")
 
     @line_magic
     def autopx(self, line: str) -> None:
@@ -115,6 +116,12 @@ class MeshMagics(Magics):
         if line.strip():
             raise UsageError("%autopx takes no arguments; it toggles auto mode")
         self._cmd_auto(Command("auto", on=not self.session.auto))
+
+    def _mesh_ranks(self) -> Sequence[int] | None:
+        """The running mesh's ranks, which ``--ranks`` is checked against as it is read (a
+        range far past them is refused before it is expanded); None with no mesh up."""
+        mesh = self.session.mesh
+        return None if mesh is None else mesh.ranks
 
     def _run(self, code: str, opts: RunOptions, label: str) -> Any:
         if not code.strip():
@@ -238,6 +245,15 @@ class MeshMagics(Magics):
         for name, expr in cmd.assignments:
             try:
                 values[name] = eval(expr, shell.user_global_ns, shell.user_ns)
+            except NameError as e:
+                if expr != name:  # NAME=EXPRESSION
+                    raise UsageError(
+                        f"%mesh {cmd.name}: cannot evaluate {name}={expr} here: NameError: {e}"
+                    ) from None
+                raise UsageError(  # a bare NAME: send that variable
+                    f"%mesh {cmd.name}: there is no variable {name!r} here on the controller to "
+                    f"send; define it first, or give a value: `%mesh {cmd.name} {name}=...`"
+                ) from None
             except Exception as e:
                 raise UsageError(
                     f"%mesh {cmd.name}: cannot evaluate {name}={expr} here: {type(e).__name__}: {e}"
