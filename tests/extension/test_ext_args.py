@@ -7,12 +7,12 @@ from IPython.core.error import UsageError
 
 from viceroy.extension.args import (
     parse_command,
-    parse_ranks,
     parse_run_options,
     parse_where,
     split_line_code,
 )
 from viceroy.extension.assignments import parse_assignments
+from viceroy.extension.rank_lists import parse_ranks
 
 
 def test_where_takes_an_index_or_a_range():
