@@ -15,6 +15,14 @@ import zmq
 import viceroy as vr
 from tests.conftest import live_pids, wait_running, wait_until
 
+# Rank code whose rank 1 then holds its output reader: what it prints is sent by nobody, so
+# only the rank's pipes, which its agent reads out after a death, can save it.
+_RANK_1_READER_HELD = (
+    "import gc, os, signal, sys, threading, time\nfrom viceroy.runtime import output\n"
+    "capture = next(o for o in gc.get_objects() if isinstance(o, output.OutputCapture))\n"
+    "if rank == 1:\n    capture._sending.acquire()\n"
+)
+
 
 def test_one_rank_raising_fails_the_call_fast_and_interrupts_the_others(start_mesh):
     mesh = start_mesh(gpus=4)
@@ -428,10 +436,7 @@ def test_what_a_rank_wrote_just_before_it_died_still_arrives(start_mesh):
     mesh = start_mesh(gpus=2)
     events = []
     mesh.subscribe(events.append)
-    code = ("import gc, os\nfrom viceroy.runtime.output import OutputCapture\n"
-            "capture = next(o for o in gc.get_objects() if isinstance(o, OutputCapture))\n"
-            "if rank == 1:\n    capture._sending.acquire()\n"
-            "    os.write(2, b'last words\\n')\n    os._exit(3)\n")
+    code = _RANK_1_READER_HELD + "    os.write(2, b'last words\\n')\n    os._exit(3)\n"
     with pytest.raises(vr.MeshError, match="rank 1: died"):
         mesh.run(code, timeout=10)
     kinds = [(e["type"], e.get("rank"), e.get("text", "").strip()) for e in events if e.get("rank") == 1]
@@ -460,10 +465,7 @@ def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
     # A plain print waits up to 2 ms in the rank's queue for lines to go out with it; os._exit
     # right after took it along. The rank's reader is held here, so only os._exit can save it.
     mesh = start_mesh(gpus=2)
-    code = ("import gc, os, sys\nfrom viceroy.runtime.output import OutputCapture\n"
-            "capture = next(o for o in gc.get_objects() if isinstance(o, OutputCapture))\n"
-            "if rank == 1:\n    capture._sending.acquire()\n"
-            "    print('last words')\n    print('on stderr', file=sys.stderr)\n"
+    code = (_RANK_1_READER_HELD + "    print('last words')\n    print('on stderr', file=sys.stderr)\n"
             "    sys.stdout.write('unfinished')\n    os._exit(3)\n")
     with pytest.raises(vr.MeshError, match=r"rank 1: died \(exit code 3\)"):
         mesh.run(code, timeout=10)
@@ -477,10 +479,7 @@ def test_a_flush_returns_only_once_lines_another_thread_took_are_in_the_pipes_to
     # line. That thread's write is slowed here, and the rank's reader held: only the pipes,
     # which the agent reads out after the death, can save the lines.
     mesh = start_mesh(gpus=2)
-    code = ("import gc, os, signal, sys, threading, time\nfrom viceroy.runtime import output\n"
-            "if rank == 1:\n"
-            "    capture = next(o for o in gc.get_objects() if isinstance(o, output.OutputCapture))\n"
-            "    capture._sending.acquire()\n"
+    code = (_RANK_1_READER_HELD +
             "    write_all, writing = output.write_all, threading.Event()\n"
             "    def slow_write(fd, data):\n"
             "        if threading.current_thread().name == 'flusher':\n"
