@@ -407,7 +407,7 @@ def test_a_rank_that_dies_while_restarting_ends_the_restart_at_once_with_its_tra
     when a cleaner empties the run directory) fails mesh.restart at once, not after the whole
     timeout, with the traceback it printed; once the cause is gone a restart brings it back."""
     mesh = start_mesh(gpus=2)
-    mesh.run("keep = rank")
+    mesh.run("keep = rank\nprint('said by the old process')")
     path = mesh._controller._sockets.address_links
     os.rename(path, path + ".away")
     t0 = time.monotonic()
@@ -417,6 +417,7 @@ def test_a_rank_that_dies_while_restarting_ends_the_restart_at_once_with_its_tra
     text = str(info.value)
     assert text.startswith("rank 1 exited while restarting (exit code 1); mesh.restart(failed_only=True) tries again")
     assert "rank 1's last output:" in text and "FileNotFoundError" in text
+    assert "said by the old process" not in text  # only what the new process printed
     assert mesh.states() == {0: "idle", 1: "dead"}
     assert mesh.select([0]).run("keep").values() == [0]  # the other rank is untouched
     os.rename(path + ".away", path)

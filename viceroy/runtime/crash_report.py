@@ -28,10 +28,13 @@ def enable(path: str | None) -> None:
     """In the rank: crash reports go to `path` (to stderr when None). A process the rank's
     code forks (a data loader's worker) reports on its stderr, which the rank forwards: the
     file is read only when the rank itself dies."""
-    if path is None:
+    try:
+        f = open(path, "w") if path is not None else None  # noqa: SIM115 (open for the process's life)
+    except OSError:  # (its directory gone, no descriptors left): stderr, as before
+        f = None
+    if f is None:
         faulthandler.enable(file=2, all_threads=True)
         return
-    f = open(path, "w")  # noqa: SIM115 (open for the process's life)
     _kept.append(f)
     faulthandler.enable(file=f, all_threads=True)
     os.register_at_fork(after_in_child=_to_stderr)

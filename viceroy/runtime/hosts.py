@@ -161,6 +161,8 @@ class HostLifecycle:
                 ranks = list(ranks) + [r for r in self._plans[h].ranks_ids() if r not in ranks]
                 for r in self._plans[h].ranks_ids():
                     self._set_state(r, "starting")
+                    self._never_ready.discard(r)
+            marks = {r: self.logs.mark(r) for r in ranks}  # an error shows only what this life printed
         for h in sorted(lost):
             self._launch(h)
         others = [r for r in ranks if self._host_of[r] not in lost]
@@ -175,7 +177,7 @@ class HostLifecycle:
                 died = [r for r in ranks if r in self._never_ready]
                 if died:  # no point waiting for them: say why now
                     again_hint = "; mesh.restart(failed_only=True) tries again"
-                    raise RuntimeError(self._exited_while("restarting", died, again_hint))
+                    raise RuntimeError(self._exited_while("restarting", died, again_hint, marks))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     late = [r for r in ranks if self._state[r] != "idle"]
@@ -183,12 +185,13 @@ class HostLifecycle:
                                        + self._give_up_late({self._host_of[r] for r in late} & lost, timeout))
                 self._changed.wait(left)
 
-    def _exited_while(self, doing: str, ranks: list[int], hint: str = "") -> str:
+    def _exited_while(self, doing: str, ranks: list[int], hint: str = "", since: dict[int, int] | None = None) -> str:
         """Why `ranks` exited before they were up, with what each printed last (a traceback,
-        often: it is written to the rank's output pipes from its first moment)."""
+        often: it is written to the rank's output pipes from its first moment); `since`: each
+        rank's log mark from before this life began."""
         why = sorted({self._exit_reason.get(r, "exited") for r in ranks})
         words = "".join(f"\nrank {r}'s last output:\n" + textwrap.indent(t, "  ")
-                        for r in ranks if (t := self.logs.tail(r, LAST_WORDS_LINES)))
+                        for r in ranks if (t := self.logs.tail(r, LAST_WORDS_LINES, (since or {}).get(r))))
         return f"{describe_ranks(ranks)} exited while {doing} ({'; '.join(why)}){hint}{words}"
 
     def _give_up_late(self, hosts: set[int], timeout: float) -> str:

@@ -15,6 +15,7 @@ class RankLogs:
         self._max_lines = max_lines
         self._lock = threading.Lock()
         self._tails: dict[int, deque[str]] = {}
+        self._appended: dict[int, int] = {}  # lines ever added to each rank's tail (see `mark`)
         self._partial: dict[tuple[int, str], str] = {}
         self._decoders: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
 
@@ -30,6 +31,7 @@ class RankLogs:
             *lines, rest = buf.split("\n")
             self._partial[key] = rest
             tail = self._tails.setdefault(rank, deque(maxlen=self._max_lines))
+            self._appended[rank] = self._appended.get(rank, 0) + len(lines)
             for line in lines:
                 tail.append(line)
                 if self._echo:
@@ -42,13 +44,22 @@ class RankLogs:
             for (rank, stream), rest in list(self._partial.items()):
                 if rest:
                     self._tails.setdefault(rank, deque(maxlen=self._max_lines)).append(rest)
+                    self._appended[rank] = self._appended.get(rank, 0) + 1
                     if self._echo:
                         self._print(rank, stream, rest)
                     self._partial[(rank, stream)] = ""
 
-    def tail(self, rank: int, n: int = 200) -> str:
+    def mark(self, rank: int) -> int:
+        """Where `rank`'s log is now: ``tail(rank, since=mark)`` gives only what came after."""
         with self._lock:
-            lines = list(self._tails.get(rank, ()))[-n:]
+            return self._appended.get(rank, 0)
+
+    def tail(self, rank: int, n: int = 200, since: int | None = None) -> str:
+        with self._lock:
+            lines = list(self._tails.get(rank, ()))
+            if since is not None:  # only the lines added after that mark
+                lines = lines[len(lines) - min(len(lines), self._appended.get(rank, 0) - since):]
+            lines = lines[-n:]
             rest = [p for (r, _), p in self._partial.items() if r == rank and p]
         return "\n".join(lines + rest)
 

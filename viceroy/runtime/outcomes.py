@@ -190,8 +190,8 @@ class CallOutcomes:
                 if pid is not None and self._pids.get(r) not in (None, pid):
                     continue  # a process already replaced (see `_on_rank_ready`): the new one is up
                 exited.append(r)
-                if pid is not None and r not in self._pids and self._state.get(r) == "starting" and not respawning:
-                    self._never_ready.add(r)  # a new process (a restart's) died before its hello
+                if pid is not None and r not in self._pids and not respawning:
+                    self._never_ready.add(r)  # a process that never said hello (a restart's new one) died
                 finished += self._exited(r, reason, respawning, whys[r])
             if then is not None:
                 then()

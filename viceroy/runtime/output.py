@@ -129,13 +129,15 @@ class OutputCapture:
         killed before the reader has sent it; the reader forwards it from there."""
         if self._forked:
             return
-        if not durable or threading.get_ident() == self._reader_ident:
+        # Bounded: a signal handler flushing on a thread that holds the queue lock (inside a
+        # write) must not wait for a flush that waits for that lock; it only wakes the reader.
+        if not durable or threading.get_ident() == self._reader_ident or not self._writing_out.acquire(timeout=1.0):
             with self._queue_lock:
                 if self._queue:
                     self._due = 0.0
                     self._wake()
             return
-        with self._writing_out:
+        try:
             with self._queue_lock:
                 batch = self._take_queue() if self._queue else None
             if batch is None:  # taken by the reader, which may be sending it still
@@ -144,6 +146,8 @@ class OutputCapture:
                 return
             for stream, data in batch:  # outside the queue lock: the reader drains a full pipe meanwhile
                 write_all(_FD[stream], bytes(data))
+        finally:
+            self._writing_out.release()
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""
