@@ -1,3 +1,7 @@
+import io
+import pickle
+import re
+
 import numpy as np
 import pytest
 
@@ -44,6 +48,24 @@ def test_unpicklable_values_are_named():
 
     with pytest.raises(TypeError, match=r"argument 1 \(lock\) cannot be sent"):
         serialize.check_picklable({"argument 0": 1, "argument 1": threading.Lock()})
+
+
+def test_an_open_file_is_refused_naming_it_not_sent_as_its_contents(tmp_path):
+    # cloudpickle sent it as a StringIO of everything it held, read to the end: another object.
+    path = tmp_path / "data.txt"
+    path.write_text("x" * 100)
+    with open(path) as f, pytest.raises(pickle.PicklingError, match=rf"^an open file \('{re.escape(str(path))}'\) "
+                                        "cannot be sent to another process: send its name, or what you read from it$"):
+        serialize.dumps({"f": f})
+    with open(path, "rb") as f, pytest.raises(pickle.PicklingError, match="an open file"):
+        serialize.dumps([f])
+    back = serialize.loads(*_round(io.BytesIO(b"abc")))  # in-memory streams are values
+    assert back.getvalue() == b"abc"
+
+
+def _round(value):
+    payload, bufs = serialize.dumps(value)
+    return payload, [b.raw().tobytes() for b in bufs]
 
 
 def test_values_inlined_in_headers_come_back_with_their_type_and_value():

@@ -40,7 +40,19 @@ class _Pickler(cloudpickle.CloudPickler):
             if self.seen_refs is not None:
                 self.seen_refs.append(obj)
             return obj.as_handle()  # each rank's own tensor
+        elif isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)) and not _is_std_stream(obj):
+            # cloudpickle would read the whole file into a StringIO: another kind of object,
+            # detached from the file, the file read to its end.
+            file_name = getattr(obj, "name", None)
+            what = f"an open file ({file_name!r})" if isinstance(file_name, str) else f"an open {type(obj).__name__}"
+            raise pickle.PicklingError(
+                f"{what} cannot be sent to another process: send its name, or what you read from it")
         return super().reducer_override(obj)
+
+
+def _is_std_stream(obj: Any) -> bool:
+    """sys.stdout and its kind, which cloudpickle sends as "this process's own"."""
+    return any(obj is getattr(sys, n, None) for n in ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__"))
 
 
 _SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
