@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from IPython.core.error import UsageError
 
+from viceroy.runtime.shape import format_rank_set
+
 # More ranks than any mesh has: a --ranks range is checked against this (or the mesh's own
 # ranks, when known) before it is expanded into a list.
 MAX_RANKS = 1 << 20
@@ -42,7 +44,7 @@ def parse_ranks(text: str, mesh_ranks: Sequence[int] | None = None) -> list[int]
         if missing:
             raise UsageError(
                 f"--ranks: rank(s) {_format_spans(missing)} not in this mesh (its ranks are "
-                f"{_format_spans([(r, r) for r in have])})"
+                f"{format_rank_set(have)})"
             )
     past = next((span for span in spans if span[1] >= MAX_RANKS), None)
     if past is not None:

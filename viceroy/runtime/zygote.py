@@ -49,9 +49,9 @@ def _spawn(rank_cfg: dict[str, Any], lifeline_fd: int, fd_sock: socket.socket | 
                 os.close(w)
                 if fd_sock is not None:
                     fd_sock.close()
-                from viceroy.runtime import rank
+                from viceroy.runtime import rank_start
 
-                rank.main(rank_cfg, lifeline_fd)  # never returns
+                rank_start.main(rank_cfg, lifeline_fd)  # never returns
             with contextlib.suppress(OSError):  # here too: its group exists once its pid is told
                 os.setpgid(pid, pid)
             os.write(w, str(pid).encode())
