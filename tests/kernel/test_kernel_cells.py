@@ -255,3 +255,23 @@ def test_figures_a_cell_made_are_shown_at_its_end_tagged_and_not_again(mesh_kern
     ex = mesh_kernel.ok("%%mesh\nplt.figure()\nplt.plot([1, rank])")
     assert [d["metadata"].get("viceroy") for d in ex.of_type("display_data")] in (
         [{"rank": 0}, {"rank": 1}], [{"rank": 1}, {"rank": 0}])
+
+
+def test_bad_input_to_the_python_api_shows_the_users_frames_and_the_message_only(mesh_kernel: Kernel):
+    ex = mesh_kernel.execute("def pick(m):\n    return m.slice(gpu=0)\n\npick(mesh)")
+    assert ex.status == "error" and len(ex.errors) == 1
+    err = ex.errors[0]
+    text = error_text(err)
+    assert err["ename"] == "ValueError"
+    assert "this mesh has no dim 'gpu'; its dims are: gpus" in text
+    assert "pick(mesh)" in text and "return m.slice(gpu=0)" in text, "the user's frames are shown"
+    assert "viceroy/" not in text, "the runtime's frames below the user's call are not"
+    again = error_text(mesh_kernel.execute("%tb").errors[0])
+    assert "no dim 'gpu'" in again and "viceroy/" not in again, "%tb shows what the cell showed"
+
+
+def test_an_error_inside_viceroy_that_is_no_refusal_keeps_its_whole_traceback(mesh_kernel: Kernel):
+    # A bug in the runtime (here: a method called on None) must stay debuggable: every frame shown.
+    ex = mesh_kernel.execute("from viceroy.runtime.shape import Shape\nShape.slice(None, gpus=0)")
+    text = error_text(ex.errors[0])
+    assert ex.errors[0]["ename"] == "AttributeError" and "viceroy/runtime/shape.py" in text

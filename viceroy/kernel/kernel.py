@@ -28,6 +28,7 @@ from viceroy.kernel.tracebacks import (
     INTERRUPTED,
     install_mesh_error_rendering,
     release_failed_cells,
+    trim_refusals,
 )
 
 
@@ -131,6 +132,7 @@ class ViceroyKernel(IPythonKernel):
         _memoize_signature_checks()
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
+        trim_refusals(self.shell)
         release_failed_cells(self.shell)
         batch_history_writes(self.shell)
         bound_output_history(self.shell)

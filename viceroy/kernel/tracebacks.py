@@ -1,9 +1,11 @@
 """Errors from Python API calls in a cell (`viceroy.MeshError`, interrupts while waiting on the
-mesh) show the user's frames and the grouped rank failures, not the runtime's internal frames."""
+mesh, bad input Viceroy refused) show the user's frames and the message, not the runtime's
+internal frames."""
 
 from __future__ import annotations
 
 import asyncio
+import dis
 import gc
 import os
 import types
@@ -29,6 +31,51 @@ def user_frames_only(tb: types.TracebackType | None) -> types.TracebackType | No
     for t in reversed(kept):
         new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
     return new
+
+
+_RAISE = dis.opmap["RAISE_VARARGS"]
+
+
+def refused_by_viceroy(value: BaseException, tb: types.TracebackType | None) -> bool:
+    """Whether `value` is Viceroy refusing bad input: raised by a ``raise`` statement of the
+    viceroy package, with only viceroy frames between the user's call and it. An error Python
+    raised inside viceroy (a bug), an ``assert``, or one from code the user handed in (whose
+    frame is the innermost) is none: its whole traceback stays, to debug it."""
+    if not isinstance(value, Exception) or isinstance(value, (AssertionError, SyntaxError)):
+        return False
+    entered = False
+    while tb is not None:
+        inside = os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR)
+        if entered and not inside:
+            return False
+        entered = entered or inside
+        if tb.tb_next is None:
+            break
+        tb = tb.tb_next
+    if not entered or tb is None:
+        return False
+    code, at = tb.tb_frame.f_code.co_code, tb.tb_lasti
+    return 0 <= at < len(code) - 1 and code[at] == _RAISE and code[at + 1] > 0
+
+
+def trim_refusals(shell: Any) -> None:
+    """Show bad input Viceroy refused (`refused_by_viceroy`) cut where the user's code called
+    in: ``mesh.slice(gpu=0)`` shows the user's line and the message, not three frames of
+    shape bookkeeping. ``%tb`` and ``%debug`` see the same cut traceback."""
+    show = shell.showtraceback
+
+    def showtraceback(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            etype, value, tb = shell._get_exc_info(exc_tuple)
+        except ValueError:  # nothing to show: IPython says so
+            return show(exc_tuple, *args, **kwargs)
+        if refused_by_viceroy(value, tb):
+            cut = user_frames_only(tb)
+            if cut is not None:
+                exc_tuple = (etype, value, cut)
+        return show(exc_tuple, *args, **kwargs)
+
+    shell.showtraceback = showtraceback
 
 
 # What an async cell the user interrupts is cancelled with (see ViceroyKernel._cancel_on_sigint):
