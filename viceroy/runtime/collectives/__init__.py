@@ -21,6 +21,7 @@ from viceroy.runtime.collectives.api import (
     reduce_scatter,
     send,
 )
+from viceroy.runtime.collectives.checking import check_collectives
 from viceroy.runtime.collectives.entries import set_timeout
 from viceroy.runtime.collectives.errors import BackendUnavailable, CollectiveError
 
@@ -67,6 +68,7 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "check_collectives",
     "install_torch_hooks",
     "recv",
     "reduce_scatter",

@@ -4,8 +4,8 @@ operations; they wait for bytes that never come. So an operation still waiting a
 CHECK_AFTER_S writes its signature (``all_reduce('sum') float32[4]``) into the rendezvous store
 under the operation's key, and compares it with those the other waiting members wrote. A
 mismatch the backend does not wait on (the same byte size in other dtypes, shapes or ops; a
-receiving buffer larger than what is sent) completes with wrong values, unchecked: checking
-every operation would cost a round trip each (README, "Known gaps").
+receiving buffer larger than what is sent) completes with wrong values, unless collectives are
+checked (`checking`: one more small collective per operation, so only on request).
 
 A member that got its share despite the mismatch returned, and writes nothing for it; what it
 passed still reaches the members left waiting. Waiting in a later operation on the group, it

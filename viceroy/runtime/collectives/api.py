@@ -90,7 +90,7 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     group = _group(dims)
     if not 0 <= src < group.size:
         raise ValueError(f"src={src} is not a position in {group.label} (0..{group.size - 1})")
-    _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src))
+    _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src), agree=f"broadcast(src={src})")
     return t
 
 
@@ -144,7 +144,7 @@ def _run(what: str, backend: Backend, group: Group, x: Any, start: Callable[[Com
         return
     device = backend.device_of(x) if x is not None else None
     sig = None if agree is None else (agree or what) + ("" if x is None else f" {_describe(x)}")
-    communicators.run(what, backend, group, device, start, sig)
+    communicators.run(what, backend, group, device, start, sig, like=x)
 
 
 def _describe(x: Any) -> str:

@@ -17,11 +17,13 @@ operation runs on the fresh communicator; nothing is retried after data has move
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from viceroy.runtime import call_peers
 from viceroy.runtime.collectives import building
 from viceroy.runtime.collectives.agreement import Agreement
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
+from viceroy.runtime.collectives.checking import Signatures, checking
 from viceroy.runtime.collectives.entries import (
     Entry,
     abort_all,
@@ -41,14 +43,15 @@ __all__ = ["abort_all", "run", "set_timeout"]
 
 
 def run(what: str, backend: Backend, group: Group, device: int | None,
-        start: Callable[[Communicator], Pending], sig: str | None = None) -> None:
+        start: Callable[[Communicator], Pending], sig: str | None = None, like: Any = None) -> None:
     """Run one operation on `group`, building its communicator if needed. On failure the
     communicator is aborted everywhere and a CollectiveError names the root cause.
 
     `sig` says what every member must agree on (the operation, the tensor's dtype and shape):
     an operation still waiting after `agreement.CHECK_AFTER_S` compares it with the other members',
     and a mismatch (which backends do not notice: they wait for bytes that never come) ends it
-    everywhere, naming each rank's."""
+    everywhere, naming each rank's. With checking on (`checking`), the members compare it first,
+    over the communicator (in tensors like `like`), and a mismatch ends it before anything is sent."""
     me = context().rank
     call_peers.started(group.name, sig)
     entry = building.get(what, backend, group, device)
@@ -61,17 +64,22 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     op, entry.ops = entry.ops, entry.ops + 1
     previous, entry.last_sig = entry.last_sig, sig
     try:
+        if sig is not None and checking():
+            first = Signatures(sig, group.ranks, like)
+            started = True  # the comparison moves data too: a failure in it breaks the group
+            _wait(first.agree(comm), group, None)
+            if first.differ():  # on every member alike
+                _wait(first.gather(comm), group, None)
+                raise _Refused(first.mismatch())
         pending = start(comm)
         started = True
-        check = Agreement(entry.prefix, op, entry.incarnation, sig, previous, group.ranks) if sig is not None else None
-        while not pending.wait(SLICE_S):
-            call_peers.check_cancelled()  # an actor's endpoint, interrupted (no signal reaches its thread)
-            if gone := call_peers.skipped(group.ranks):
-                raise _Skipped(gone)
-            if check is not None and (mismatch := check.mismatch()):
-                raise _Mismatch(mismatch)
+        _wait(pending, group, Agreement(entry.prefix, op, entry.incarnation, sig, previous, group.ranks) if sig is not None else None)
     except _Skipped as exc:
         raise _without(entry, what, group, exc.ranks) from None
+    except _Refused as exc:  # every member saw the same signatures, and refuses alike
+        raise CollectiveError(
+            f"{what} over {group.label}: the ranks passed different tensors or operations ({exc.args[0]}); "
+            "nothing was sent (collectives are checked); every member must make the same call") from None
     except _Mismatch as exc:
         reason = f"the ranks passed different tensors or operations ({exc.args[0]}); every member must make the same call"
         give_up(entry, reason, shared=True)  # aborted: the members waiting with us stop too
@@ -95,8 +103,23 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
         ) from None
 
 
+def _wait(pending: Pending, group: Group, check: Agreement | None) -> None:
+    """Wait for `pending` in slices: an interrupt, a member that left or died, or (`check`) a
+    mismatch found while waiting ends the wait."""
+    while not pending.wait(SLICE_S):
+        call_peers.check_cancelled()  # an actor's endpoint, interrupted (no signal reaches its thread)
+        if gone := call_peers.skipped(group.ranks):
+            raise _Skipped(gone)
+        if check is not None and (mismatch := check.mismatch()):
+            raise _Mismatch(mismatch)
+
+
 class _Mismatch(Exception):
     pass
+
+
+class _Refused(Exception):
+    """Checked collectives: the signatures differ, and nothing was sent."""
 
 
 class _Skipped(Exception):
