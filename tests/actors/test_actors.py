@@ -277,6 +277,27 @@ def test_stopped_actor_meshes_refuse_calls(start_mesh):
     assert again.incr.call().get().values() == [6, 6]
 
 
+def test_an_actor_mesh_of_another_mesh_is_refused_before_sending(start_mesh):
+    # It was sent, and every rank of the other mesh failed unpickling it.
+    mesh, other = start_mesh(gpus=2), start_mesh(gpus=1)
+    counters = mesh.spawn(Counter, 0)
+    here = other.spawn(Counter, 0)
+    message = r"actor mesh Counter was spawned on another mesh, not on this one \(gpus=1\)"
+    with pytest.raises(ValueError, match=message):
+        other.run(lambda c: 1, counters)
+    with pytest.raises(ValueError, match=message):
+        here.incr.call(by=counters)
+    assert mesh.run(lambda c: type(c).__name__, counters).values() == ["ActorMesh"] * 2
+
+
+def test_a_bad_stop_timeout_is_refused_before_the_actors_are_stopped(start_mesh):
+    mesh = start_mesh(gpus=1)
+    counters = mesh.spawn(Counter, 0)
+    with pytest.raises(ValueError, match=r"timeout='x': give a positive, finite number of seconds"):
+        counters.stop(timeout="x")
+    assert counters.incr.call().get().values() == [1], "the actors were not stopped"
+
+
 def test_unpicklable_arguments_are_named_before_sending(start_mesh):
     import threading
 

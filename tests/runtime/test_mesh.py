@@ -136,6 +136,23 @@ def test_push_and_scatter_refuse_the_names_each_rank_holds_its_own_place_in(star
     assert mesh.run("rank, coords, mesh").values() == [(0, {"gpus": 0}, {"gpus": 2}), (1, {"gpus": 1}, {"gpus": 2})]
 
 
+def test_names_bound_for_a_code_string_and_pythons_own_names_are_refused_like_pushes(start_mesh):
+    # mesh.run("rank", rank=7) left every rank's `rank` 7 for good; push(__builtins__=None)
+    # broke every later import on the ranks (SystemError) until a restart.
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(ValueError, match="run cannot set 'rank': each rank's namespace holds its own"):
+        mesh.run("rank", rank=7)
+    for name in ("__builtins__", "__name__"):
+        with pytest.raises(ValueError, match=f"push cannot set '{name}': names of the form __x__ belong to Python"):
+            mesh.push(**{name: None})
+        with pytest.raises(ValueError, match=f"run cannot set '{name}'"):
+            mesh.run("1", **{name: None})
+    with pytest.raises(ValueError, match="run takes variable names, got '1x'"):
+        mesh.run("1", **{"1x": 2})
+    assert mesh.run("import os\nrank").values() == [0, 1]
+    assert mesh.run(lambda rank: rank * 2, rank=5).values() == [10, 10], "a function's keywords are its own"
+
+
 def test_pulling_a_name_the_ranks_lack_shows_no_frame_of_ours(start_mesh):
     # The error showed a traceback through File "<pull nothere cell 1>", our wrapper, as if
     # it were the user's code.
@@ -328,6 +345,38 @@ def test_a_timeout_that_is_not_positive_and_finite_is_refused_before_anything_is
     with pytest.raises(ValueError, match=rf"timeout={timeout!r}: give a positive, finite number of seconds"):
         mesh.run("x = 1", timeout=timeout)
     assert mesh.run("rank", timeout=5).values() == [0, 1]
+
+
+def test_bad_arguments_to_calls_are_refused_before_anything_is_sent_or_done(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.run("state = 'kept'")
+    for call, message in [
+        (lambda: mesh.restart(timeout=-1), r"timeout=-1: give a positive, finite number of seconds$"),
+        (lambda: mesh.restart(timeout="x"), r"timeout='x': give a positive"),
+        (lambda: mesh.stacks(timeout=-1), r"timeout=-1: give a positive"),
+        (lambda: mesh.stats(timeout=float("nan")), r"timeout=nan: give a positive"),
+        (lambda: mesh.logs(0, tail=0), r"tail=0: give a positive whole number of lines"),
+        (lambda: mesh.logs(0, tail=2.5), r"tail=2\.5: give a positive whole number of lines"),
+        (lambda: mesh.run("x = 1", label=5), r"label=5: give a string"),
+        (lambda: mesh.run("x = 1", block=3), r"block=3: give True or False"),
+        (lambda: mesh.run("x = 1", fail_fast="x"), r"fail_fast='x': give True or False"),
+        (lambda: mesh.run("x = 1", block=False).get(timeout=-1), r"timeout=-1: give a positive.*or None for waiting"),
+        (lambda: mesh.logs("0"), r"logs takes a rank number, e.g. mesh.logs\(0\); got '0'"),
+        (lambda: mesh.run("rank").item(gpus=None), r"gpus= takes an int, got None"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()
+    assert mesh.run("state").values() == ["kept", "kept"], "the refused restart restarted nothing"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"preload": 5}, r"preload=5: give a list of module names"),
+    ({"output_limit": -5}, r"output_limit=-5: give a positive whole number of bytes"),
+    ({"startup_timeout": -1}, r"startup_timeout=-1: give a positive, finite number of seconds"),
+])
+def test_bad_start_options_are_refused_before_any_process_starts(bad, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        vr.Mesh.local(gpus=1, echo=False, **bad)
 
 
 def test_an_error_on_the_controllers_io_thread_is_reported_and_calls_still_complete(start_mesh, capfd):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import secrets
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 import zmq
 
 from viceroy.runtime import shm
+from viceroy.runtime.arguments import check_seconds
 from viceroy.runtime.calls import ACTOR_STUCK_HINT, Call, Query
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
@@ -186,9 +186,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
         rank answers (for streaming adverbs). `died_hint`: what a MeshError for a rank death
         says to do, where restarting the ranks is not the whole answer (actors)."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                    or not 0 < timeout < math.inf):  # nan too; "5" too
-            raise ValueError(f"timeout={timeout!r}: give a positive, finite number of seconds, or None for no limit")
+        check_seconds(timeout)
         with self._lock:
             self._check_open()
             call_id = next(self._ids)
@@ -274,6 +272,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
     def query(self, op: str, ranks: Sequence[int], timeout: float = 3.0) -> dict[Any, Any]:
         """Ask live ranks something answered by their IO thread (works while they are busy).
         Replies are keyed by rank; for "stats" the agents answer too, keyed ("agent", host)."""
+        check_seconds(timeout, none=None)
         with self._lock:
             self._check_open()
             live = [r for r in ranks if self._state[r] != "dead"]

@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from viceroy.runtime import serialize
+from viceroy.runtime import arguments, serialize
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.execution import check_syntax
@@ -126,6 +126,9 @@ class Mesh(MeshStarts, ShapeOps):
     def _run(self, code: str | Callable[..., Any], *args: Any, block: bool = True, timeout: float | None = None,
              fail_fast: bool = True, label: str | None = None, **kwargs: Any) -> Any:
         """`run`, without sending the tensor engines' queued ops first (the engines' own calls)."""
+        arguments.check_flag(block, "block")
+        arguments.check_flag(fail_fast, "fail_fast")
+        arguments.check_label(label)
         if isinstance(code, str):
             if args:
                 raise TypeError(
@@ -141,6 +144,7 @@ class Mesh(MeshStarts, ShapeOps):
             signed: list[Any] = []
             data: list[Any] = []
             if kwargs:  # names bound on every rank before the code runs
+                _check_names("run", kwargs, assigns=True)
                 signed, data = self._pack(kwargs, {f"{k}=": v for k, v in kwargs.items()})
             what = label or f"mesh.run (cell {n})"
         elif callable(code):
@@ -258,6 +262,7 @@ class Mesh(MeshStarts, ShapeOps):
     def restart(self, failed_only: bool = False, timeout: float = 60.0) -> None:
         """Respawn ranks: only the dead ones with failed_only=True (the others keep their
         state), else all of this mesh's ranks (their state is lost)."""
+        arguments.check_seconds(timeout, none=None)
         states = self._controller.states()
         ranks = [r for r in self._shape.ranks if not failed_only or states[r] == "dead"]
         self._controller.restart(ranks, timeout)
@@ -285,8 +290,11 @@ class Mesh(MeshStarts, ShapeOps):
 
     def logs(self, rank: int, tail: int = 200) -> str:
         """The last `tail` lines a rank printed."""
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"logs takes a rank number, e.g. mesh.logs(0); got {rank!r}")
         if rank not in self._shape.ranks:
             raise IndexError(f"rank {rank} is not in this mesh (its ranks are {format_rank_set(self._shape.ranks)})")
+        arguments.check_count(tail, "tail", "lines")
         return self._controller.logs.tail(rank, tail)
 
     def stacks(self, timeout: float = 3.0) -> ValueMesh[str]:
@@ -325,12 +333,7 @@ _RANK_NAMES = ("rank", "coords", "mesh")  # every rank's own, in its namespace (
 
 
 def _check_names(what: str, names: Any, assigns: bool = False) -> None:
-    for name in names:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"{what} takes variable names, got {name!r}")
-        if assigns and name in _RANK_NAMES:
-            raise ValueError(f"{what} cannot set {name!r}: each rank's namespace holds its own rank, coords and "
-                             f"mesh (its dims) under those names, which code on the ranks reads; choose another name")
+    arguments.check_names(what, names, assigns, _RANK_NAMES)
 
 
 def _split_for_ranks(values: Any, n: int) -> list[Any]:

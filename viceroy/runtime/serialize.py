@@ -19,6 +19,10 @@ import cloudpickle
 OUT_OF_BAND_MIN = 16 * 1024
 
 
+# What is sent as a reference to something on the ranks, checked before sending (MeshTensors too).
+_CHECKED = {("Ref", "viceroy.runtime.handles"), ("ActorMesh", "viceroy.runtime.actors.actor_mesh")}
+
+
 class _Pickler(cloudpickle.CloudPickler):
     def __init__(self, *args: Any, seen_refs: list[Any] | None = None, to_host: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -33,7 +37,7 @@ class _Pickler(cloudpickle.CloudPickler):
             if self.to_host and obj.device.type != "meta":
                 return _reduce_tensor(obj.detach().cpu())
         name = type(obj).__name__
-        if name == "Ref" and type(obj).__module__ == "viceroy.runtime.handles":
+        if (name, type(obj).__module__) in _CHECKED:
             if self.seen_refs is not None:
                 self.seen_refs.append(obj)
         elif name == "MeshTensor" and type(obj).__module__ == "viceroy.runtime.tensors.mesh_tensor":
@@ -96,9 +100,10 @@ def dumps(
     obj: Any, seen_refs: list[Any] | None = None, to_host: bool = False
 ) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """``obj`` -> (pickle stream, out-of-band buffers). Handles (and MeshTensors, handles to
-    one tensor per rank) met on the way are appended to `seen_refs`, so the caller can check
-    them before sending. `to_host`: torch tensors on a GPU travel as CPU tensors (a rank's
-    results: the controller may have no GPU, and should not start CUDA to read a value)."""
+    one tensor per rank, and actor meshes) met on the way are appended to `seen_refs`, so the
+    caller can check them (`check_usable_on`) before sending. `to_host`: torch tensors on a
+    GPU travel as CPU tensors (a rank's results: the controller may have no GPU, and should
+    not start CUDA to read a value)."""
     buffers: list[pickle.PickleBuffer] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:

@@ -96,7 +96,7 @@ class Shape:
             if isinstance(c, slice):
                 raise TypeError(f"item takes one coordinate per dim, got {name}={_fmt_slice(c)}: "
                                 f"take a part with .slice({name}=slice(...)) instead")
-            i = self._check_index(name, c)
+            i = self._check_index(name, c, "an int")
             pos = pos * size + i
         return pos
 
@@ -226,11 +226,11 @@ class Shape:
             dims = ", ".join(self._dims) or "none"
             raise ValueError(f"this mesh has no dim {name!r}; its dims are: {dims}")
 
-    def _check_index(self, name: str, given: object) -> int:
+    def _check_index(self, name: str, given: object, takes: str = "an int or a slice") -> int:
         size = self._dims[name]
         i = _int(given)  # numpy or torch integers too
         if i is None:
-            raise TypeError(f"{name}= takes an int or a slice, got {given!r}")
+            raise TypeError(f"{name}= takes {takes}, got {given!r}")
         j = i + size if i < 0 else i
         if not 0 <= j < size:
             raise IndexError(f"{name}={i} is out of range: dim {name!r} has size {size} (0..{size - 1})")

@@ -10,6 +10,7 @@ import sys
 import warnings
 from typing import Any, Self
 
+from viceroy.runtime.arguments import check_count, check_seconds
 from viceroy.runtime.controller import Controller
 from viceroy.runtime.errors import PreloadWarning
 from viceroy.runtime.launcher import Launcher, LocalLauncher
@@ -38,6 +39,9 @@ def _preload_list(preload: list[str] | str | None) -> list[str]:
     joined by commas, ``"none"`` (as the magic's ``--preload none``) none at all."""
     if preload is None:
         return ["torch"] if importlib.util.find_spec("torch") is not None else []
+    if not isinstance(preload, str | list | tuple):
+        raise TypeError(f"preload={preload!r}: give a list of module names, e.g. preload=['torch', 'numpy'] "
+                        "(or 'torch,numpy'), or preload=[] for none")
     names = [n.strip() for n in preload.split(",")] if isinstance(preload, str) else list(preload)
     if names == ["none"]:
         return []
@@ -94,6 +98,8 @@ class MeshStarts:
         if not dims:
             raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
         shape = Shape(dims)  # validates names and sizes
+        check_count(output_limit, "output_limit", "bytes per rank per call")
+        check_seconds(startup_timeout, "startup_timeout", none=None)
         env = dict(env or {})
         controller = Controller(
             shape.dims,

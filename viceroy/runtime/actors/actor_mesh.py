@@ -88,6 +88,15 @@ class ActorMesh(ShapeOps):
     def __dir__(self) -> list[str]:
         return [*super().__dir__(), *self._info.endpoints]
 
+    def check_usable_on(self, controller: Any, shape: Shape) -> None:
+        """Raise on the controller, before sending, if this actor mesh means nothing to the
+        ranks of `shape` (it was spawned on another mesh)."""
+        if self._info.token != controller.token:
+            raise ValueError(
+                f"actor mesh {self._info.cls_name} was spawned on another mesh, not on this one "
+                f"({shape.describe()}): pass it only to calls on the mesh it was spawned on (a mesh that "
+                "was shut down takes its actors with it: spawn them again on this one)")
+
     def __reduce__(self) -> tuple[Any, ...]:
         from viceroy.runtime.actors.rank_client import _actor_mesh_from_wire
 

@@ -1,0 +1,54 @@
+"""Checks of the arguments the Python API takes, shared so that every call words them alike and
+refuses bad values before anything is sent (a restart with ``timeout="x"`` must not restart the
+ranks first and fail after)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Names Python itself keeps in a namespace (``__builtins__``, ``__name__``, ...): set from the
+# controller, they break the ranks' namespaces (``import`` fails once __builtins__ is None).
+_PYTHONS = "names of the form __x__ belong to Python's own use of the namespace"
+
+
+def check_seconds(value: Any, name: str = "timeout", none: str | None = "no limit") -> None:
+    """`value` must be a positive, finite number of seconds (or None, when `none` says what
+    None means)."""
+    if value is None and none is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:  # nan too
+        also = f", or None for {none}" if none is not None else ""
+        raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds{also}")
+
+
+def check_count(value: Any, name: str, what: str) -> None:
+    """`value` must be a positive int (`what`: what it counts, for the message)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: give a positive whole number of {what}")
+
+
+def check_flag(value: Any, name: str) -> None:
+    """`value` must be True or False (``block="no"`` would count as true)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: give True or False")
+
+
+def check_label(value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"label={value!r}: give a string (what the call is called in errors and the mesh view), or None")
+
+
+def check_names(what: str, names: Any, assigns: bool = False, rank_names: tuple[str, ...] = ()) -> None:
+    """Names of variables in the ranks' namespaces; `assigns`: names about to be set there,
+    which must be none of `rank_names` (each rank's own) nor Python's ``__x__`` names."""
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{what} takes variable names, got {name!r}")
+        if not assigns:
+            continue
+        if name in rank_names:
+            raise ValueError(f"{what} cannot set {name!r}: each rank's namespace holds its own rank, coords and "
+                             f"mesh (its dims) under those names, which code on the ranks reads; choose another name")
+        if name.startswith("__") and name.endswith("__"):
+            raise ValueError(f"{what} cannot set {name!r}: {_PYTHONS}; choose another name")
