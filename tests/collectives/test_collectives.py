@@ -122,10 +122,20 @@ def test_arguments_of_the_wrong_kind_are_named_with_what_to_pass(torch_mesh):
                                                      r"sparse_coo: pass t\.to_dense\(\)"),
         ("vr.broadcast(torch.ones(2, device='meta'))", r"ValueError: broadcast needs a tensor with data; this one is "
                                                        r"on the meta device"),
+        # src/dst as a str reached `0 <= src` ("'<=' not supported between instances of 'int' and 'str'")
+        ("vr.broadcast(torch.ones(1), src='0')", r"TypeError: broadcast: src must be an int, the sender's position in "
+                                                 r"the group \(src=0\); got '0' \(str\)"),
+        ("vr.broadcast(torch.ones(1), src=True)", r"TypeError: broadcast: src must be an int, .*; got True \(bool\)"),
+        ("vr.send(torch.ones(1), dst='1')", r"TypeError: send: dst must be an int, the global rank to send to "
+                                            r"\(dst=1\); got '1' \(str\)"),
+        ("vr.recv(torch.ones(1), src=1.0)", r"TypeError: recv: src must be an int, the global rank to receive from "
+                                            r"\(src=1\); got 1\.0 \(float\)"),
     ]:
         with pytest.raises(vr.MeshError, match=what):
             mesh.run(code)
     assert mesh.run("t = torch.ones(1); vr.all_reduce(t, dims=('gpus',)); t.item()").values() == [2.0, 2.0]
+    code = "t = torch.full((1,), rank + 1.0); vr.broadcast(t, src=torch.tensor(1)); t.item()"  # an int all the same
+    assert mesh.run(code).values() == [2.0, 2.0]
 
 
 def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh):

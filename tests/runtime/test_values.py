@@ -131,3 +131,33 @@ def test_value_meshes_of_arrays_compare_by_content():
     assert vm({"gpus": 2}, [np.zeros(3), np.ones(3)]) != vm({"gpus": 2}, [np.zeros(3), np.zeros(3)])
     assert vm({"gpus": 1}, [torch.arange(4)]) == vm({"gpus": 1}, [torch.arange(4)])
     assert vm({"gpus": 1}, [[np.zeros(2)]]) != vm({"gpus": 1}, [[np.ones(2)]])
+
+
+def test_value_meshes_of_empty_arrays_show_and_compare():
+    # A numpy array or tensor with a zero in a shape of 2+ dims raised "memoryview: cannot
+    # cast view with zeros in shape or strides" when its ValueMesh was shown or compared.
+    import numpy as np
+    import torch
+
+    for empty, other in [(np.zeros((2, 0)), np.zeros((0, 2))), (torch.zeros(2, 0), torch.zeros(0, 2)),
+                         (np.zeros((3, 0)).T, np.zeros((3, 0)))]:
+        same = vm({"gpus": 2}, [empty, empty])
+        assert repr(same).startswith("ValueMesh(gpus=2): all "), repr(same)
+        assert same == vm({"gpus": 2}, [empty, empty])
+        assert same != vm({"gpus": 2}, [empty, other])  # same (no) bytes, another shape
+        mixed = repr(vm({"gpus": 2}, [empty, other]))
+        assert "gpus=0: " in mixed and "gpus=1: " in mixed, mixed
+
+
+def test_empty_arrays_come_back_from_a_real_mesh(start_mesh):
+    import numpy as np
+
+    mesh = start_mesh(gpus=2)
+    vals = mesh.run("import numpy as np; np.zeros((2, 0))")
+    assert repr(vals) == "ValueMesh(gpus=2): all array([], shape=(2, 0), dtype=float64)"
+    assert vals == mesh.run("np.zeros((2, 0))")
+    mesh.scatter("part", np.zeros((0, 3)))
+    parts = mesh.pull("part")
+    assert [p.shape for p in parts] == [(0, 3), (0, 3)]
+    assert repr(parts) == "ValueMesh(gpus=2): all array([], shape=(0, 3), dtype=float64)"
+    assert mesh.gather("part").shape == (0, 3)

@@ -2,6 +2,7 @@
 and what to do, never in torch's meta-tensor internals."""
 
 import gc
+import re
 import warnings
 
 import pytest
@@ -197,3 +198,28 @@ def test_inspect_summarises_complex_tensors_without_warnings(mesh):
         return [str(w.message) for w in caught]
 
     assert mesh.run(warned, c._id).values() == [[], []]
+
+
+def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
+    # dims=5 and dims=None (assemble) failed in iteration ("'int' object is not iterable"),
+    # assemble(dims="gpus") iterated the string ("no dim 'g'"), and a dim named twice was taken.
+    t.fetch()
+    seen = _sent(mesh)
+    with pytest.raises(TypeError, match=r"reduce: dims takes a dim name or a list of dim names \(dims='gpus', "
+                                        r"dims=\['dp', 'tp'\]\), or None for the whole mesh; got 5\. "
+                                        r"The mesh's dims are gpus"):
+        reduce(t, "sum", dims=5)
+    with pytest.raises(TypeError, match=r"got \['gpus', 0\]\. The mesh's dims are gpus"):
+        reduce(t, dims=["gpus", 0])
+    with pytest.raises(ValueError, match=r"reduce: dims \['gpus', 'gpus'\] must name distinct dims of the mesh "
+                                         r"\('gpus' is named twice\): name each once; its dims are gpus"):
+        reduce(t, dims=["gpus", "gpus"])
+    with pytest.raises(ValueError, match=r"reduce: the mesh has no dim 'hosts'; its dims are gpus"):
+        reduce(t, dims=("gpus", "hosts"))
+    for bad in (None, "gpus", ["gpus"]):
+        with pytest.raises(TypeError, match=r"assemble: dims maps each mesh dim to the tensor dim its pieces are "
+                                            r"concatenated along \(dims=\{'gpus': 0\}\); got "
+                                            + re.escape(repr(bad)) + r"\. The mesh's dims are gpus"):
+            vr.assemble(t, dims=bad)
+    assert seen == []
+    assert [x.tolist() for x in reduce(t, dims=("gpus",)).fetch()] == [(2 * torch.arange(6.0)).reshape(2, 3).tolist()] * 2

@@ -261,3 +261,23 @@ def test_a_mesh_tensor_of_a_mesh_shut_down_says_so_at_the_users_line(start_mesh)
     for use in (a.fetch, lambda: mesh.run(lambda t: t, a), mesh.activate):
         with pytest.raises(RuntimeError, match="shut down"):
             use()
+
+
+def test_a_mesh_tensor_of_a_mesh_shut_down_used_on_a_new_mesh_says_to_make_it_again(start_mesh):
+    # It said "cannot be used on another mesh (gpus=2): fetch it and push it instead", which
+    # its shut-down mesh cannot do.
+    old = start_mesh(gpus=2, preload=["torch"])
+    with old.activate():
+        a = torch.ones(2)
+    old.shutdown()
+    new = start_mesh(gpus=2, preload=["torch"])
+    with new.activate():
+        b = torch.ones(2)
+    gone = (r"a MeshTensor of mesh \(gpus=2\), which was shut down, cannot be used on mesh \(gpus=2\): its pieces "
+            r"went with its mesh, so it cannot be fetched either; make it again on the live mesh \(compute it "
+            r"under mesh\.activate\(\)\)")
+    for use, what in [(lambda: new.run("t", t=a), ""), (lambda: new.run(lambda t: t, a), ""),
+                      (lambda: a + b, "add: "), (lambda: a.to_mesh(new), "to_mesh: ")]:
+        with pytest.raises(ValueError, match="^" + what + gone + "$"):
+            use()
+    assert (b + 1).fetch(gpus=1).tolist() == [2.0, 2.0]

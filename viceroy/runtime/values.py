@@ -201,4 +201,6 @@ def _is_unique(key: Any) -> bool:
 
 
 def _digest(data: Any) -> bytes:
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()
+    view = memoryview(data)  # cast("B") refuses a zero in the shape ((2, 0) arrays) and gaps
+    raw = view.cast("B") if view.nbytes and view.c_contiguous else view.tobytes()
+    return hashlib.blake2b(raw, digest_size=16).digest()

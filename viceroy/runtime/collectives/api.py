@@ -8,6 +8,7 @@ through nccl (``VICEROY_BACKEND=gloo`` sends CUDA tensors through gloo instead).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -86,6 +87,7 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     src is the position in the group: the global rank for the whole mesh, the coordinate
     along the dim for one dim (``broadcast(w, src=0, dims="gpus")``: from gpus=0).
     """
+    src = _rank_arg(src, "src", "broadcast", "the sender's position in the group (src=0)")
     backend, x = _native(t, "broadcast")
     group = _group(dims)
     if not 0 <= src < group.size:
@@ -96,6 +98,7 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
 
 def send(t: Any, dst: int) -> None:
     """Send `t` to rank `dst` (a global rank), which receives it with ``recv(buf, src=...)``."""
+    dst = _rank_arg(dst, "dst", "send", "the global rank to send to (dst=1)")
     backend, x = _native(t, "send")
     group = _pair(dst, "send")
     _run(f"send to rank {dst}", backend, group, x, lambda c: c.send(x, group.index(dst)), agree="send/recv")
@@ -103,6 +106,7 @@ def send(t: Any, dst: int) -> None:
 
 def recv(t: T, src: int) -> T:
     """Receive into `t` (in place) what rank `src` sent with ``send``; returns `t`."""
+    src = _rank_arg(src, "src", "recv", "the global rank to receive from (src=1)")
     backend, x = _native(t, "recv")
     group = _pair(src, "recv")
     _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)), agree="send/recv")
@@ -160,6 +164,17 @@ def _group(dims: Dims) -> Group:
         raise TypeError(f"dims takes a dim name or a list of dim names (dims='gpus', dims=['dp', 'tp']), or None "
                         f"for the whole mesh; got {dims!r}. This rank's dims are {list(context().dims)}")
     return group_for(dims)
+
+
+def _rank_arg(value: Any, name: str, what: str, means: str) -> int:
+    """`value` as an int (a numpy or 0-d tensor integer too), refused before anything is sent
+    when it is none (a str, a float, a bool)."""
+    if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass  # a tensor of more than one element, or of floats
+    raise TypeError(f"{what}: {name} must be an int, {means}; got {value!r} ({type(value).__name__})")
 
 
 def _pair(peer: int, what: str) -> Group:

@@ -12,6 +12,7 @@ Importing this package imports torch; `import viceroy` does not.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from viceroy.runtime.tensors import rank_ops, worker
@@ -42,10 +43,7 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
         raise ValueError(f"reduce 'avg' needs a floating-point tensor; this one is "
                          f"{str(dtype).removeprefix('torch.')}: convert it first (t.float()), or use 'sum'")
     mesh = t._engine.mesh
-    names = list(mesh.dims) if dims is None else [dims] if isinstance(dims, str) else list(dims)
-    for d in names:
-        if d not in mesh.dims:
-            raise ValueError(f"reduce: the mesh has no dim {d!r}; its dims are {', '.join(mesh.dims)}")
+    names = _reduce_dims(dims, list(mesh.dims))
     # Each rank's group: the ranks of this view that share its coordinates on the other dims.
     others = [d for d in mesh.dims if d not in names]
     groups: dict[int, tuple[int, ...]] = {}
@@ -53,6 +51,25 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
         groups[rank] = tuple(mesh._shape.slice(**{d: coords[d] for d in others}).ranks)
     label = f"reduce over {', '.join(names)}"
     return t._engine.rank_op(t, rank_ops.reduced, op, groups, label)
+
+
+def _reduce_dims(dims: Any, mesh_dims: list[str]) -> list[str]:
+    """`dims` as a list of distinct names of the mesh's dims (None: all of them), checked before
+    anything is sent."""
+    if dims is None:
+        return mesh_dims
+    names = [dims] if isinstance(dims, str) else dims
+    if not isinstance(names, list | tuple) or not all(isinstance(d, str) for d in names):
+        raise TypeError(f"reduce: dims takes a dim name or a list of dim names (dims='gpus', dims=['dp', 'tp']), "
+                        f"or None for the whole mesh; got {dims!r}. The mesh's dims are {', '.join(mesh_dims)}")
+    for d in names:
+        if d not in mesh_dims:
+            raise ValueError(f"reduce: the mesh has no dim {d!r}; its dims are {', '.join(mesh_dims)}")
+    twice = [d for i, d in enumerate(names) if d in names[:i]]
+    if twice:
+        raise ValueError(f"reduce: dims {list(names)} must name distinct dims of the mesh ({twice[0]!r} is named "
+                         f"twice): name each once; its dims are {', '.join(mesh_dims)}")
+    return list(names)
 
 
 def _check_mesh_tensor(t: Any, name: str) -> None:
@@ -68,7 +85,7 @@ def inspect(t: MeshTensor) -> Any:
     return t._engine.run_on_ranks(worker.summary, t._id, label="inspect")
 
 
-def assemble(t: MeshTensor, dims: dict[str, int]) -> Any:
+def assemble(t: MeshTensor, dims: Mapping[str, int]) -> Any:
     """One tensor from every rank's piece: each mesh dim named in `dims` is concatenated along
     the tensor dim it maps to (``{"gpus": 0}``); mesh dims not named must hold copies (the piece
     at index 0 is used)."""
@@ -76,6 +93,10 @@ def assemble(t: MeshTensor, dims: dict[str, int]) -> Any:
 
     _check_mesh_tensor(t, "assemble")
     mesh_dims = t._engine.mesh.dims
+    if not isinstance(dims, Mapping):
+        example = {dims if type(dims) is str and dims in mesh_dims else next(iter(mesh_dims), "gpus"): 0}
+        raise TypeError(f"assemble: dims maps each mesh dim to the tensor dim its pieces are concatenated along "
+                        f"(dims={example!r}); got {dims!r}. The mesh's dims are {', '.join(mesh_dims)}")
     unknown = [d for d in dims if d not in mesh_dims]
     if unknown:
         raise ValueError(f"assemble: the mesh has no dim {unknown[0]!r}; its dims are {', '.join(mesh_dims)}")

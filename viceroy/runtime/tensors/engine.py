@@ -105,6 +105,15 @@ class Engine:
     def describe(self) -> str:
         return self.mesh._shape.describe()
 
+    def foreign(self, other: str, usual: str, what: str = "") -> ValueError:
+        """The error of this engine's tensor used with another mesh (`other`, described): `usual`,
+        or, once this tensor's mesh was shut down, that (its pieces went with it: no fetch)."""
+        if not self._controller.closed:
+            return ValueError(usual)
+        return ValueError(f"{what}a MeshTensor of mesh ({self.describe()}), which was shut down, cannot be used on "
+                          f"mesh ({other}): its pieces went with its mesh, so it cannot be fetched either; make it "
+                          "again on the live mesh (compute it under mesh.activate())")
+
     # --- recording -----------------------------------------------------------------------
 
     def _new_id(self) -> int:
@@ -214,9 +223,9 @@ class Engine:
         (MeshError, no handle) when a rank of either view is dead."""
         src, dst = self.mesh, target.mesh
         if src._controller is not dst._controller:
-            raise ValueError(
+            raise self.foreign(target.describe(), what="to_mesh: ", usual=(
                 f"to_mesh moves a tensor between views of one mesh; {self.describe()} and "
-                f"{target.describe()} are different meshes: fetch it and push it instead")
+                f"{target.describe()} are different meshes: fetch it and push it instead"))
         if list(src.dims.values()) != list(dst.dims.values()):
             raise ValueError(
                 f"to_mesh pairs ranks position by position, so the views need the same sizes; "

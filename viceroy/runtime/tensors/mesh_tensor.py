@@ -123,10 +123,9 @@ class MeshTensor(torch.Tensor):
         from viceroy.runtime.shape import format_rank_set
 
         engine = self._engine
-        mine = engine.mesh._controller
-        if mine is not controller:
-            raise ValueError(f"a MeshTensor of mesh ({engine.describe()}) cannot be used on another mesh "
-                             f"({shape.describe()}): fetch it and push it instead")
+        if engine.mesh._controller is not controller:
+            raise engine.foreign(shape.describe(), f"a MeshTensor of mesh ({engine.describe()}) cannot be used on "
+                                 f"another mesh ({shape.describe()}): fetch it and push it instead")
         have = set(engine.mesh.ranks)
         missing = [r for r in shape.ranks if r not in have]
         if missing:
@@ -362,9 +361,10 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
                    if len({len(e.mesh._shape.ranks) for e in engines}) == 1 else
                    "keep the work on one view, or move data with .fetch() and push")
             raise ValueError(f"{name} mixes tensors of different views of one mesh ({' and '.join(descs)}); {fix}")
-        descs = sorted(e.describe() for e in engines)
-        raise ValueError(f"{name} mixes tensors of different meshes ({' and '.join(descs)}); "
-                         "move one with .fetch() and push, or keep the work on one mesh")
+        first, *rest = sorted(engines, key=lambda e: not e._controller.closed)  # one shut down first
+        raise first.foreign(rest[0].describe(), what=f"{name}: ", usual=(
+            f"{name} mixes tensors of different meshes ({' and '.join(sorted(e.describe() for e in engines))}); "
+            "move one with .fetch() and push, or keep the work on one mesh"))
     (engine,) = engines
     return engine.dispatch(func, args, kwargs)
 
