@@ -26,6 +26,9 @@ def t(mesh):
         return torch.arange(6.0).reshape(2, 3)
 
 
+_LOCAL = torch.ones(2)
+
+
 def _sent(mesh):
     """How many calls reached the ranks so far (to show that a refusal sent nothing)."""
     seen = []
@@ -68,7 +71,9 @@ def test_reading_metadata_sends_nothing_to_the_ranks(t, mesh):
     (lambda t, y: t.set_(y), r"t\.set_\(\.\.\.\)"),
     (lambda t, y: t.set_(), r"t\.set_\(\.\.\.\)"),
     (lambda t, y: torch.utils.swap_tensors(t, y), r"torch\.utils\.swap_tensors"),
-    (lambda t, y: torch.utils.swap_tensors(torch.ones(2, device="cpu"), t), r"torch\.utils\.swap_tensors"),
+    # A local tensor made before activate(): under it, torch.ones would make a MeshTensor, whose
+    # queued op (or, once dropped, its free) reaches the ranks at a time of the engine's choosing.
+    (lambda t, y: torch.utils.swap_tensors(_LOCAL, t), r"torch\.utils\.swap_tensors"),
 ])
 def test_making_a_mesh_tensor_hold_another_tensor_is_refused(t, mesh, op, what):
     """torch runs set_ and swap_tensors without __torch_function__: the tensor engine never saw
