@@ -80,3 +80,34 @@ def test_checking_follows_the_environment_and_can_be_turned_off(start_mesh):
     assert "rank 1: all_reduce('sum') int32[2]" in str(err)
     mesh.run("vr.check_collectives(False)")
     mesh.run(code)  # unchecked again: it completes (with wrong values) instead of raising
+
+
+MISMATCH = "t = torch.ones(2, dtype=torch.float32 if rank == 0 else torch.int32); vr.all_reduce(t); t.tolist()"
+
+
+def test_ranks_that_disagree_on_checking_are_told_so_instead_of_misreading_the_comparison(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    mesh.run("vr.all_reduce(torch.ones(2))")  # a communicator built unchecked on both
+    mesh.run("if rank == 0: vr.check_collectives()")  # only rank 0 turns it on
+    took, err = checked_failure(mesh, MISMATCH)
+    assert took < 5, str(err)
+    assert sorted(err.failures) == [0, 1], str(err)
+    assert "collectives are checked on rank 0 but not on rank 1; nothing was sent" in str(err), str(err)
+    assert "vr.check_collectives()" in str(err)
+    mesh.run("vr.check_collectives()")  # now on every rank: the comparison runs, and refuses
+    _, err = checked_failure(mesh, MISMATCH)
+    assert "rank 0: all_reduce('sum') float32[2]; rank 1: all_reduce('sum') int32[2]" in str(err), str(err)
+    assert_next_collective_is_right(mesh, 2)
+
+
+def test_a_rank_restarted_alone_starts_unchecked_and_its_next_collective_says_so(torch_mesh):
+    mesh = torch_mesh(gpus=2)
+    mesh.run("vr.check_collectives(); vr.all_reduce(torch.ones(2))")
+    with pytest.raises(vr.MeshError):
+        mesh.run("if rank == 1: os.kill(os.getpid(), signal.SIGKILL)\nvr.all_reduce(torch.ones(2))", timeout=60)
+    mesh.restart(failed_only=True)
+    mesh.run(SETUP)
+    took, err = checked_failure(mesh, MISMATCH)  # unchecked, rank 1 would return wrong values
+    assert took < 5, str(err)
+    assert "collectives are checked on rank 0 but not on rank 1" in str(err), str(err)
+    assert "a rank restarted alone starts unchecked" in str(err)

@@ -112,7 +112,9 @@ def test_numpy_integers_serve_as_indices_slice_bounds_and_dim_sizes():
         (lambda s: s.slice(gpus=slice("a", 2)), TypeError, r"gpus=a:2: slice bounds must be ints or None"),
         (lambda s: s.slice(gpus=True), TypeError, r"gpus= takes an int or a slice, got True"),
         (lambda s: s.position(hosts=0, gpus=slice(0, 2)), TypeError, r"one coordinate per dim, got gpus=0:2"),
-        (lambda s: s.select(3), TypeError, r"a list of rank numbers, e\.g\. select\(\[0, 3\]\), got 3"),
+        (lambda s: s.select(3), TypeError, r"a list of rank numbers, in the order wanted, e\.g\. select\(\[0, 3\]\); got 3"),
+        (lambda s: s.select({0: 1}), TypeError, r"a list of rank numbers, in the order wanted.*; got \{0: 1\}"),
+        (lambda s: s.select({3, 1}), TypeError, r"a list of rank numbers, in the order wanted.*; got \{1, 3\}"),
         (lambda s: s.select([]), ValueError, "at least one rank"),
         # a mask read as ranks [1, 0]
         (lambda s: s.select([True, False]), TypeError, r"select takes rank numbers.*\(a mask: pass the ranks where it is True\)"),

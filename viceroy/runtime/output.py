@@ -141,8 +141,12 @@ class OutputCapture:
             with self._queue_lock:
                 batch = self._take_queue() if self._queue else None
             if batch is None:  # taken by the reader, which may be sending it still
-                if self._sending.acquire(timeout=1.0):  # out, in the link, before we return
-                    self._sending.release()
+                sent = False
+                try:  # out, in the link, before we return; an interrupt here must not keep it held
+                    sent = self._sending.acquire(timeout=1.0)
+                finally:
+                    if sent:
+                        self._sending.release()
                 return
             for stream, data in batch:  # outside the queue lock: the reader drains a full pipe meanwhile
                 write_all(_FD[stream], bytes(data))

@@ -11,7 +11,7 @@ import bisect
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
 
@@ -194,8 +194,9 @@ class Shape:
 
     def select(self, ranks: Sequence[int], name: str = "ranks") -> Shape:
         """A flat shape over a subset of this shape's ranks, in the order given."""
-        if not isinstance(ranks, Iterable) or isinstance(ranks, str):
-            raise TypeError(f"select takes a list of rank numbers, e.g. select([0, 3]), got {ranks!r}")
+        if not isinstance(ranks, Iterable) or isinstance(ranks, str | Mapping | Set):  # no order, or not ranks
+            raise TypeError(f"select takes a list of rank numbers, in the order wanted, e.g. select([0, 3]); "
+                            f"got {ranks!r}")
         ranks = list(ranks)
         # numpy or torch integers too, as plain ints (they travel in JSON headers); no bools:
         # a mask (select([True, False])) is not a list of ranks

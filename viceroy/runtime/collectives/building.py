@@ -15,12 +15,14 @@ from typing import Any
 
 from viceroy.runtime import call_peers
 from viceroy.runtime.collectives.backend import Backend, Communicator
+from viceroy.runtime.collectives.checking import checking
 from viceroy.runtime.collectives.entries import (
     Entry,
     Key,
     cache,
     current_timeout,
     first_line,
+    forget,
     give_up,
     joined,
     lock,
@@ -31,9 +33,10 @@ from viceroy.runtime.collectives.records import read_records
 from viceroy.runtime.collectives.store import StoreGone, rendezvous
 from viceroy.runtime.collectives.waiting import SLICE_S, uninterrupted
 from viceroy.runtime.context import context
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_ranks, format_rank_set
 
 NOTE_AFTER_S = 10.0  # say who is missing when a group takes this long to form
+_CHECKED = "checked"  # a member's mark in the store when its collectives are checked (see checking)
 
 class _StoreLost(Exception):
     pass
@@ -140,9 +143,9 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
             give_up(Entry(None, key, base, incarnation, gen),
                      f"rank {me} left a stale attempt to form the group", stale=True)
             gen = int(store.add(f"{base}/gen", 0))
-        entry = Entry(None, key, base, incarnation, gen)
+        entry = Entry(None, key, base, incarnation, gen, checked=checking())
         joined.add(entry.prefix)
-        store.set(f"{entry.prefix}/here/{index}", "1")
+        store.set(f"{entry.prefix}/here/{index}", _CHECKED if entry.checked else "1")
 
     def connect() -> Communicator:
         client = rendezvous.client(timeout)
@@ -181,6 +184,14 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     entry.comm = helper.comm
     with _store_ops():  # built: every member has read `gen`, the next build gets a fresh one
         store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
+        checked = [r for i, r in enumerate(group.ranks) if store.get(f"{entry.prefix}/here/{i}").decode() == _CHECKED]
+    if checked and len(checked) < group.size:  # every member finds the same, and refuses alike
+        forget(entry)
+        unchecked = [r for r in group.ranks if r not in checked]
+        raise CollectiveError(
+            f"{what} over {group.label}: collectives are checked on {describe_ranks(checked)} but not on "
+            f"{describe_ranks(unchecked)}; nothing was sent. Call vr.check_collectives() (or "
+            "vr.check_collectives(False)) in code that runs on every rank: a rank restarted alone starts unchecked")
     return entry
 
 

@@ -9,6 +9,9 @@ environment), each operation is preceded by a small all_reduce over the same com
 tells whether every member passed the same (a digest of the operation, dtype, shape and root);
 when not, the members gather their signatures (`SIG_BYTES` each) and all raise the same error,
 naming what each rank passed, and, nothing having been sent, the communicator stays as it was.
+The setting belongs to a communicator: the members compare it when they build one (see
+`building`), so one rank checking and another not (a rank restarted alone starts unchecked)
+is an error, not a misread comparison.
 It costs each operation one more small collective: meant for debugging, as torch's
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
@@ -21,6 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from viceroy.runtime.collectives.backend import Communicator, Pending
+from viceroy.runtime.collectives.entries import give_up_all
+from viceroy.runtime.context import context
 from viceroy.runtime.shape import describe_ranks
 
 SIG_BYTES = 128  # per member; a longer signature keeps its start and a digest of the whole
@@ -32,16 +37,20 @@ def check_collectives(on: bool = True) -> None:
     """Check every collective this rank takes part in from now on (or stop, with False): the
     members compare the operation, dtype, shape and root they pass before anything is sent, and
     a mismatch raises a CollectiveError on every member instead of giving wrong values. Every
-    member must have the same setting (set it in a cell that runs on every rank). Costs one
-    more small collective per operation; ``VICEROY_CHECK_COLLECTIVES=1`` turns it on for a
-    mesh's ranks from the start."""
+    member must have the same setting: set it in code that runs on every rank (a rank restarted
+    alone starts without it). The members compare their settings when they build a
+    communicator, and a difference raises a CollectiveError naming the ranks. A change cuts this
+    rank's communicators (call it between collectives); their next use rebuilds them. Costs one more small collective per
+    operation; ``VICEROY_CHECK_COLLECTIVES=1`` turns it on for a mesh's ranks from the start."""
     global _on
-    _on = bool(on)
+    was, _on = checking(), bool(on)
+    if _on != was:  # its communicators were built with the other setting: rebuild them
+        give_up_all(f"rank {context().rank} turned checking of collectives {'on' if _on else 'off'}")
 
 
 def checking() -> bool:
-    """Whether collectives are checked on this rank (read per operation: ranks are forked
-    before the mesh's environment is theirs)."""
+    """Whether collectives are checked on this rank (read when a communicator is built: ranks
+    are forked before the mesh's environment is theirs)."""
     if _on is not None:
         return _on
     return os.environ.get("VICEROY_CHECK_COLLECTIVES", "") not in ("", "0")
@@ -67,7 +76,8 @@ class Signatures:
         return top != -minus_bottom
 
     def gather(self, comm: Communicator) -> Pending:
-        self._all = [self._array([0] * SIG_BYTES, "uint8") for _ in self.members]
+        rows = self._array([[0] * SIG_BYTES for _ in self.members], "uint8")  # rows of one buffer, as nccl wants
+        self._all = [rows[i] for i in range(len(self.members))]
         return comm.all_gather(self._all, self._array(list(_encode(self.sig)), "uint8"))
 
     def mismatch(self) -> str:
@@ -77,7 +87,7 @@ class Signatures:
             sigs.setdefault(_decode(bytes(got.tolist())), []).append(rank)
         return "; ".join(f"{describe_ranks(ranks)}: {sig}" for sig, ranks in sorted(sigs.items(), key=lambda kv: kv[1]))
 
-    def _array(self, values: list[int], dtype: str) -> Any:
+    def _array(self, values: list[Any], dtype: str) -> Any:
         """`values` in an array the backend takes, where the operation's tensor lives."""
         like = self._like
         if like is not None and type(like).__module__.startswith("cupy"):

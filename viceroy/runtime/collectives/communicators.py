@@ -23,7 +23,7 @@ from viceroy.runtime import call_peers
 from viceroy.runtime.collectives import building
 from viceroy.runtime.collectives.agreement import Agreement
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
-from viceroy.runtime.collectives.checking import Signatures, checking
+from viceroy.runtime.collectives.checking import Signatures
 from viceroy.runtime.collectives.entries import (
     Entry,
     abort_all,
@@ -50,7 +50,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     `sig` says what every member must agree on (the operation, the tensor's dtype and shape):
     an operation still waiting after `agreement.CHECK_AFTER_S` compares it with the other members',
     and a mismatch (which backends do not notice: they wait for bytes that never come) ends it
-    everywhere, naming each rank's. With checking on (`checking`), the members compare it first,
+    everywhere, naming each rank's. With checking on (`entry.checked`), the members compare it first,
     over the communicator (in tensors like `like`), and a mismatch ends it before anything is sent."""
     me = context().rank
     call_peers.started(group.name, sig)
@@ -64,13 +64,14 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     op, entry.ops = entry.ops, entry.ops + 1
     previous, entry.last_sig = entry.last_sig, sig
     try:
-        if sig is not None and checking():
+        if sig is not None and entry.checked:  # as on every member (compared when it was built)
             first = Signatures(sig, group.ranks, like)
             started = True  # the comparison moves data too: a failure in it breaks the group
             _wait(first.agree(comm), group, None)
             if first.differ():  # on every member alike
                 _wait(first.gather(comm), group, None)
                 raise _Refused(first.mismatch())
+            started = False  # compared, and nothing of the operation itself sent yet
         pending = start(comm)
         started = True
         _wait(pending, group, Agreement(entry.prefix, op, entry.incarnation, sig, previous, group.ranks) if sig is not None else None)

@@ -49,6 +49,7 @@ class Entry:
     gen: int
     ops: int = 0  # operations started on this communicator (every member counts the same)
     last_sig: str | None = None  # what this member passed to the last one (see agreement)
+    checked: bool = False  # operations are checked first (see checking); every member alike
 
     @property
     def prefix(self) -> str:
@@ -99,6 +100,14 @@ def forget(entry: Entry) -> None:
     with lock:
         if cache.get(entry.key) is entry:
             del cache[entry.key]
+
+
+def give_up_all(reason: str) -> None:
+    """Give up every communicator of this rank, for `reason` (see `give_up`)."""
+    with lock:
+        entries = list(cache.values())
+    for e in entries:
+        give_up(e, reason)
 
 
 def give_up(entry: Entry, reason: str, lost: int | None = None, stale: bool = False,
