@@ -96,3 +96,21 @@ def test_output_that_fills_the_limit_exactly_still_says_why_the_rest_is_dropped(
     lines = mesh.logs(0).splitlines()
     assert lines[-3] == "x" * 99 and lines[-2].startswith("[viceroy] rank 0: output of this call passed the limit of 100 bytes")
     assert lines[-1] == "[viceroy] rank 0: 50 more bytes of output dropped"
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_a_display_comes_after_what_the_rank_printed_before_it(start_mesh, dims):
+    # A display (a publish) went out at once while the line printed just before it waited up
+    # to LINE_DELAY_S in the rank's queue: the notebook showed the display above that line.
+    mesh = start_mesh(**dims)
+    events: list[dict] = []
+    mesh.subscribe(events.append)
+    code = ("import sys, time, viceroy as vr\nprint('before')\nsys.stdout.write('unfinished')\n"
+            "vr.context().publish('note', rank)\ntime.sleep(0.05)\nprint('after')\n")
+    for _ in range(5):
+        events.clear()
+        mesh.run(code)
+        for r in (0, 1):
+            seen = [e.get("text") or e["kind"] for e in events
+                    if e.get("rank") == r and e["type"] in ("output", "publish")]
+            assert "".join(t if t != "note" else "|note|" for t in seen) == "before\nunfinished|note|after\n", seen

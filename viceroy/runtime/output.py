@@ -12,9 +12,11 @@ Only the reader thread sends, never the thread that writes: that is often the ra
 thread, where an interrupt may land at any line, and must not land inside a message half sent.
 Lines go out within LINE_DELAY_S of being written (a burst of them as one message), an
 unfinished line as soon as it is flushed (a progress bar's "\r 42%"), and all of it before the
-call's result. An explicit flush (``print(..., flush=True)``, ``sys.stdout.flush()``) moves
-what is queued into the fd-level pipes, which outlive the process: the reader forwards it from
-there, or, when the rank is killed first, its agent reads it out.
+call's result and before a message the rank publishes (a display; both sent by the thread that
+sends that message, as the rank sends any message, whole). An explicit flush
+(``print(..., flush=True)``, ``sys.stdout.flush()``) moves what is queued into the fd-level
+pipes, which outlive the process: the reader forwards it from there, or, when the rank is
+killed first, its agent reads it out.
 """
 
 from __future__ import annotations
@@ -152,6 +154,23 @@ class OutputCapture:
                 write_all(_FD[stream], bytes(data))
         finally:
             self._writing_out.release()
+
+    def send_written(self) -> None:
+        """Send what was written so far, an unfinished line too, before a message that must
+        come after it (a display: as in IPython, a line printed before it shows above it).
+        Called by the thread about to send that message. Bounded, as `flush`: a signal handler
+        on a thread that holds `_sending` does not wait for itself."""
+        if self._forked:
+            return
+        for stream in self._streams:  # the text layer's unfinished line, into the queue
+            with contextlib.suppress(OSError, ValueError):
+                io.TextIOWrapper.flush(stream)
+        if not self._sending.acquire(timeout=1.0):
+            return
+        try:
+            self._forward_queue(everything=True)
+        finally:
+            self._sending.release()
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""

@@ -118,6 +118,7 @@ class Rank:
 
     def _publish(self, kind: str, data: Any) -> None:
         payload, bufs = serialize.dumps(data)
+        self.output.send_written()  # what this rank printed before a display goes before it
         self._send({"op": "pub", "kind": kind, "id": self.current}, [payload], [b.raw() for b in bufs])
 
     # --- IO thread ---------------------------------------------------------------------------
