@@ -474,6 +474,39 @@ def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
     assert mesh.logs(1).splitlines() == ["last words", "on stderr", "unfinished"]
 
 
+def test_what_a_direct_rank_sent_on_its_link_before_dying_goes_before_its_death(start_mesh):
+    # A rank on the controller's host sends its output on its own link; its agent reports its
+    # death on ZeroMQ. The controller read ZeroMQ first, so a death reported in the same IO
+    # round as the rank's last words was handled without them: "died (SIGABRT)", no cause
+    # (gloo's last words say it), and the words came after the death. The controller's IO
+    # thread is held here until the rank is gone and its agent has said so.
+    mesh = start_mesh(gpus=2)
+    pid = mesh.pids()[1]
+    controller = mesh._controller
+    pull = controller._sockets._pull
+
+    def hold() -> None:  # on the IO thread
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while not pull.get(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    events = []
+    mesh.subscribe(events.append)
+    controller.call_soon(hold)
+    code = ("import os, sys, viceroy as vr\nif rank == 1:\n"
+            "    sys.stderr.write(\"terminate called after throwing an instance of 'gloo::EnforceNotMet'\\n\"\n"
+            "                     '  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 16 vs 8.\\n')\n"
+            "    vr.context().publish('sent', 1)  # the words are on the link once this returns\n"
+            "    os.abort()\n")
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code, timeout=20)
+    assert "rank 1: died (SIGABRT): gloo ended it on receiving more bytes than it expected" in str(info.value), str(info.value)
+    kinds = [e["type"] for e in events if e.get("rank") == 1 and e["type"] in ("output", "publish", "rank_exit")]
+    assert kinds.index("publish") < kinds.index("rank_exit"), kinds
+
+
 def test_a_flush_returns_only_once_lines_another_thread_took_are_in_the_pipes_too(start_mesh):
     # Another thread's explicit flush took the queue (this thread's line in it) and was still
     # writing it into the pipes when this thread's own flush returned; a SIGKILL then lost the

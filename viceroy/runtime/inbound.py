@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from viceroy.runtime import serialize
@@ -82,7 +82,10 @@ class Inbound:
 
     def _handle_received(self) -> None:
         """Handle every message already there, without waiting for more."""
-        for frames, link in self._sockets.received():
+        self._handle_all(self._sockets.received())
+
+    def _handle_all(self, received: Iterable[tuple[list[Any], Link | None]]) -> None:
+        for frames, link in received:
             try:
                 self._handle(frames, link)
             except BadMessage:
@@ -121,6 +124,9 @@ class Inbound:
                 self._sockets.links.bind(header["r"], link)
             self._on_rank_ready(header["r"], header["pid"])
         elif op == "rank_exit":
+            # Reported by the agent, on ZeroMQ: what a rank sent on its link before it died (its
+            # last words, which may say why) is there now, and goes first.
+            self._handle_all(self._sockets.read_links())
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
         elif op == "agent_hello":
             self.agent_info[header["host"]] = header

@@ -172,6 +172,11 @@ class ControllerSockets:
             ready, self._ready = self._ready, {}
             yield from self.links.service(ready, self._poller)
 
+    def read_links(self) -> Iterator[tuple[list[Any], Link | None]]:
+        """What the local links hold now, without waiting (IO thread)."""
+        if self.links is not None:
+            yield from self.links.read_all(self._poller)
+
     def wake(self) -> None:
         """Make `wait` return at once (any thread)."""
         with contextlib.suppress(OSError):
