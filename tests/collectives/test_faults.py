@@ -43,6 +43,17 @@ def test_a_rank_raising_before_a_collective_ends_it_everywhere(torch_mesh):
     assert_next_collective_is_right(mesh, 4)
 
 
+def test_ranks_stopped_in_a_collective_are_said_to_be_at_the_users_line_only(torch_mesh):
+    # The location named the stdlib frame the collective waited in, under the runtime's own
+    # frames: "(at <mesh-cell-3>, line 4: vr.all_reduce(t) (in threading.py, line 1139))".
+    mesh = torch_mesh(gpus=2)  # no communicator yet: rank 0 waits for rank 1 to build one
+    took, msg = timed_failure(mesh, "if rank == 1:\n    time.sleep(0.5)\n    1/0\nt = torch.ones(2); vr.all_reduce(t)")
+    assert took < 5, msg
+    stopped = next(line for line in msg.splitlines() if "stopped by fail-fast" in line)
+    assert re.fullmatch(r"rank 0: stopped by fail-fast after rank 1 failed "
+                        r"\(at <mesh-cell-\d+>, line 4: t = torch.ones\(2\); vr.all_reduce\(t\)\)", stopped), stopped
+
+
 def test_a_rank_dying_inside_a_collective_is_named_and_a_restart_recovers(torch_mesh):
     mesh = torch_mesh(gpus=4)
     code = ("for i in range(400):\n"

@@ -220,7 +220,13 @@ def user_location(exc: BaseException) -> str:
     """Where user code was when `exc` hit: ``<mesh-cell-3>, line 2: time.sleep(60)``, the
     user's innermost line; when a library was running below it, where in the library too:
     ``<mesh-cell-2>, line 1: dist.barrier() (in torch/distributed/distributed_c10d.py, line 4871)``."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_RUNTIME_DIR)]
+    frames = list(traceback.extract_tb(exc.__traceback__))
+    # Below the runtime's frames that ran the user's code, the user's; below those, a call into
+    # the runtime (a vr. collective waiting, in threading.py say) is not where the user was.
+    ours = [not f.filename.startswith(_RUNTIME_DIR) for f in frames]
+    start = ours.index(True) if True in ours else len(frames)
+    end = ours.index(False, start) if False in ours[start:] else len(frames)
+    frames = frames[start:end]
     if not frames:
         return ""
     mine = [f for f in frames if not _is_library(f.filename)]
