@@ -5,6 +5,7 @@ another machine)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -242,3 +243,51 @@ def test_a_refused_login_names_both_ways_to_give_a_key():
         "node1 refused the login and the ssh launcher never types a password (BatchMode): make "
         "`ssh -p 2222 node1 true` work without one (ssh-copy-id node1, ssh-add), or give it a key: "
         "identity=KEYFILE in Mesh.ssh, --identity KEYFILE in %mesh up")
+
+
+@pytest.fixture
+def nothing_may_start(monkeypatch):
+    """Fails the test if a process is started (ssh, ssh -G, an agent) or a controller made."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"started {args[0] if args else kwargs} before refusing the arguments")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"hosts": ["node1", ""]}, ValueError, "host 1 (''): a host name cannot be empty"),
+    ({"hosts": ["node1", 5]}, ValueError, "host 1 (5): a host is named by a string, e.g. 'node1'"),
+    ({"hosts": ["-oProxyCommand=touch x"]}, ValueError,
+     "host 0 ('-oProxyCommand=touch x'): a host name cannot start with '-' (ssh would read it as an option"),
+    ({"hosts": ["node 1"]}, ValueError, "host 0 ('node 1'): a host name holds no spaces"),
+    ({"hosts": 5}, TypeError, "hosts=5: give a list of host names"),
+    ({"port": "22"}, ValueError, "port='22': give sshd's port number (1-65535)"),
+    ({"port": 0}, ValueError, "port=0: give sshd's port number (1-65535)"),
+    ({"port": 70000}, ValueError, "port=70000: give sshd's port number (1-65535)"),
+    ({"port": True}, ValueError, "port=True: give sshd's port number (1-65535)"),
+    ({"ssh_options": "-o ProxyJump=gw"}, TypeError, "ssh_options='-o ProxyJump=gw': give a list of ssh's arguments"),
+    ({"ssh_options": ["-p", 2222]}, TypeError, "ssh_options=['-p', 2222]: give a list of ssh's arguments"),
+    ({"identity": 5}, TypeError, "identity=5: give the path of the private key file"),
+    ({"identity": "/nonexistent/key"}, FileNotFoundError, "identity='/nonexistent/key': no such file; name the private"),
+    ({"python": ""}, ValueError, "python='': give the path of the hosts' Python"),
+    ({"python": 3}, ValueError, "python=3: give the path of the hosts' Python"),
+])
+def test_bad_ssh_arguments_are_refused_naming_them_before_anything_starts(nothing_may_start, kwargs, error, message):
+    # They reached ssh (port=0: "Bad port '0'"; a string of options: one letter per argument; a
+    # missing key: a warning, then a login that fails), or failed inside (an IndexError).
+    kwargs = {"hosts": ["node1"], **kwargs}
+    with pytest.raises(error) as info:
+        vr.Mesh.ssh(kwargs.pop("hosts"), gpus=1, preload=[], echo=False, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("-oProxyCommand=x", "'-oProxyCommand=x': a host name cannot start with '-'"),
+    ("node1 python=", "python= names no Python"),
+])
+def test_a_hostfile_line_ssh_would_misread_is_refused_naming_the_line(tmp_path, line, message):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"node0\n{line}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(f'{hostfile}:2: {message}')}"):
+        vr.Mesh.ssh(str(hostfile), gpus=1)

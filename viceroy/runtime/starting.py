@@ -145,10 +145,15 @@ class MeshStarts:
                 )
             host_list = list(read_hostfile(os.fspath(hosts)))
         else:
-            host_list = list(hosts)
+            host_list = list(hosts) if isinstance(hosts, list | tuple) else hosts  # the launcher says what is wrong
         launcher = SshLauncher(
-            host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
+            host_list, python=sys.executable if python is None else python, port=port, identity=identity,
+            options=() if ssh_options is None else ssh_options,
         )
+        if launcher.identity is not None and not os.path.isfile(os.path.expanduser(launcher.identity)):
+            why = "a directory" if os.path.isdir(os.path.expanduser(launcher.identity)) else "no such file"
+            raise FileNotFoundError(f"identity={launcher.identity!r}: {why}; name the private key file ssh -i takes "
+                                    "(ssh would go on without it, and the login fail)")
         _check_keyword_dims(kwargs)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
