@@ -13,7 +13,7 @@ from typing import Any, Self
 from viceroy.runtime.arguments import check_count, check_seconds
 from viceroy.runtime.controller import Controller
 from viceroy.runtime.errors import PreloadWarning
-from viceroy.runtime.launcher import Launcher, LocalLauncher
+from viceroy.runtime.launcher import Launcher, LocalLauncher, check_env
 from viceroy.runtime.shape import Shape
 
 _START_OPTIONS = ("echo", "preload", "output_limit", "startup_timeout", "env")
@@ -100,6 +100,7 @@ class MeshStarts:
         shape = Shape(dims)  # validates names and sizes
         check_count(output_limit, "output_limit", "bytes per rank per call")
         check_seconds(startup_timeout, "startup_timeout", none=None)
+        check_env(env)  # (the controller checks it too, as given)
         env = dict(env or {})
         controller = Controller(
             shape.dims,
