@@ -124,3 +124,21 @@ def test_an_ended_allocation_says_a_new_mesh_is_needed_not_restart(slurm):
             assert "start a new one" in why
     finally:
         mesh.shutdown()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"agents_per_node": 0}, ValueError, "agents_per_node=0: give a positive whole number of agents"),
+    ({"agents_per_node": True}, ValueError, "agents_per_node=True: give a positive whole number of agents"),
+    ({"agents_per_node": "2"}, ValueError, "agents_per_node='2': give a positive whole number of agents"),
+    ({"allocation_timeout": -1}, ValueError, "allocation_timeout=-1: give a positive, finite number of seconds"),
+    ({"allocation_timeout": "60"}, ValueError, "allocation_timeout='60': give a positive, finite number of seconds"),
+    ({"salloc_options": "-p gpu"}, TypeError, "salloc_options='-p gpu': give a list of salloc's arguments"),
+    ({"srun_options": ["--exclusive", 1]}, TypeError, "srun_options=['--exclusive', 1]: give a list of srun's arguments"),
+    ({"python": ""}, ValueError, "python='': give the path of the nodes' Python"),
+])
+def test_bad_slurm_arguments_are_refused_naming_them_before_salloc_runs(nothing_may_start, kwargs, error, message):
+    # agents_per_node=0 was a ZeroDivisionError; True, a timeout of -1 or a string of options
+    # went to salloc (one letter per argument), "60" failed inside (int()).
+    with pytest.raises(error) as info:
+        vr.Mesh.slurm(hosts=2, gpus=1, preload=[], echo=False, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)

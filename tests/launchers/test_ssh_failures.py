@@ -245,16 +245,6 @@ def test_a_refused_login_names_both_ways_to_give_a_key():
         "identity=KEYFILE in Mesh.ssh, --identity KEYFILE in %mesh up")
 
 
-@pytest.fixture
-def nothing_may_start(monkeypatch):
-    """Fails the test if a process is started (ssh, ssh -G, an agent) or a controller made."""
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"started {args[0] if args else kwargs} before refusing the arguments")
-
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)
-
-
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
     ({"hosts": ["node1", ""]}, ValueError, "host 1 (''): a host name cannot be empty"),
     ({"hosts": ["node1", 5]}, ValueError, "host 1 (5): a host is named by a string, e.g. 'node1'"),

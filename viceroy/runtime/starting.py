@@ -185,7 +185,8 @@ class MeshStarts:
         from viceroy.runtime.slurm import SlurmLauncher
 
         launcher = SlurmLauncher(
-            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ()),
+            sys.executable if python is None else python, agents_per_node,
+            () if srun_options is None else srun_options, () if salloc_options is None else salloc_options,
             allocation_timeout,
         )
         hosts = SlurmLauncher.hosts_in_allocation(agents_per_node) if hosts is None else hosts
