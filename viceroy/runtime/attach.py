@@ -97,9 +97,13 @@ def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
 
 def split_address(addr: str) -> tuple[str, int]:
     """``"tcp://10.0.0.1:7777"``, ``"10.0.0.1:7777"`` -> ("10.0.0.1", 7777)."""
+    if not isinstance(addr, str):
+        raise TypeError(f"expected HOST:PORT as a string (e.g. '127.0.0.1:7777'), got {addr!r}")
     host, _, port = addr.removeprefix("tcp://").rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:7777), got {addr!r}")
+    if not 0 < int(port) < 65536:  # zmq took 99999 and listened on another port
+        raise ValueError(f"{int(port)} is not a port number (1-65535), in {addr!r}")
     return host.strip("[]"), int(port)
 
 
@@ -143,7 +147,10 @@ class AttachLauncher(Launcher):
     same_host = False
 
     def __init__(self, listen: str = "127.0.0.1:7777", key_file: str | None = None) -> None:
-        self.host_addr, self.port = split_address(listen)
+        try:
+            self.host_addr, self.port = split_address(listen)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"listen={listen!r}: {e}") from None
         self.mesh_key, self.key_file = key_for_controller(key_file, self.port)
         self._signer = Signer(self.mesh_key)
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}

@@ -221,7 +221,8 @@ class MeshStarts:
         if "hosts" not in kwargs:
             raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
         _check_keyword_dims(kwargs)
-        launcher = AttachLauncher(listen, key_file)
+        Shape({"hosts": kwargs["hosts"], **{k: v for k, v in kwargs.items() if k not in _START_OPTIONS}})  # before
+        launcher = AttachLauncher(listen, key_file)  # it listens, and makes a key file
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
         dims = {"hosts": kwargs.pop("hosts"), **kwargs}
