@@ -281,3 +281,16 @@ def test_a_hostfile_line_ssh_would_misread_is_refused_naming_the_line(tmp_path, 
     hostfile.write_text(f"node0\n{line}\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(f'{hostfile}:2: {message}')}"):
         vr.Mesh.ssh(str(hostfile), gpus=1)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "nosuchhost.invalid"])
+def test_a_host_ssh_never_logged_in_to_is_not_said_to_have_leftovers(sshd, capfd, host):
+    # ssh that could not connect (or resolve the name) ran nothing there: the shutdown tried a
+    # second ssh "to end the old agent", failed alike, and warned that the agent and its ranks
+    # "may still run there", with a grep to find them.
+    closed = _free_port_here()
+    with pytest.raises(RuntimeError, match=r"host 0 \(.*, via ssh\) lost"):
+        vr.Mesh.ssh([host], port=closed, identity=sshd.identity, ssh_options=SSH_OPTS, preload=[], echo=False,
+                    gpus=1, startup_timeout=30).shutdown()
+    err = capfd.readouterr().err
+    assert "may still run there" not in err and "could not end the old agent" not in err, err

@@ -50,6 +50,10 @@ class SshHost:
 # "read: Connection reset by peer") before any login. Such a refusal is tried again, later.
 _REFUSED_AT_START = ("kex_exchange_identification", "Connection reset by peer", "Connection closed by remote host")
 SSH_START_TRIES = 8
+# What ssh says (and exits 255) when it ran nothing on the host: it never connected, or never
+# logged in. Such a launch left nothing there to end.
+_NEVER_LOGGED_IN = ("ssh: connect to host ", "ssh: Could not resolve hostname", ": Permission denied (",
+                    "Host key verification failed", "kex_exchange_identification:", "Bad port '")
 
 
 class SshAgent(AgentProcess):
@@ -61,12 +65,19 @@ class SshAgent(AgentProcess):
         self._end = end
         self._lock = threading.Lock()
         self._killed = False
+        self._never_in = False  # its ssh exited saying it never logged in (see end_remains)
         self.tries = 1
         self.current = spawn()
         self.host = self.current.host
         self.label = self.current.label
 
     def wait(self, timeout: float | None = None) -> int | None:
+        code = self._wait(timeout)
+        if code == 255 and self.tries == 1:  # (a retry may follow a reset session); read now: the log goes with `kill`
+            self._never_in = any(w in self.current.log_tail(10) for w in _NEVER_LOGGED_IN)
+        return code
+
+    def _wait(self, timeout: float | None) -> int | None:
         import random
         import time
 
@@ -92,6 +103,8 @@ class SshAgent(AgentProcess):
             self.current.kill()
 
     def end_remains(self, timeout: float) -> str | None:
+        if self._never_in:  # nothing ran there
+            return None
         return self._end(timeout)  # over a fresh ssh: a frozen agent outlives its ssh client
 
     def log_tail(self, n: int = 40) -> str:
