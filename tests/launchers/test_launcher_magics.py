@@ -163,6 +163,11 @@ def test_what_can_be_checked_before_starting_is_checked_naming_the_option(tmp_pa
          "%mesh up: --key-file /nonexistent/mesh.key: there is no directory /nonexistent to create it in"),
         ("attach", {"hosts": 1}, {"key_file": str(tmp_path)},
          f"%mesh up: --key-file {tmp_path} is a directory; --key-file names the mesh's key file"),
+        # the running mesh was stopped first, then the new one refused: "interface='...': ..."
+        ("ssh", {"hosts": 1}, {"hostfile": str(good), "listen": "nosuchhost.invalid"},
+         "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
+        ("slurm", {"hosts": 1}, {"listen": "nosuchhost.invalid"},
+         "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
     ]
     for launcher, dims, opts, message in cases:
         with pytest.raises(UsageError, match=f"^{re.escape(message)}"):

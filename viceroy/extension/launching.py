@@ -59,7 +59,21 @@ def check_launcher_options(
         _check_hostfile(hostfile, dims)
     if launcher == "attach":
         _check_attach(listen, key_file)
+    elif listen is not None:
+        _check_listen(listen)
     return kwargs
+
+
+def _check_listen(listen: str) -> None:
+    """--listen of ssh and slurm: an address of this machine the controller can listen on."""
+    from viceroy.runtime.launcher import rendezvous_env
+
+    try:
+        rendezvous_env(listen)  # binds a socket there, at once closed
+    except ValueError as e:  # (or $VICEROY_MASTER_PORT, which names itself)
+        text, at = str(e), f"interface={listen!r}: "
+        raise UsageError(f"%mesh up: --listen {listen}: {text.removeprefix(at)}" if text.startswith(at)
+                         else f"%mesh up: {text}") from None
 
 
 def _check_value(name: str, value: Any) -> Any:
