@@ -262,6 +262,7 @@ def test_a_refused_login_names_both_ways_to_give_a_key():
     ({"identity": "/nonexistent/key"}, FileNotFoundError, "identity='/nonexistent/key': no such file; name the private"),
     ({"python": ""}, ValueError, "python='': give the path of the hosts' Python"),
     ({"python": 3}, ValueError, "python=3: give the path of the hosts' Python"),
+    ({"interface": 5}, TypeError, "interface=5: give an address of this machine"),  # "str, bytes or bytearray expected"
 ])
 def test_bad_ssh_arguments_are_refused_naming_them_before_anything_starts(nothing_may_start, kwargs, error, message):
     # They reached ssh (port=0: "Bad port '0'"; a string of options: one letter per argument; a

@@ -100,6 +100,9 @@ class MeshStarts:
         shape = Shape(dims)  # validates names and sizes
         check_count(output_limit, "output_limit", "bytes per rank per call")
         check_seconds(startup_timeout, "startup_timeout", none=None)
+        if not isinstance(interface, str):
+            raise TypeError(f"interface={interface!r}: give an address of this machine that every host can reach, "
+                            "e.g. interface='10.0.0.1' (127.0.0.1, the default, when the mesh is on this machine alone)")
         check_env(env)  # (the controller checks it too, as given)
         env = dict(env or {})
         controller = Controller(
