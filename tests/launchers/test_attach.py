@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -350,3 +351,11 @@ def test_an_agent_told_a_port_that_cannot_be_says_so():
     p = _agent("127.0.0.1:99999", "--wait", "1", env={"VICEROY_MESH_KEY": os.urandom(32).hex()})
     assert p.wait(timeout=30) == 1
     assert "99999 is not a port number (1-65535), in '127.0.0.1:99999'" in p.stderr.read()
+
+
+def test_a_key_file_with_no_directory_to_create_it_in_is_named(tmp_path):
+    # "[Errno 2] No such file or directory: '.../k'": which file, and why it was being opened?
+    key = tmp_path / "nonexistent" / "mesh.key"
+    with pytest.raises(FileNotFoundError, match=rf"^key_file='{re.escape(str(key))}': there is no directory "
+                                                rf"{re.escape(str(key.parent))} to create it in"):
+        vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{_port()}", key_file=str(key), preload=[], echo=False)

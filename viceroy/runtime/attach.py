@@ -89,7 +89,11 @@ def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
     if os.path.exists(path):
         return read_key(path), path
     key = secrets.token_bytes(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"key_file={path!r}: there is no directory {os.path.dirname(path) or '.'} to create "
+                                "it in (a missing key file is created, mode 0600)") from None
     with os.fdopen(fd, "w") as f:
         f.write(key.hex() + "\n")
     return key, path
