@@ -354,7 +354,7 @@ def address_problem(address: object) -> str | None:
     with '-' as one of its options, and a space or a control character in a host name as
     another word, or as nothing."""
     if not isinstance(address, str):
-        return f"a host is named by a string, e.g. 'node1' or 'user@10.0.0.2', not a {type(address).__name__}"
+        return f"a host is named by a string, e.g. 'node1' or 'user@10.0.0.2', not by {type(address).__name__}"
     if not address:
         return "a host name cannot be empty"
     if address.startswith("-"):
