@@ -136,6 +136,9 @@ def test_ssh_and_slurm_options_map_onto_the_launchers_keywords(tmp_path):
     ("ssh", {"--ssh-port": 70000}, "%mesh up: --ssh-port takes a port number 1-65535, got 70000"),
     ("ssh", {"--ssh-options": "-o 'Proxy"}, "%mesh up: --ssh-options \"-o 'Proxy\": No closing quotation"),
     ("ssh", {"--identity": "/nonexistent/key"}, "%mesh up: --identity /nonexistent/key: No such file or directory"),
+    # ssh's own refusal came once the running mesh was stopped, from every host
+    ("ssh", {"--ssh-options": "-o Bogus=1"},
+     "%mesh up: ssh refuses its options (command-line: line 0: Bad configuration option: bogus)"),
 ])
 def test_ssh_and_slurm_options_for_another_launcher_or_bad_values_are_refused(tmp_path, launcher, opts, message):
     hostfile = tmp_path / "hosts"

@@ -295,3 +295,15 @@ def test_a_host_ssh_never_logged_in_to_is_not_said_to_have_leftovers(sshd, capfd
                     gpus=1, startup_timeout=30).shutdown()
     err = capfd.readouterr().err
     assert "may still run there" not in err and "could not end the old agent" not in err, err
+
+
+def test_options_ssh_refuses_are_refused_before_any_host_is_started(capfd):
+    # Each host's ssh failed alike ("Bad configuration option"), and each was then "ended" over
+    # another ssh that failed alike, each warning that its agent "may still run there".
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^ssh refuses its options \(command-line: line 0: Bad configuration option: "
+                                         r"bogus\): check ssh_options=\['-o', 'Bogus=1'\]"):
+        vr.Mesh.ssh(["127.0.0.1", "127.0.0.1"], ssh_options=["-o", "Bogus=1"], preload=[], echo=False, gpus=1,
+                    startup_timeout=30).shutdown()
+    assert time.monotonic() - t0 < 5
+    assert "may still run there" not in capfd.readouterr().err

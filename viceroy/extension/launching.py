@@ -57,6 +57,7 @@ def check_launcher_options(
         kwargs[keyword] = _check_value(name, value)
     if hostfile:
         _check_hostfile(hostfile, dims)
+        _check_ssh_options(hostfile, kwargs)
     if launcher == "attach":
         _check_attach(listen, key_file)
     elif listen is not None:
@@ -103,6 +104,18 @@ def _check_hostfile(hostfile: str, dims: dict[str, int]) -> None:
         raise UsageError(f"%mesh up: --hostfile {e}") from None
     if dims.get("hosts", n) != n:
         raise UsageError(f"%mesh up: hosts={dims['hosts']} but --hostfile {hostfile} lists {n} host(s)")
+
+
+def _check_ssh_options(hostfile: str, kwargs: dict[str, Any]) -> None:
+    """What ssh itself refuses of --ssh-options, --ssh-port, --identity (`ssh -G`: no connection)."""
+    from viceroy.runtime.ssh import SshLauncher, read_hostfile
+
+    launcher = SshLauncher(read_hostfile(hostfile), port=kwargs.get("port"), identity=kwargs.get("identity"),
+                           options=kwargs.get("ssh_options", ()))
+    try:
+        launcher.check_options()
+    except (OSError, ValueError) as e:
+        raise UsageError(f"%mesh up: {e}") from None
 
 
 def _check_attach(listen: str | None, key_file: str | None) -> None:

@@ -213,6 +213,26 @@ class SshLauncher(Launcher):
         values = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith(f"{key} ") and " " in ln]
         return values[0] if values else None
 
+    def check_options(self) -> None:
+        """Refuse, before any connection, options ssh itself refuses (``ssh -G`` reads them and
+        connects nowhere): the agents' ssh would fail alike on every host."""
+        import subprocess
+
+        first = self.hosts[0]
+        assert isinstance(first, SshHost)
+        try:
+            proc = subprocess.run([*self.ssh_base(), "-G", first.address], capture_output=True, text=True, timeout=10)
+        except FileNotFoundError:
+            raise FileNotFoundError("ssh is not installed here: the ssh launcher needs OpenSSH's client") from None
+        except (OSError, subprocess.TimeoutExpired):
+            return  # the launch will say what is wrong
+        if proc.returncode != 0:
+            words = "; ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip()) or f"exit code {proc.returncode}"
+            extra = os.environ.get("VICEROY_SSH_OPTIONS", "")
+            where = f"ssh_options={list(self.options)!r}" + (f", $VICEROY_SSH_OPTIONS={extra!r}" if extra.strip() else "")
+            raise ValueError(f"ssh refuses its options ({words}): check {where}, port and identity "
+                             "(in %mesh up: --ssh-options, --ssh-port, --identity)")
+
     def real_hostname(self, host: SshHost) -> str:
         """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
         return self._ssh_setting(host, "hostname") or host.address.rpartition("@")[2]
@@ -221,6 +241,7 @@ class SshLauncher(Launcher):
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
+            self.check_options()
             self._master = "" if users_master_addr(config) else self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = with_master_addr(config, self._master)
