@@ -142,3 +142,19 @@ def test_bad_slurm_arguments_are_refused_naming_them_before_salloc_runs(nothing_
     with pytest.raises(error) as info:
         vr.Mesh.slurm(hosts=2, gpus=1, preload=[], echo=False, **kwargs)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_options_salloc_or_srun_refuse_are_named_with_what_to_do(slurm):
+    from viceroy.runtime.slurm import SlurmError
+
+    # "pass salloc_options (partition, time)" to someone who had, wrongly
+    with pytest.raises(SlurmError, match=r"^salloc refused an allocation of 1 node\(s\) \(.*Invalid --time specification"
+                                         r"\); check salloc_options=\['-t', 'abc'\] \(--salloc-options\) and `sinfo`"):
+        vr.Mesh.slurm(hosts=1, gpus=1, salloc_options=["-t", "abc"], preload=[], echo=False)
+    # srun's words alone, nothing naming the option
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, srun_options=["--bogus"], preload=[], echo=False)
+    message = str(info.value)
+    assert f"host 0 ({slurm.node}, Slurm job" in message and "unrecognized option '--bogus'" in message, message
+    assert "srun refused the agents' step: check srun_options=['--bogus'] (--srun-options)" in message, message
+    wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")

@@ -146,10 +146,9 @@ class SlurmLauncher(Launcher):
                 said = self._holder_error()
                 what = (f"no allocation of {n_nodes} node(s) within {wait} s" if time.monotonic() - t0 >= wait
                         else f"salloc refused an allocation of {n_nodes} node(s)")
-                raise SlurmError(
-                    f"{what} ({said}); check `sinfo`, pass salloc_options (partition, time), or put several "
-                    "agents on a node with agents_per_node"
-                )
+                given = (f"check salloc_options={list(self.salloc_options)!r} (--salloc-options) and `sinfo`"
+                         if self.salloc_options else "check `sinfo`, pass salloc_options (partition, time)")
+                raise SlurmError(f"{what} ({said}); {given}, or put several agents on a node with agents_per_node")
             self.job_id, nodelist = granted.split()
             self.nodes = expand_nodelist(nodelist)
         except BaseException:
@@ -238,6 +237,10 @@ class SlurmLauncher(Launcher):
             return (f"the mesh's allocation, Slurm job {self.job_id}, has ended (time limit, scancel or preemption): "
                     "its nodes are no longer this mesh's, so mesh.restart(failed_only=True) cannot bring them "
                     "back; shut this mesh down and start a new one (Mesh.slurm(...) asks for a new allocation)")
+        if self.srun_options and any(w in words for w in ("srun: unrecognized option", "srun: invalid option",
+                                                             "srun: error: Invalid")):
+            return (f"srun refused the agents' step: check srun_options={list(self.srun_options)!r} "
+                    "(--srun-options), e.g. with `srun --help`")
         if f"{self.python}: No such file or directory" in words:
             return f"there is no {self.python} on {node}: name the nodes' Python, Mesh.slurm(..., python=PATH)"
         if "No module named" in words:
