@@ -252,6 +252,7 @@ def test_a_refused_login_names_both_ways_to_give_a_key():
      "host 0 ('-oProxyCommand=touch x'): a host name cannot start with '-' (ssh would read it as an option"),
     ({"hosts": ["node 1"]}, ValueError, "host 0 ('node 1'): a host name holds no spaces"),
     ({"hosts": 5}, TypeError, "hosts=5: give a list of host names"),
+    ({"hosts": {"node1", "node2"}}, TypeError, "hosts={'node"),  # in no order: which is host 0?
     ({"port": "22"}, ValueError, "port='22': give sshd's port number (1-65535)"),
     ({"port": 0}, ValueError, "port=0: give sshd's port number (1-65535)"),
     ({"port": 70000}, ValueError, "port=70000: give sshd's port number (1-65535)"),
@@ -307,3 +308,10 @@ def test_options_ssh_refuses_are_refused_before_any_host_is_started(capfd):
                     startup_timeout=30).shutdown()
     assert time.monotonic() - t0 < 5
     assert "may still run there" not in capfd.readouterr().err
+
+
+def test_hosts_may_come_from_any_ordered_iterable(nothing_may_start):
+    # (a generator, dict keys: in order) they get as far as starting the mesh
+    for hosts in (iter(["node1", "node2"]), {"node1": 8, "node2": 8}.keys()):
+        with pytest.raises(AssertionError, match="before refusing the arguments"):
+            vr.Mesh.ssh(hosts, gpus=1, preload=[], echo=False)

@@ -130,8 +130,9 @@ class SshLauncher(Launcher):
     same_host = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.hosts, str | bytes | dict) or not isinstance(self.hosts, Sequence):
-            raise TypeError(f"hosts={self.hosts!r}: give a list of host names, e.g. ['node1', 'node2'] (or a hostfile)")
+        if isinstance(self.hosts, str | bytes) or not isinstance(self.hosts, Sequence):  # a set: which is host 0?
+            raise TypeError(f"hosts={self.hosts!r}: give a list of host names, e.g. ['node1', 'node2'] (or a hostfile); "
+                            "their order numbers the hosts")
         self.hosts = [h if isinstance(h, SshHost) else SshHost(h) for h in self.hosts]
         self._master: str | None = None
         if not self.hosts:

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 from viceroy.runtime.arguments import check_count, check_seconds
@@ -138,9 +139,9 @@ class MeshStarts:
         line, optionally ``python=PATH``). `interface` is where the controller listens: an
         address every host can reach (loopback by default). Other keywords as `Mesh.local`.
         """
-        from viceroy.runtime.ssh import SshHost, SshLauncher, read_hostfile
+        from viceroy.runtime.ssh import SshLauncher, read_hostfile
 
-        host_list: list[SshHost | str]
+        host_list: Any  # a list of names or SshHosts, or what SshLauncher refuses saying why
         if isinstance(hosts, (str, os.PathLike)):
             if not os.path.isfile(hosts):
                 raise FileNotFoundError(
@@ -149,7 +150,8 @@ class MeshStarts:
                 )
             host_list = list(read_hostfile(os.fspath(hosts)))
         else:
-            host_list = list(hosts) if isinstance(hosts, list | tuple) else hosts  # the launcher says what is wrong
+            ordered = isinstance(hosts, Iterable) and not isinstance(hosts, bytes | Mapping | set | frozenset)
+            host_list = list(hosts) if ordered else hosts  # else the launcher says what is wrong
         launcher = SshLauncher(
             host_list, python=sys.executable if python is None else python, port=port, identity=identity,
             options=() if ssh_options is None else ssh_options,
