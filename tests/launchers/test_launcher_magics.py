@@ -133,6 +133,8 @@ def test_ssh_and_slurm_options_map_onto_the_launchers_keywords(tmp_path):
     ("ssh", {"--salloc-options": "-p gpu"}, "%mesh up: --salloc-options goes with --launcher slurm"),
     ("attach", {"--agents-per-node": 2}, "%mesh up: --agents-per-node goes with --launcher slurm"),
     ("slurm", {"--agents-per-node": 0}, "%mesh up: --agents-per-node takes a positive number, got 0"),
+    # (the running mesh was stopped first)
+    ("slurm", {"--agents-per-node": 2}, "%mesh up: hosts=1 does not split into nodes of --agents-per-node 2"),
     ("ssh", {"--ssh-port": 70000}, "%mesh up: --ssh-port takes a port number 1-65535, got 70000"),
     ("ssh", {"--ssh-options": "-o 'Proxy"}, "%mesh up: --ssh-options \"-o 'Proxy\": No closing quotation"),
     ("ssh", {"--identity": "/nonexistent/key"}, "%mesh up: --identity /nonexistent/key: No such file or directory"),

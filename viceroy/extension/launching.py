@@ -55,6 +55,10 @@ def check_launcher_options(
         if launcher != goes_with:
             raise UsageError(f"%mesh up: {name} goes with --launcher {goes_with}")
         kwargs[keyword] = _check_value(name, value)
+    per_node = kwargs.get("agents_per_node", 1)
+    if launcher == "slurm" and isinstance(dims.get("hosts"), int) and dims["hosts"] % per_node:
+        raise UsageError(f"%mesh up: hosts={dims['hosts']} does not split into nodes of --agents-per-node {per_node}: "
+                         "give a multiple of it")
     if hostfile:
         _check_hostfile(hostfile, dims)
         _check_ssh_options(hostfile, kwargs)
