@@ -315,3 +315,19 @@ def test_hosts_may_come_from_any_ordered_iterable(nothing_may_start):
     for hosts in (iter(["node1", "node2"]), {"node1": 8, "node2": 8}.keys()):
         with pytest.raises(AssertionError, match="before refusing the arguments"):
             vr.Mesh.ssh(hosts, gpus=1, preload=[], echo=False)
+
+
+@pytest.mark.parametrize("kind", ["not executable", "a directory", "missing"])
+def test_a_python_the_host_cannot_run_is_named_as_such_and_left_nothing(sshd, tmp_path, capfd, kind):
+    # A Python without the x bit got the advice for a refused login ("Permission denied"); and
+    # the shell that could not run it ran nothing, yet the shutdown warned that the agent and
+    # its ranks "may still run there" (the second ssh, with the same Python, failed alike).
+    python = {"not executable": tmp_path / "python", "a directory": tmp_path, "missing": tmp_path / "nope"}[kind]
+    if kind == "not executable":
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o644)
+    message = _refused(lambda: _start(sshd, python=str(python)))
+    if kind != "missing":
+        assert f"{python} on 127.0.0.1 cannot be run there (not an executable file): name that host's Python" in message
+        assert "refused the login" not in message
+    assert "may still run there" not in capfd.readouterr().err

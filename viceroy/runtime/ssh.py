@@ -73,8 +73,10 @@ class SshAgent(AgentProcess):
 
     def wait(self, timeout: float | None = None) -> int | None:
         code = self._wait(timeout)
-        if code == 255 and self.tries == 1:  # (a retry may follow a reset session); read now: the log goes with `kill`
-            self._never_in = any(w in self.current.log_tail(10) for w in _NEVER_LOGGED_IN)
+        if self.tries == 1:  # (a retry may follow a reset session)
+            # 126, 127: the host's shell could not run its Python (not executable, not there)
+            self._never_in = code in (126, 127) or (  # read now: the log goes with `kill`
+                code == 255 and any(w in self.current.log_tail(10) for w in _NEVER_LOGGED_IN))
         return code
 
     def _wait(self, timeout: float | None) -> int | None:
@@ -299,6 +301,9 @@ class SshLauncher(Launcher):
         """What to do about an agent over ssh that ended saying `words`."""
         addr, python = target.address, target.python or self.python
         ssh = f"ssh -p {self.port} {addr}" if self.port is not None else f"ssh {addr}"
+        if f"{python}: Permission denied" in words or "cannot execute" in words:
+            return (f"{python} on {addr} cannot be run there (not an executable file): name that host's Python "
+                    "with python=PATH on its hostfile line, or Mesh.ssh(..., python=PATH)")
         if "Permission denied" in words:
             return (f"{addr} refused the login and the ssh launcher never types a password (BatchMode): make "
                     f"`{ssh} true` work without one (ssh-copy-id {addr}, ssh-add), or give it a key: "
