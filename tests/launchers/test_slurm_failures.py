@@ -43,6 +43,15 @@ def test_a_python_missing_on_the_nodes_is_named_and_the_allocation_given_back(sl
     wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
 
 
+def test_a_python_the_nodes_cannot_run_is_named_as_such(slurm, tmp_path):
+    # srun's words alone ("execve(): ...: Permission denied"), nothing saying what to do
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, python=str(tmp_path), preload=[], echo=False)  # a directory
+    message = str(info.value)
+    assert f"{tmp_path} on {slurm.node} cannot be run there (not an executable file): name the nodes' Python" in message
+    wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
+
+
 WAITER = textwrap.dedent("""
     import viceroy as vr
     vr.Mesh.slurm(hosts=2, gpus=1, allocation_timeout=120, preload=[], echo=False)  # 2 nodes: never

@@ -241,6 +241,9 @@ class SlurmLauncher(Launcher):
                                                              "srun: error: Invalid")):
             return (f"srun refused the agents' step: check srun_options={list(self.srun_options)!r} "
                     "(--srun-options), e.g. with `srun --help`")
+        if f"execve(): {self.python}: Permission denied" in words:
+            return (f"{self.python} on {node} cannot be run there (not an executable file): name the nodes' Python, "
+                    "Mesh.slurm(..., python=PATH)")
         if f"{self.python}: No such file or directory" in words:
             return f"there is no {self.python} on {node}: name the nodes' Python, Mesh.slurm(..., python=PATH)"
         if "No module named" in words:
