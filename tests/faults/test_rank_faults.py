@@ -450,6 +450,20 @@ def test_env_values_that_are_not_strings_are_refused_before_anything_starts(monk
     assert str(info.value).startswith(message), str(info.value)
 
 
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"launcher": "ssh"}, TypeError, "launcher='ssh': give a Launcher object, or start through Mesh.ssh"),  # AttributeError
+    ({"echo": "no"}, TypeError, "echo='no': give True or False"),  # it echoed
+])
+def test_bad_local_options_are_refused_before_anything_starts(monkeypatch, kwargs, error, message):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a controller was made before the options were refused")
+
+    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)
+    with pytest.raises(error) as info:
+        vr.Mesh.local(gpus=1, preload=[], **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
 def test_env_may_be_any_mapping_of_strings(start_mesh):
     import types
 

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
-from viceroy.runtime.arguments import check_count, check_seconds
+from viceroy.runtime.arguments import check_count, check_flag, check_seconds
 from viceroy.runtime.controller import Controller
 from viceroy.runtime.errors import PreloadWarning
 from viceroy.runtime.launcher import Launcher, LocalLauncher, check_env
@@ -101,6 +101,10 @@ class MeshStarts:
         shape = Shape(dims)  # validates names and sizes
         check_count(output_limit, "output_limit", "bytes per rank per call")
         check_seconds(startup_timeout, "startup_timeout", none=None)
+        check_flag(echo, "echo")
+        if launcher is not None and not isinstance(launcher, Launcher):
+            raise TypeError(f"launcher={launcher!r}: give a Launcher object, or start through Mesh.ssh, Mesh.slurm "
+                            "or Mesh.attach (%mesh up --launcher ssh|slurm|attach)")
         if not isinstance(interface, str):
             raise TypeError(f"interface={interface!r}: give an address of this machine that every host can reach, "
                             "e.g. interface='10.0.0.1' (127.0.0.1, the default, when the mesh is on this machine alone)")
