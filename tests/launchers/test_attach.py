@@ -359,3 +359,19 @@ def test_a_key_file_with_no_directory_to_create_it_in_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"^key_file='{re.escape(str(key))}': there is no directory "
                                                 rf"{re.escape(str(key.parent))} to create it in"):
         vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{_port()}", key_file=str(key), preload=[], echo=False)
+
+
+def test_an_address_attach_cannot_listen_on_is_told_apart_from_a_port_in_use(tmp_path):
+    # Both were "...; pick another port": no port helps an address that is not this machine's.
+    port = _port()
+    for listen in (f"[::1]:{port}", f"nosuchhost.invalid:{port}"):
+        with pytest.raises(OSError, match=rf"^cannot listen on {re.escape(listen)} for agents: .*; give an IPv4 "
+                                          rf"address of this machine, or 0\.0\.0\.0:{port} for all of them$"):
+            vr.Mesh.attach(hosts=1, gpus=1, listen=listen, key_file=str(tmp_path / "mesh.key"), preload=[], echo=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError, match=rf"^cannot listen on {listen} for agents: Address already in use.*; another "
+                                          "process listens there: pick another port$"):
+            vr.Mesh.attach(hosts=1, gpus=1, listen=listen, key_file=str(tmp_path / "mesh.key"), preload=[], echo=False)

@@ -171,7 +171,9 @@ class AttachLauncher(Launcher):
         except zmq.ZMQError as e:
             self._sock.close()
             self._ctx.term()
-            raise OSError(f"cannot listen on {listen} for agents: {e}; pick another port") from None
+            what = ("another process listens there: pick another port" if e.errno == zmq.EADDRINUSE else
+                    f"give an IPv4 address of this machine, or 0.0.0.0:{self.port} for all of them")
+            raise OSError(f"cannot listen on {listen} for agents: {e}; {what}") from None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="viceroy-attach", daemon=True)
         self._thread.start()
