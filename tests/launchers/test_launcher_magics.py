@@ -164,6 +164,9 @@ def test_what_can_be_checked_before_starting_is_checked_naming_the_option(tmp_pa
         ("ssh", {"hosts": 2}, {"hostfile": str(good)}, f"%mesh up: hosts=2 but --hostfile {good} lists 1 host(s)"),
         ("attach", {"hosts": 1}, {"listen": "0.0.0.0"},
          "%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got '0.0.0.0'"),
+        ("attach", {"hosts": 1}, {"listen": "0.0.0.0:99999"},  # zmq took it, and listened on another port
+         "%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got '0.0.0.0:99999' "
+         "(99999 is not a port number (1-65535))"),
         ("attach", {"hosts": 1}, {"key_file": "/nonexistent/mesh.key"},
          "%mesh up: --key-file /nonexistent/mesh.key: there is no directory /nonexistent to create it in"),
         ("attach", {"hosts": 1}, {"key_file": str(tmp_path)},

@@ -128,9 +128,10 @@ def _check_attach(listen: str | None, key_file: str | None) -> None:
     if listen is not None:
         try:
             split_address(listen)
-        except ValueError:
+        except ValueError as e:
+            why = "" if str(e).startswith("expected HOST:PORT") else f" ({str(e).partition(', in ')[0]})"
             raise UsageError(
-                f"%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got {listen!r}"
+                f"%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got {listen!r}{why}"
             ) from None
     if key_file is None:
         return
