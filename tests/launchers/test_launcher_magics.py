@@ -176,6 +176,9 @@ def test_what_can_be_checked_before_starting_is_checked_naming_the_option(tmp_pa
          "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
         ("slurm", {"hosts": 1}, {"listen": "nosuchhost.invalid"},
          "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
+        # (attach's --listen has a port: ssh's and slurm's do not) "Name or service not known"
+        ("ssh", {"hosts": 1}, {"hostfile": str(good), "listen": "127.0.0.1:7777"},
+         "%mesh up: --listen 127.0.0.1:7777: give the address alone, '127.0.0.1'; the controller picks its own ports"),
     ]
     for launcher, dims, opts, message in cases:
         with pytest.raises(UsageError, match=f"^{re.escape(message)}"):

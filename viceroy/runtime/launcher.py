@@ -127,6 +127,10 @@ def rendezvous_env(interface: str) -> dict[str, str]:
     port = os.environ.get("VICEROY_MASTER_PORT", "")
     if port and (not port.isdigit() or not 0 < int(port) < 65536):
         raise ValueError(f"VICEROY_MASTER_PORT={port!r} is not a port number (1-65535)")
+    host, _, port_part = interface.rpartition(":")
+    if host and ":" not in host and port_part.isdigit():  # (an IPv6 address has colons of its own)
+        raise ValueError(f"interface={interface!r}: give the address alone, {host!r}; the controller picks its "
+                         "own ports (and $VICEROY_MASTER_PORT, if set, is the rendezvous')")
     with socket.socket() as s:  # (also checks that the controller can listen there at all)
         try:
             s.bind((interface, 0))
