@@ -1,6 +1,7 @@
 """Faults on ranks: a raise, a SIGKILL, an interrupt. Each breaks something real."""
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -429,6 +430,45 @@ def test_a_rank_that_dies_while_restarting_ends_the_restart_at_once_with_its_tra
 def test_an_env_name_no_process_can_hold_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match=r"env: 'BAD=NAME' is not an environment variable name"):
         vr.Mesh.local(gpus=1, env={"BAD=NAME": "x"}, echo=False)
+
+
+@pytest.mark.parametrize(("env", "error", "message"), [
+    ({"N": 5}, TypeError, "env: the value of N is 5, not a string: give the text the variable holds, e.g. env={'N': '5'}"),
+    ({"DEBUG": None}, TypeError, "env: the value of DEBUG is None, not a string"),  # the ranks read "None"
+    ({"P": pathlib.PurePosixPath("/x")}, TypeError, "env: the value of P is PurePosixPath('/x'), not a string"),
+    (["A=1"], TypeError, "env=['A=1']: give a dict of variable names and values"),
+])
+def test_env_values_that_are_not_strings_are_refused_before_anything_starts(monkeypatch, env, error, message):
+    # A value was str()-ed on the ranks (None -> "None"), or failed to travel once hosts were
+    # starting (a path: "not JSON serializable"); a list was "dictionary update sequence ...".
+    def refuse(*args, **kwargs):
+        raise AssertionError("a controller was made before the env was refused")
+
+    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)
+    with pytest.raises(error) as info:
+        vr.Mesh.local(gpus=1, env=env, echo=False)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"launcher": "ssh"}, TypeError, "launcher='ssh': give a Launcher object, or start through Mesh.ssh"),  # AttributeError
+    ({"echo": "no"}, TypeError, "echo='no': give True or False"),  # it echoed
+])
+def test_bad_local_options_are_refused_before_anything_starts(monkeypatch, kwargs, error, message):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a controller was made before the options were refused")
+
+    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)
+    with pytest.raises(error) as info:
+        vr.Mesh.local(gpus=1, preload=[], **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_env_may_be_any_mapping_of_strings(start_mesh):
+    import types
+
+    mesh = start_mesh(gpus=1, env=types.MappingProxyType({"VICEROY_TEST_ENV": "yes"}))
+    assert mesh.run("import os; os.environ['VICEROY_TEST_ENV']").values() == ["yes"]
 
 
 def test_what_a_rank_wrote_just_before_it_died_still_arrives(start_mesh):

@@ -150,3 +150,14 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
             yield cluster
         finally:
             cluster.stop()
+
+
+@pytest.fixture
+def nothing_may_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if a process is started (ssh, ssh -G, salloc, an agent) or a controller
+    made: for arguments that must be refused before anything starts."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"started {args[0] if args else kwargs} before refusing the arguments")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr("viceroy.runtime.starting.Controller", refuse)

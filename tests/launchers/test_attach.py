@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -324,3 +325,53 @@ def test_an_agent_that_took_its_config_and_went_silent_is_given_up_naming_its_ho
         t.join()
         silent.join()
         _reap(procs)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    # zmq took port 99999 and listened on another: the mesh then waited out startup_timeout for
+    # agents told to connect to a port that cannot be (and ~/.viceroy/attach-99999.key was made)
+    ({"listen": "127.0.0.1:99999"}, ValueError, "listen='127.0.0.1:99999': 99999 is not a port number (1-65535)"),
+    ({"listen": "127.0.0.1:0"}, ValueError, "listen='127.0.0.1:0': 0 is not a port number (1-65535)"),
+    ({"listen": 7777}, TypeError, "listen=7777: expected HOST:PORT as a string"),  # an AttributeError
+    # "waiting for 0 agent(s); on each host run ..." was printed, and a key file made, first
+    ({"hosts": 0}, ValueError, "dim 'hosts' must be a positive int, got 0"),
+    ({"gpus": True}, ValueError, "dim 'gpus' must be a positive int, got True"),
+])
+def test_bad_attach_arguments_are_refused_before_listening_or_making_a_key(tmp_path, capsys, kwargs, error, message):
+    key = tmp_path / "mesh.key"
+    kwargs = {"hosts": 1, "gpus": 1, "listen": f"127.0.0.1:{_port()}", **kwargs}
+    with pytest.raises(error) as info:
+        vr.Mesh.attach(key_file=str(key), preload=[], echo=False, startup_timeout=5, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+    assert not key.exists()
+    assert "waiting for" not in capsys.readouterr().out
+
+
+def test_an_agent_told_a_port_that_cannot_be_says_so():
+    p = _agent("127.0.0.1:99999", "--wait", "1", env={"VICEROY_MESH_KEY": os.urandom(32).hex()})
+    assert p.wait(timeout=30) == 1
+    assert "99999 is not a port number (1-65535), in '127.0.0.1:99999'" in p.stderr.read()
+
+
+def test_a_key_file_with_no_directory_to_create_it_in_is_named(tmp_path):
+    # "[Errno 2] No such file or directory: '.../k'": which file, and why it was being opened?
+    key = tmp_path / "nonexistent" / "mesh.key"
+    with pytest.raises(FileNotFoundError, match=rf"^key_file='{re.escape(str(key))}': there is no directory "
+                                                rf"{re.escape(str(key.parent))} to create it in"):
+        vr.Mesh.attach(hosts=1, gpus=1, listen=f"127.0.0.1:{_port()}", key_file=str(key), preload=[], echo=False)
+
+
+def test_an_address_attach_cannot_listen_on_is_told_apart_from_a_port_in_use(tmp_path):
+    # Both were "...; pick another port": no port helps an address that is not this machine's.
+    port = _port()
+    for listen in (f"[::1]:{port}", f"nosuchhost.invalid:{port}"):
+        with pytest.raises(OSError, match=rf"^cannot listen on {re.escape(listen)} for agents: .*; give an IPv4 "
+                                          rf"address of this machine, or 0\.0\.0\.0:{port} for all of them$"):
+            vr.Mesh.attach(hosts=1, gpus=1, listen=listen, key_file=str(tmp_path / "mesh.key"), preload=[], echo=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError, match=rf"^cannot listen on {listen} for agents: Address already in use.*; another "
+                                          "process listens there: pick another port$"):
+            vr.Mesh.attach(hosts=1, gpus=1, listen=listen, key_file=str(tmp_path / "mesh.key"), preload=[], echo=False)

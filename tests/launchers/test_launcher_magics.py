@@ -133,9 +133,14 @@ def test_ssh_and_slurm_options_map_onto_the_launchers_keywords(tmp_path):
     ("ssh", {"--salloc-options": "-p gpu"}, "%mesh up: --salloc-options goes with --launcher slurm"),
     ("attach", {"--agents-per-node": 2}, "%mesh up: --agents-per-node goes with --launcher slurm"),
     ("slurm", {"--agents-per-node": 0}, "%mesh up: --agents-per-node takes a positive number, got 0"),
+    # (the running mesh was stopped first)
+    ("slurm", {"--agents-per-node": 2}, "%mesh up: hosts=1 does not split into nodes of --agents-per-node 2"),
     ("ssh", {"--ssh-port": 70000}, "%mesh up: --ssh-port takes a port number 1-65535, got 70000"),
     ("ssh", {"--ssh-options": "-o 'Proxy"}, "%mesh up: --ssh-options \"-o 'Proxy\": No closing quotation"),
     ("ssh", {"--identity": "/nonexistent/key"}, "%mesh up: --identity /nonexistent/key: No such file or directory"),
+    # ssh's own refusal came once the running mesh was stopped, from every host
+    ("ssh", {"--ssh-options": "-o Bogus=1"},
+     "%mesh up: ssh refuses its options (command-line: line 0: Bad configuration option: bogus)"),
 ])
 def test_ssh_and_slurm_options_for_another_launcher_or_bad_values_are_refused(tmp_path, launcher, opts, message):
     hostfile = tmp_path / "hosts"
@@ -159,10 +164,21 @@ def test_what_can_be_checked_before_starting_is_checked_naming_the_option(tmp_pa
         ("ssh", {"hosts": 2}, {"hostfile": str(good)}, f"%mesh up: hosts=2 but --hostfile {good} lists 1 host(s)"),
         ("attach", {"hosts": 1}, {"listen": "0.0.0.0"},
          "%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got '0.0.0.0'"),
+        ("attach", {"hosts": 1}, {"listen": "0.0.0.0:99999"},  # zmq took it, and listened on another port
+         "%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got '0.0.0.0:99999' "
+         "(99999 is not a port number (1-65535))"),
         ("attach", {"hosts": 1}, {"key_file": "/nonexistent/mesh.key"},
          "%mesh up: --key-file /nonexistent/mesh.key: there is no directory /nonexistent to create it in"),
         ("attach", {"hosts": 1}, {"key_file": str(tmp_path)},
          f"%mesh up: --key-file {tmp_path} is a directory; --key-file names the mesh's key file"),
+        # the running mesh was stopped first, then the new one refused: "interface='...': ..."
+        ("ssh", {"hosts": 1}, {"hostfile": str(good), "listen": "nosuchhost.invalid"},
+         "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
+        ("slurm", {"hosts": 1}, {"listen": "nosuchhost.invalid"},
+         "%mesh up: --listen nosuchhost.invalid: the controller cannot listen there"),
+        # (attach's --listen has a port: ssh's and slurm's do not) "Name or service not known"
+        ("ssh", {"hosts": 1}, {"hostfile": str(good), "listen": "127.0.0.1:7777"},
+         "%mesh up: --listen 127.0.0.1:7777: give the address alone, '127.0.0.1'; the controller picks its own ports"),
     ]
     for launcher, dims, opts, message in cases:
         with pytest.raises(UsageError, match=f"^{re.escape(message)}"):

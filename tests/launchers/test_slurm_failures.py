@@ -43,6 +43,15 @@ def test_a_python_missing_on_the_nodes_is_named_and_the_allocation_given_back(sl
     wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
 
 
+def test_a_python_the_nodes_cannot_run_is_named_as_such(slurm, tmp_path):
+    # srun's words alone ("execve(): ...: Permission denied"), nothing saying what to do
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, python=str(tmp_path), preload=[], echo=False)  # a directory
+    message = str(info.value)
+    assert f"{tmp_path} on {slurm.node} cannot be run there (not an executable file): name the nodes' Python" in message
+    wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
+
+
 WAITER = textwrap.dedent("""
     import viceroy as vr
     vr.Mesh.slurm(hosts=2, gpus=1, allocation_timeout=120, preload=[], echo=False)  # 2 nodes: never
@@ -124,3 +133,37 @@ def test_an_ended_allocation_says_a_new_mesh_is_needed_not_restart(slurm):
             assert "start a new one" in why
     finally:
         mesh.shutdown()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"agents_per_node": 0}, ValueError, "agents_per_node=0: give a positive whole number of agents"),
+    ({"agents_per_node": True}, ValueError, "agents_per_node=True: give a positive whole number of agents"),
+    ({"agents_per_node": "2"}, ValueError, "agents_per_node='2': give a positive whole number of agents"),
+    ({"allocation_timeout": -1}, ValueError, "allocation_timeout=-1: give a positive, finite number of seconds"),
+    ({"allocation_timeout": "60"}, ValueError, "allocation_timeout='60': give a positive, finite number of seconds"),
+    ({"salloc_options": "-p gpu"}, TypeError, "salloc_options='-p gpu': give a list of salloc's arguments"),
+    ({"srun_options": ["--exclusive", 1]}, TypeError, "srun_options=['--exclusive', 1]: give a list of srun's arguments"),
+    ({"python": ""}, ValueError, "python='': give the path of the nodes' Python"),
+])
+def test_bad_slurm_arguments_are_refused_naming_them_before_salloc_runs(nothing_may_start, kwargs, error, message):
+    # agents_per_node=0 was a ZeroDivisionError; True, a timeout of -1 or a string of options
+    # went to salloc (one letter per argument), "60" failed inside (int()).
+    with pytest.raises(error) as info:
+        vr.Mesh.slurm(hosts=2, gpus=1, preload=[], echo=False, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_options_salloc_or_srun_refuse_are_named_with_what_to_do(slurm):
+    from viceroy.runtime.slurm import SlurmError
+
+    # "pass salloc_options (partition, time)" to someone who had, wrongly
+    with pytest.raises(SlurmError, match=r"^salloc refused an allocation of 1 node\(s\) \(.*Invalid --time specification"
+                                         r"\); check salloc_options=\['-t', 'abc'\] \(--salloc-options\) and `sinfo`"):
+        vr.Mesh.slurm(hosts=1, gpus=1, salloc_options=["-t", "abc"], preload=[], echo=False)
+    # srun's words alone, nothing naming the option
+    with pytest.raises(RuntimeError) as info:
+        vr.Mesh.slurm(hosts=1, gpus=1, srun_options=["--bogus"], preload=[], echo=False)
+    message = str(info.value)
+    assert f"host 0 ({slurm.node}, Slurm job" in message and "unrecognized option '--bogus'" in message, message
+    assert "srun refused the agents' step: check srun_options=['--bogus'] (--srun-options)" in message, message
+    wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")

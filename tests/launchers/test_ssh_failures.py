@@ -5,6 +5,7 @@ another machine)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -242,3 +243,91 @@ def test_a_refused_login_names_both_ways_to_give_a_key():
         "node1 refused the login and the ssh launcher never types a password (BatchMode): make "
         "`ssh -p 2222 node1 true` work without one (ssh-copy-id node1, ssh-add), or give it a key: "
         "identity=KEYFILE in Mesh.ssh, --identity KEYFILE in %mesh up")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"hosts": ["node1", ""]}, ValueError, "host 1 (''): a host name cannot be empty"),
+    ({"hosts": ["node1", 5]}, ValueError, "host 1 (5): a host is named by a string, e.g. 'node1'"),
+    ({"hosts": ["-oProxyCommand=touch x"]}, ValueError,
+     "host 0 ('-oProxyCommand=touch x'): a host name cannot start with '-' (ssh would read it as an option"),
+    ({"hosts": ["node 1"]}, ValueError, "host 0 ('node 1'): a host name holds no spaces"),
+    ({"hosts": 5}, TypeError, "hosts=5: give a list of host names"),
+    ({"hosts": {"node1", "node2"}}, TypeError, "hosts={'node"),  # in no order: which is host 0?
+    ({"port": "22"}, ValueError, "port='22': give sshd's port number (1-65535)"),
+    ({"port": 0}, ValueError, "port=0: give sshd's port number (1-65535)"),
+    ({"port": 70000}, ValueError, "port=70000: give sshd's port number (1-65535)"),
+    ({"port": True}, ValueError, "port=True: give sshd's port number (1-65535)"),
+    ({"ssh_options": "-o ProxyJump=gw"}, TypeError, "ssh_options='-o ProxyJump=gw': give a list of ssh's arguments"),
+    ({"ssh_options": ["-p", 2222]}, TypeError, "ssh_options=['-p', 2222]: give a list of ssh's arguments"),
+    ({"identity": 5}, TypeError, "identity=5: give the path of the private key file"),
+    ({"identity": "/nonexistent/key"}, FileNotFoundError, "identity='/nonexistent/key': no such file; name the private"),
+    ({"python": ""}, ValueError, "python='': give the path of the hosts' Python"),
+    ({"python": 3}, ValueError, "python=3: give the path of the hosts' Python"),
+    ({"interface": 5}, TypeError, "interface=5: give an address of this machine"),  # "str, bytes or bytearray expected"
+])
+def test_bad_ssh_arguments_are_refused_naming_them_before_anything_starts(nothing_may_start, kwargs, error, message):
+    # They reached ssh (port=0: "Bad port '0'"; a string of options: one letter per argument; a
+    # missing key: a warning, then a login that fails), or failed inside (an IndexError).
+    kwargs = {"hosts": ["node1"], **kwargs}
+    with pytest.raises(error) as info:
+        vr.Mesh.ssh(kwargs.pop("hosts"), gpus=1, preload=[], echo=False, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("-oProxyCommand=x", "'-oProxyCommand=x': a host name cannot start with '-'"),
+    ("node1 python=", "python= names no Python"),
+])
+def test_a_hostfile_line_ssh_would_misread_is_refused_naming_the_line(tmp_path, line, message):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"node0\n{line}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(f'{hostfile}:2: {message}')}"):
+        vr.Mesh.ssh(str(hostfile), gpus=1)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "nosuchhost.invalid"])
+def test_a_host_ssh_never_logged_in_to_is_not_said_to_have_leftovers(sshd, capfd, host):
+    # ssh that could not connect (or resolve the name) ran nothing there: the shutdown tried a
+    # second ssh "to end the old agent", failed alike, and warned that the agent and its ranks
+    # "may still run there", with a grep to find them.
+    closed = _free_port_here()
+    with pytest.raises(RuntimeError, match=r"host 0 \(.*, via ssh\) lost"):
+        vr.Mesh.ssh([host], port=closed, identity=sshd.identity, ssh_options=SSH_OPTS, preload=[], echo=False,
+                    gpus=1, startup_timeout=30).shutdown()
+    err = capfd.readouterr().err
+    assert "may still run there" not in err and "could not end the old agent" not in err, err
+
+
+def test_options_ssh_refuses_are_refused_before_any_host_is_started(capfd):
+    # Each host's ssh failed alike ("Bad configuration option"), and each was then "ended" over
+    # another ssh that failed alike, each warning that its agent "may still run there".
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^ssh refuses its options \(command-line: line 0: Bad configuration option: "
+                                         r"bogus\): check ssh_options=\['-o', 'Bogus=1'\]"):
+        vr.Mesh.ssh(["127.0.0.1", "127.0.0.1"], ssh_options=["-o", "Bogus=1"], preload=[], echo=False, gpus=1,
+                    startup_timeout=30).shutdown()
+    assert time.monotonic() - t0 < 5
+    assert "may still run there" not in capfd.readouterr().err
+
+
+def test_hosts_may_come_from_any_ordered_iterable(nothing_may_start):
+    # (a generator, dict keys: in order) they get as far as starting the mesh
+    for hosts in (iter(["node1", "node2"]), {"node1": 8, "node2": 8}.keys()):
+        with pytest.raises(AssertionError, match="before refusing the arguments"):
+            vr.Mesh.ssh(hosts, gpus=1, preload=[], echo=False)
+
+
+@pytest.mark.parametrize("kind", ["not executable", "a directory", "missing"])
+def test_a_python_the_host_cannot_run_is_named_as_such_and_left_nothing(sshd, tmp_path, capfd, kind):
+    # A Python without the x bit got the advice for a refused login ("Permission denied"); and
+    # the shell that could not run it ran nothing, yet the shutdown warned that the agent and
+    # its ranks "may still run there" (the second ssh, with the same Python, failed alike).
+    python = {"not executable": tmp_path / "python", "a directory": tmp_path, "missing": tmp_path / "nope"}[kind]
+    if kind == "not executable":
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o644)
+    message = _refused(lambda: _start(sshd, python=str(python)))
+    if kind != "missing":
+        assert f"{python} on 127.0.0.1 cannot be run there (not an executable file): name that host's Python" in message
+        assert "refused the login" not in message
+    assert "may still run there" not in capfd.readouterr().err

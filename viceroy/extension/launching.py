@@ -55,11 +55,30 @@ def check_launcher_options(
         if launcher != goes_with:
             raise UsageError(f"%mesh up: {name} goes with --launcher {goes_with}")
         kwargs[keyword] = _check_value(name, value)
+    per_node = kwargs.get("agents_per_node", 1)
+    if launcher == "slurm" and isinstance(dims.get("hosts"), int) and dims["hosts"] % per_node:
+        raise UsageError(f"%mesh up: hosts={dims['hosts']} does not split into nodes of --agents-per-node {per_node}: "
+                         "give a multiple of it")
     if hostfile:
         _check_hostfile(hostfile, dims)
+        _check_ssh_options(hostfile, kwargs)
     if launcher == "attach":
         _check_attach(listen, key_file)
+    elif listen is not None:
+        _check_listen(listen)
     return kwargs
+
+
+def _check_listen(listen: str) -> None:
+    """--listen of ssh and slurm: an address of this machine the controller can listen on."""
+    from viceroy.runtime.launcher import rendezvous_env
+
+    try:
+        rendezvous_env(listen)  # binds a socket there, at once closed
+    except ValueError as e:  # (or $VICEROY_MASTER_PORT, which names itself)
+        text, at = str(e), f"interface={listen!r}: "
+        raise UsageError(f"%mesh up: --listen {listen}: {text.removeprefix(at)}" if text.startswith(at)
+                         else f"%mesh up: {text}") from None
 
 
 def _check_value(name: str, value: Any) -> Any:
@@ -91,15 +110,28 @@ def _check_hostfile(hostfile: str, dims: dict[str, int]) -> None:
         raise UsageError(f"%mesh up: hosts={dims['hosts']} but --hostfile {hostfile} lists {n} host(s)")
 
 
+def _check_ssh_options(hostfile: str, kwargs: dict[str, Any]) -> None:
+    """What ssh itself refuses of --ssh-options, --ssh-port, --identity (`ssh -G`: no connection)."""
+    from viceroy.runtime.ssh import SshLauncher, read_hostfile
+
+    launcher = SshLauncher(read_hostfile(hostfile), port=kwargs.get("port"), identity=kwargs.get("identity"),
+                           options=kwargs.get("ssh_options", ()))
+    try:
+        launcher.check_options()
+    except (OSError, ValueError) as e:
+        raise UsageError(f"%mesh up: {e}") from None
+
+
 def _check_attach(listen: str | None, key_file: str | None) -> None:
     from viceroy.runtime.attach import read_key, split_address
 
     if listen is not None:
         try:
             split_address(listen)
-        except ValueError:
+        except ValueError as e:
+            why = "" if str(e).startswith("expected HOST:PORT") else f" ({str(e).partition(', in ')[0]})"
             raise UsageError(
-                f"%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got {listen!r}"
+                f"%mesh up: --listen for --launcher attach takes HOST:PORT, e.g. 0.0.0.0:7777; got {listen!r}{why}"
             ) from None
     if key_file is None:
         return

@@ -89,7 +89,11 @@ def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
     if os.path.exists(path):
         return read_key(path), path
     key = secrets.token_bytes(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"key_file={path!r}: there is no directory {os.path.dirname(path) or '.'} to create "
+                                "it in (a missing key file is created, mode 0600)") from None
     with os.fdopen(fd, "w") as f:
         f.write(key.hex() + "\n")
     return key, path
@@ -97,9 +101,13 @@ def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
 
 def split_address(addr: str) -> tuple[str, int]:
     """``"tcp://10.0.0.1:7777"``, ``"10.0.0.1:7777"`` -> ("10.0.0.1", 7777)."""
+    if not isinstance(addr, str):
+        raise TypeError(f"expected HOST:PORT as a string (e.g. '127.0.0.1:7777'), got {addr!r}")
     host, _, port = addr.removeprefix("tcp://").rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:7777), got {addr!r}")
+    if not 0 < int(port) < 65536:  # zmq took 99999 and listened on another port
+        raise ValueError(f"{int(port)} is not a port number (1-65535), in {addr!r}")
     return host.strip("[]"), int(port)
 
 
@@ -143,7 +151,10 @@ class AttachLauncher(Launcher):
     same_host = False
 
     def __init__(self, listen: str = "127.0.0.1:7777", key_file: str | None = None) -> None:
-        self.host_addr, self.port = split_address(listen)
+        try:
+            self.host_addr, self.port = split_address(listen)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"listen={listen!r}: {e}") from None
         self.mesh_key, self.key_file = key_for_controller(key_file, self.port)
         self._signer = Signer(self.mesh_key)
         self._pending: dict[int, tuple[dict[str, Any], AttachedAgent]] = {}
@@ -160,7 +171,9 @@ class AttachLauncher(Launcher):
         except zmq.ZMQError as e:
             self._sock.close()
             self._ctx.term()
-            raise OSError(f"cannot listen on {listen} for agents: {e}; pick another port") from None
+            what = ("another process listens there: pick another port" if e.errno == zmq.EADDRINUSE else
+                    f"give an IPv4 address of this machine, or 0.0.0.0:{self.port} for all of them")
+            raise OSError(f"cannot listen on {listen} for agents: {e}; {what}") from None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="viceroy-attach", daemon=True)
         self._thread.start()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -89,12 +89,17 @@ class Launcher(ABC):
         return None
 
 
-def check_env(env: dict[str, Any] | None) -> None:
+def check_env(env: Mapping[str, Any] | None) -> None:
     """Refuse, before anything starts, what no process environment can hold."""
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(f"env={env!r}: give a dict of variable names and values, e.g. env={{'NCCL_DEBUG': 'INFO'}}")
     for name, value in (env or {}).items():
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
             raise ValueError(f"env: {name!r} is not an environment variable name (no '=', not empty)")
-        if "\0" in str(value):
+        if not isinstance(value, str):  # None or True would be the ranks' "None", "True"
+            raise TypeError(f"env: the value of {name} is {value!r}, not a string: give the text the variable "
+                            f"holds, e.g. env={{{name!r}: {str(value)!r}}}")
+        if "\0" in value:
             raise ValueError(f"env: the value of {name} holds a NUL character")
 
 
@@ -122,6 +127,10 @@ def rendezvous_env(interface: str) -> dict[str, str]:
     port = os.environ.get("VICEROY_MASTER_PORT", "")
     if port and (not port.isdigit() or not 0 < int(port) < 65536):
         raise ValueError(f"VICEROY_MASTER_PORT={port!r} is not a port number (1-65535)")
+    host, _, port_part = interface.rpartition(":")
+    if host and ":" not in host and port_part.isdigit():  # (an IPv6 address has colons of its own)
+        raise ValueError(f"interface={interface!r}: give the address alone, {host!r}; the controller picks its "
+                         "own ports (and $VICEROY_MASTER_PORT, if set, is the rendezvous')")
     with socket.socket() as s:  # (also checks that the controller can listen there at all)
         try:
             s.bind((interface, 0))

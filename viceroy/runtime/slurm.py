@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from viceroy.runtime.arguments import check_count, check_seconds
 from viceroy.runtime.forkserver import Lines
 from viceroy.runtime.guard import start_guard, stop_guard
 from viceroy.runtime.launcher import (
@@ -78,6 +79,17 @@ class SlurmLauncher(Launcher):
     same_host = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.python, str) or not self.python.strip():
+            raise ValueError(f"python={self.python!r}: give the path of the nodes' Python, e.g. '/opt/venv/bin/python'")
+        check_count(self.agents_per_node, "agents_per_node", "agents (mesh hosts) per node")
+        check_seconds(self.allocation_timeout, "allocation_timeout", none=None)
+        for name in ("srun_options", "salloc_options"):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence) \
+                    or not all(isinstance(o, str) for o in value):
+                raise TypeError(f"{name}={value!r}: give a list of {name.partition('_')[0]}'s arguments, e.g. "
+                                "['-p', 'gpu', '-t', '60'] (shlex.split('-p gpu -t 60'))")
+            setattr(self, name, tuple(value))
         self.job_id: str | None = None
         self.nodes: list[str] = []
         self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for
@@ -134,10 +146,9 @@ class SlurmLauncher(Launcher):
                 said = self._holder_error()
                 what = (f"no allocation of {n_nodes} node(s) within {wait} s" if time.monotonic() - t0 >= wait
                         else f"salloc refused an allocation of {n_nodes} node(s)")
-                raise SlurmError(
-                    f"{what} ({said}); check `sinfo`, pass salloc_options (partition, time), or put several "
-                    "agents on a node with agents_per_node"
-                )
+                given = (f"check salloc_options={list(self.salloc_options)!r} (--salloc-options) and `sinfo`"
+                         if self.salloc_options else "check `sinfo`, pass salloc_options (partition, time)")
+                raise SlurmError(f"{what} ({said}); {given}, or put several agents on a node with agents_per_node")
             self.job_id, nodelist = granted.split()
             self.nodes = expand_nodelist(nodelist)
         except BaseException:
@@ -226,6 +237,13 @@ class SlurmLauncher(Launcher):
             return (f"the mesh's allocation, Slurm job {self.job_id}, has ended (time limit, scancel or preemption): "
                     "its nodes are no longer this mesh's, so mesh.restart(failed_only=True) cannot bring them "
                     "back; shut this mesh down and start a new one (Mesh.slurm(...) asks for a new allocation)")
+        if self.srun_options and any(w in words for w in ("srun: unrecognized option", "srun: invalid option",
+                                                             "srun: error: Invalid")):
+            return (f"srun refused the agents' step: check srun_options={list(self.srun_options)!r} "
+                    "(--srun-options), e.g. with `srun --help`")
+        if f"execve(): {self.python}: Permission denied" in words:
+            return (f"{self.python} on {node} cannot be run there (not an executable file): name the nodes' Python, "
+                    "Mesh.slurm(..., python=PATH)")
         if f"{self.python}: No such file or directory" in words:
             return f"there is no {self.python} on {node}: name the nodes' Python, Mesh.slurm(..., python=PATH)"
         if "No module named" in words:

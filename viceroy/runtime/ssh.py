@@ -37,7 +37,7 @@ from viceroy.runtime.launcher import (
 )
 from viceroy.runtime.rsync import Synced
 
-__all__ = ["SshHost", "SshLauncher", "Synced", "read_hostfile"]
+__all__ = ["SshHost", "SshLauncher", "Synced", "address_problem", "read_hostfile"]
 
 @dataclass(frozen=True)
 class SshHost:
@@ -50,6 +50,10 @@ class SshHost:
 # "read: Connection reset by peer") before any login. Such a refusal is tried again, later.
 _REFUSED_AT_START = ("kex_exchange_identification", "Connection reset by peer", "Connection closed by remote host")
 SSH_START_TRIES = 8
+# What ssh says (and exits 255) when it ran nothing on the host: it never connected, or never
+# logged in. Such a launch left nothing there to end.
+_NEVER_LOGGED_IN = ("ssh: connect to host ", "ssh: Could not resolve hostname", ": Permission denied (",
+                    "Host key verification failed", "kex_exchange_identification:", "Bad port '")
 
 
 class SshAgent(AgentProcess):
@@ -61,12 +65,21 @@ class SshAgent(AgentProcess):
         self._end = end
         self._lock = threading.Lock()
         self._killed = False
+        self._never_in = False  # its ssh exited saying it never logged in (see end_remains)
         self.tries = 1
         self.current = spawn()
         self.host = self.current.host
         self.label = self.current.label
 
     def wait(self, timeout: float | None = None) -> int | None:
+        code = self._wait(timeout)
+        if self.tries == 1:  # (a retry may follow a reset session)
+            # 126, 127: the host's shell could not run its Python (not executable, not there)
+            self._never_in = code in (126, 127) or (  # read now: the log goes with `kill`
+                code == 255 and any(w in self.current.log_tail(10) for w in _NEVER_LOGGED_IN))
+        return code
+
+    def _wait(self, timeout: float | None) -> int | None:
         import random
         import time
 
@@ -92,6 +105,8 @@ class SshAgent(AgentProcess):
             self.current.kill()
 
     def end_remains(self, timeout: float) -> str | None:
+        if self._never_in:  # nothing ran there
+            return None
         return self._end(timeout)  # over a fresh ssh: a frozen agent outlives its ssh client
 
     def log_tail(self, n: int = 40) -> str:
@@ -117,10 +132,35 @@ class SshLauncher(Launcher):
     same_host = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.hosts, str | bytes) or not isinstance(self.hosts, Sequence):  # a set: which is host 0?
+            raise TypeError(f"hosts={self.hosts!r}: give a list of host names, e.g. ['node1', 'node2'] (or a hostfile); "
+                            "their order numbers the hosts")
         self.hosts = [h if isinstance(h, SshHost) else SshHost(h) for h in self.hosts]
         self._master: str | None = None
         if not self.hosts:
             raise ValueError("the ssh launcher needs at least one host")
+        for h, host in enumerate(self.hosts):  # before anything starts: ssh would take them for options
+            assert isinstance(host, SshHost)
+            why = address_problem(host.address)
+            if why:
+                raise ValueError(f"host {h} ({host.address!r}): {why}")
+            if host.python is not None and (not isinstance(host.python, str) or not host.python.strip()):
+                raise ValueError(f"host {h} ({host.address}): python={host.python!r}: give the path of its Python")
+        if not isinstance(self.python, str) or not self.python.strip():
+            raise ValueError(f"python={self.python!r}: give the path of the hosts' Python, e.g. '/opt/venv/bin/python'")
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 0 < self.port < 65536):
+            raise ValueError(f"port={self.port!r}: give sshd's port number (1-65535), or None for ssh's own (22, "
+                             "or ~/.ssh/config's)")
+        if self.identity is not None and (not isinstance(self.identity, str | os.PathLike) or not str(self.identity)):
+            raise TypeError(f"identity={self.identity!r}: give the path of the private key file (ssh -i KEYFILE)")
+        if self.identity is not None:
+            self.identity = os.fspath(self.identity)
+        if isinstance(self.options, str | bytes) or not isinstance(self.options, Sequence) \
+                or not all(isinstance(o, str) for o in self.options):
+            raise TypeError(f"ssh_options={self.options!r}: give a list of ssh's arguments, e.g. "
+                            "['-o', 'ProxyJump=gateway'] (shlex.split('-o ProxyJump=gateway'))")
+        self.options = tuple(self.options)
 
     def plan(self, dims: dict[str, int]) -> list[HostPlan]:
         names = list(dims)
@@ -176,6 +216,26 @@ class SshLauncher(Launcher):
         values = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith(f"{key} ") and " " in ln]
         return values[0] if values else None
 
+    def check_options(self) -> None:
+        """Refuse, before any connection, options ssh itself refuses (``ssh -G`` reads them and
+        connects nowhere): the agents' ssh would fail alike on every host."""
+        import subprocess
+
+        first = self.hosts[0]
+        assert isinstance(first, SshHost)
+        try:
+            proc = subprocess.run([*self.ssh_base(), "-G", first.address], capture_output=True, text=True, timeout=10)
+        except FileNotFoundError:
+            raise FileNotFoundError("ssh is not installed here: the ssh launcher needs OpenSSH's client") from None
+        except (OSError, subprocess.TimeoutExpired):
+            return  # the launch will say what is wrong
+        if proc.returncode != 0:
+            words = "; ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip()) or f"exit code {proc.returncode}"
+            extra = os.environ.get("VICEROY_SSH_OPTIONS", "")
+            where = f"ssh_options={list(self.options)!r}" + (f", $VICEROY_SSH_OPTIONS={extra!r}" if extra.strip() else "")
+            raise ValueError(f"ssh refuses its options ({words}): check {where}, port and identity "
+                             "(in %mesh up: --ssh-options, --ssh-port, --identity)")
+
     def real_hostname(self, host: SshHost) -> str:
         """What `host` names once ssh's configuration has had its say (aliases, ``user@``)."""
         return self._ssh_setting(host, "hostname") or host.address.rpartition("@")[2]
@@ -184,6 +244,7 @@ class SshLauncher(Launcher):
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
+            self.check_options()
             self._master = "" if users_master_addr(config) else self._rendezvous_host(config["controller_in"])
             self._check_reachable(config["controller_in"])
         config = with_master_addr(config, self._master)
@@ -240,6 +301,9 @@ class SshLauncher(Launcher):
         """What to do about an agent over ssh that ended saying `words`."""
         addr, python = target.address, target.python or self.python
         ssh = f"ssh -p {self.port} {addr}" if self.port is not None else f"ssh {addr}"
+        if f"{python}: Permission denied" in words or "cannot execute" in words:
+            return (f"{python} on {addr} cannot be run there (not an executable file): name that host's Python "
+                    "with python=PATH on its hostfile line, or Mesh.ssh(..., python=PATH)")
         if "Permission denied" in words:
             return (f"{addr} refused the login and the ssh launcher never types a password (BatchMode): make "
                     f"`{ssh} true` work without one (ssh-copy-id {addr}, ssh-add), or give it a key: "
@@ -312,6 +376,21 @@ def _is_elsewhere(name: str) -> bool:
     return True
 
 
+def address_problem(address: object) -> str | None:
+    """Why `address` cannot name a host for ssh (None when it can): ssh reads a word starting
+    with '-' as one of its options, and a space or a control character in a host name as
+    another word, or as nothing."""
+    if not isinstance(address, str):
+        return f"a host is named by a string, e.g. 'node1' or 'user@10.0.0.2', not by {type(address).__name__}"
+    if not address:
+        return "a host name cannot be empty"
+    if address.startswith("-"):
+        return "a host name cannot start with '-' (ssh would read it as an option: put ssh's options in ssh_options)"
+    if any(c.isspace() or not c.isprintable() for c in address):
+        return "a host name holds no spaces nor control characters"
+    return None
+
+
 def read_hostfile(path: str) -> list[SshHost]:
     """One host per line, optionally ``python=PATH``; blank lines and ``#`` comments skipped."""
     hosts = []
@@ -324,6 +403,11 @@ def read_hostfile(path: str) -> list[SshHost]:
             bad = [w for w in words[1:] if "=" not in w or not w.startswith("python=")]
             if bad:
                 raise ValueError(f"{path}:{n}: unknown host option {bad[0]!r} (only python=PATH)")
+            why = address_problem(words[0])
+            if why:
+                raise ValueError(f"{path}:{n}: {words[0]!r}: {why}")
+            if "python" in opts and not opts["python"]:
+                raise ValueError(f"{path}:{n}: python= names no Python: give its path, python=PATH")
             hosts.append(SshHost(words[0], opts.get("python")))
     if not hosts:
         raise ValueError(f"{path} lists no hosts")

@@ -8,12 +8,13 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
-from viceroy.runtime.arguments import check_count, check_seconds
+from viceroy.runtime.arguments import check_count, check_flag, check_seconds
 from viceroy.runtime.controller import Controller
 from viceroy.runtime.errors import PreloadWarning
-from viceroy.runtime.launcher import Launcher, LocalLauncher
+from viceroy.runtime.launcher import Launcher, LocalLauncher, check_env
 from viceroy.runtime.shape import Shape
 
 _START_OPTIONS = ("echo", "preload", "output_limit", "startup_timeout", "env")
@@ -100,6 +101,14 @@ class MeshStarts:
         shape = Shape(dims)  # validates names and sizes
         check_count(output_limit, "output_limit", "bytes per rank per call")
         check_seconds(startup_timeout, "startup_timeout", none=None)
+        check_flag(echo, "echo")
+        if launcher is not None and not isinstance(launcher, Launcher):
+            raise TypeError(f"launcher={launcher!r}: give a Launcher object, or start through Mesh.ssh, Mesh.slurm "
+                            "or Mesh.attach (%mesh up --launcher ssh|slurm|attach)")
+        if not isinstance(interface, str):
+            raise TypeError(f"interface={interface!r}: give an address of this machine that every host can reach, "
+                            "e.g. interface='10.0.0.1' (127.0.0.1, the default, when the mesh is on this machine alone)")
+        check_env(env)  # (the controller checks it too, as given)
         env = dict(env or {})
         controller = Controller(
             shape.dims,
@@ -134,9 +143,9 @@ class MeshStarts:
         line, optionally ``python=PATH``). `interface` is where the controller listens: an
         address every host can reach (loopback by default). Other keywords as `Mesh.local`.
         """
-        from viceroy.runtime.ssh import SshHost, SshLauncher, read_hostfile
+        from viceroy.runtime.ssh import SshLauncher, read_hostfile
 
-        host_list: list[SshHost | str]
+        host_list: Any  # a list of names or SshHosts, or what SshLauncher refuses saying why
         if isinstance(hosts, (str, os.PathLike)):
             if not os.path.isfile(hosts):
                 raise FileNotFoundError(
@@ -145,10 +154,16 @@ class MeshStarts:
                 )
             host_list = list(read_hostfile(os.fspath(hosts)))
         else:
-            host_list = list(hosts)
+            ordered = isinstance(hosts, Iterable) and not isinstance(hosts, bytes | Mapping | set | frozenset)
+            host_list = list(hosts) if ordered else hosts  # else the launcher says what is wrong
         launcher = SshLauncher(
-            host_list, python=python or sys.executable, port=port, identity=identity, options=tuple(ssh_options or ())
+            host_list, python=sys.executable if python is None else python, port=port, identity=identity,
+            options=() if ssh_options is None else ssh_options,
         )
+        if launcher.identity is not None and not os.path.isfile(os.path.expanduser(launcher.identity)):
+            why = "a directory" if os.path.isdir(os.path.expanduser(launcher.identity)) else "no such file"
+            raise FileNotFoundError(f"identity={launcher.identity!r}: {why}; name the private key file ssh -i takes "
+                                    "(ssh would go on without it, and the login fail)")
         _check_keyword_dims(kwargs)
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         return cls.local({"hosts": len(host_list), **kwargs}, launcher=launcher, interface=interface, **options)
@@ -179,7 +194,8 @@ class MeshStarts:
         from viceroy.runtime.slurm import SlurmLauncher
 
         launcher = SlurmLauncher(
-            python or sys.executable, agents_per_node, tuple(srun_options or ()), tuple(salloc_options or ()),
+            sys.executable if python is None else python, agents_per_node,
+            () if srun_options is None else srun_options, () if salloc_options is None else salloc_options,
             allocation_timeout,
         )
         hosts = SlurmLauncher.hosts_in_allocation(agents_per_node) if hosts is None else hosts
@@ -214,7 +230,8 @@ class MeshStarts:
         if "hosts" not in kwargs:
             raise TypeError("Mesh.attach needs hosts=N (one agent per host), e.g. Mesh.attach(hosts=2, gpus=8)")
         _check_keyword_dims(kwargs)
-        launcher = AttachLauncher(listen, key_file)
+        Shape({"hosts": kwargs["hosts"], **{k: v for k, v in kwargs.items() if k not in _START_OPTIONS}})  # before
+        launcher = AttachLauncher(listen, key_file)  # it listens, and makes a key file
         options = {k: kwargs.pop(k) for k in _START_OPTIONS if k in kwargs}
         print(f"viceroy: waiting for {kwargs['hosts']} agent(s); on each host run `{launcher.command()}`")
         dims = {"hosts": kwargs.pop("hosts"), **kwargs}
