@@ -1,4 +1,4 @@
-"""Copying a directory to every host of an ssh mesh (`%mesh sync`, `mesh.sync`): rsync over the
+"""Copying a directory to every host of an ssh mesh (`%mesh sync`; the launcher's `sync`): rsync over the
 same ssh as the agents', leaving out what is never worth copying (version control, Python
 environments by any name, caches)."""
 
