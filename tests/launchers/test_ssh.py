@@ -33,6 +33,9 @@ def test_a_mesh_over_ssh_runs_like_a_local_one(sshd):
         agents = {psutil.Process(p).parent() for p in mesh.pids().values()}
         assert len(agents) == 2
         assert {a.parent().name() for a in agents} <= {"sshd", "sshd-session"}
+        # their hellos reached the ssh sessions: a session cut from now on is a lost host, not
+        # a refused login to try again (test_ssh_failures)
+        assert all(a._hello for a in mesh._controller._agents.values())
         remote = [a.pid for a in agents] + list(mesh.pids().values())
         with pytest.raises(vr.MeshError, match="rank 3: ZeroDivisionError"):
             mesh.run("1 / (rank - 3)", fail_fast=False)

@@ -183,6 +183,32 @@ def test_many_agents_through_one_sshd_get_past_its_maxstartups(tmp_path):
         proc.wait()
 
 
+def test_a_session_cut_after_its_agent_said_hello_is_not_started_again():
+    # ssh's words for a running session that was reset are those of sshd turning a login away
+    # (MaxStartups), which is tried again; after the agent reached the controller they mean a
+    # lost host: a second agent would bring up empty ranks the controller takes for the old ones.
+    from viceroy.runtime.launcher import start_child_agent
+    from viceroy.runtime.ssh import SshAgent
+
+    cut = "echo 'client_loop: send disconnect: Connection reset by peer' >&2; exit 255"
+    spawned = []
+
+    def spawn():
+        spawned.append(start_child_agent(["sh", "-c", cut], {}, 0))
+        return spawned[-1]
+
+    agent = SshAgent(spawn, lambda timeout: None)
+    try:
+        agent.said_hello()
+        assert agent.wait(30) == 255
+        assert len(spawned) == 1, "a session that ran was started again"
+        assert "Connection reset by peer" in agent.log_tail()
+    finally:
+        agent.kill()
+        for child in spawned:
+            child.wait(10)
+
+
 def test_an_sshd_that_keeps_turning_connections_away_is_explained():
     from viceroy.runtime.ssh import SshHost, SshLauncher
 

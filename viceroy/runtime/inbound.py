@@ -19,6 +19,7 @@ from typing import Any
 
 from viceroy.runtime import serialize
 from viceroy.runtime.calls import Query
+from viceroy.runtime.launcher import AgentProcess
 from viceroy.runtime.links import Link
 from viceroy.runtime.logs import RankLogs
 from viceroy.runtime.outcomes import Event
@@ -32,6 +33,7 @@ class Inbound:
     agent_info: dict[int, dict[str, Any]]
     preload_failures: dict[str, str]
     _agents_ready: set[int]
+    _agents: dict[int, AgentProcess]
     _sockets: ControllerSockets
     _closed: bool
     _tasks: deque[Callable[[], None]]
@@ -130,6 +132,8 @@ class Inbound:
             self._on_rank_exit(header["r"], header["reason"], header.get("respawning", False), header.get("pid"))
         elif op == "agent_hello":
             self.agent_info[header["host"]] = header
+            if (agent := self._agents.get(header["host"])) is not None:
+                agent.said_hello()
         elif op == "agent_ready":
             with self._changed:  # `start` waits for it: the failures below are known when it returns
                 for name, why in header.get("failed", {}).items():  # the ranks import it themselves

@@ -51,6 +51,11 @@ class AgentProcess(ABC):
         to say); launchers that know their tool's failures say more."""
         return ""
 
+    def said_hello(self) -> None:
+        """The agent reached the controller (IO thread): it runs where it was started. Nothing
+        to do for most launchers."""
+        return None
+
     def end_remains(self, timeout: float) -> str | None:
         """After `kill`: make sure nothing of this launch is left where the agent ran (an agent
         `kill` could not reach: frozen on another host, its ranks with it), within `timeout` s.

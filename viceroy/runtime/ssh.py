@@ -61,6 +61,7 @@ class SshAgent(AgentProcess):
         self._lock = threading.Lock()
         self._killed = False
         self._never_in = False  # its ssh exited saying it never logged in (see end_remains)
+        self._hello = False  # the agent reached the controller: it ran
         self.tries = 1
         self.current = spawn()
         self.host = self.current.host
@@ -84,7 +85,10 @@ class SshAgent(AgentProcess):
             code = self.current.wait(left)
             if code is None or code == 0 or self.tries >= SSH_START_TRIES:
                 return code
-            if not any(w in self.current.log_tail(5) for w in _REFUSED_AT_START):
+            # A session that ran and was then cut ("client_loop: send disconnect: Connection reset
+            # by peer") is a lost host, not a refusal: started again, its ranks would come back
+            # empty while the controller took them for the ones it had.
+            if self._hello or not any(w in self.current.log_tail(5) for w in _REFUSED_AT_START):
                 return code
             time.sleep(min(0.2 * 2 ** self.tries, 4.0) * random.uniform(0.5, 1.5))
             with self._lock:
@@ -93,6 +97,9 @@ class SshAgent(AgentProcess):
                 self.current.kill()
                 self.tries += 1
                 self.current = self._spawn()
+
+    def said_hello(self) -> None:
+        self._hello = True
 
     def kill(self) -> None:
         with self._lock:
