@@ -66,6 +66,7 @@ def test_interrupting_the_wait_for_an_allocation_withdraws_it_at_once(slurm):
         line = proc.stdout.readline()  # the user is told what is being waited for, and how long
         assert "queued and waiting for resources (2 node(s) x 1 task(s)); waiting up to 120 s" in line, line
         assert "interrupt to give up" in line
+        assert line.rstrip().endswith("Slurm says: Requested partition configuration not available now"), line
         jobs = slurm.jobs()
         assert len(jobs) == 1
         t0 = time.monotonic()

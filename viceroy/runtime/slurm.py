@@ -173,9 +173,11 @@ class SlurmLauncher(Launcher):
                     said = line.decode(errors="replace").strip()
                     self._said.append(said)
                     if "queued and waiting for resources" in said:
+                        # what salloc said before, as why ("Requested partition configuration not available now")
+                        why = "; ".join(w.removeprefix("salloc: ") for w in self._said[:-1] if "Pending job" not in w)
                         print(f"viceroy: Slurm {said.removeprefix('salloc: ')} ({n_nodes} node(s) x "
                               f"{self.agents_per_node} task(s)); waiting up to {wait} s (allocation_timeout=), "
-                              "interrupt to give up", flush=True)
+                              "interrupt to give up" + (f". Slurm says: {why}" if why else ""), flush=True)
             if holder.stdout in ready:
                 got = out.read()
                 if got:
