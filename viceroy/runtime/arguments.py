@@ -5,6 +5,8 @@ ranks first and fail after)."""
 from __future__ import annotations
 
 import math
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 # Names Python itself keeps in a namespace (``__builtins__``, ``__name__``, ...): set from the
@@ -32,6 +34,21 @@ def check_flag(value: Any, name: str) -> None:
     """`value` must be True or False (``block="no"`` would count as true)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name}={value!r}: give True or False")
+
+
+def check_python(value: Any, whose: str) -> None:
+    """`value` must name a Python: a path (`whose`: on which machines, for the message)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"python={value!r}: give the path of {whose} Python, e.g. '/opt/venv/bin/python'")
+
+
+def check_argv(value: Any, name: str, tool: str, example: str) -> tuple[str, ...]:
+    """`value`, a list of `tool`'s command-line arguments (not one string, which would go one
+    letter per argument), as a tuple; `example`: some, as the user would type them."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not all(isinstance(o, str) for o in value):
+        raise TypeError(f"{name}={value!r}: give a list of {tool}'s arguments, e.g. {shlex.split(example)!r} "
+                        f"(shlex.split({example!r}))")
+    return tuple(value)
 
 
 def check_label(value: Any) -> None:

@@ -28,7 +28,7 @@ import select
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from viceroy.runtime.output_streams import nonblocking, text_stream, write_all, write_before
@@ -143,13 +143,8 @@ class OutputCapture:
             with self._queue_lock:
                 batch = self._take_queue() if self._queue else None
             if batch is None:  # taken by the reader, which may be sending it still
-                sent = False
-                try:  # out, in the link, before we return; an interrupt here must not keep it held
-                    sent = self._sending.acquire(timeout=1.0)
-                finally:
-                    if sent:
-                        self._sending.release()
-                return
+                with _held(self._sending, 1.0):  # out, in the link, before we return
+                    return
             for stream, data in batch:  # outside the queue lock: the reader drains a full pipe meanwhile
                 write_all(_FD[stream], bytes(data))
         finally:
@@ -165,12 +160,9 @@ class OutputCapture:
         for stream in self._streams:  # the text layer's unfinished line, into the queue
             with contextlib.suppress(OSError, ValueError):
                 io.TextIOWrapper.flush(stream)
-        if not self._sending.acquire(timeout=1.0):
-            return
-        try:
-            self._forward_queue(everything=True)
-        finally:
-            self._sending.release()
+        with _held(self._sending, 1.0) as got:
+            if got:
+                self._forward_queue(everything=True)
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""
@@ -362,3 +354,16 @@ def cut_at(data: bytes, room: int, first: bool) -> int:
     (`first`: nothing was forwarded yet), so that it shows something."""
     cut = data.rfind(b"\n", 0, room) + 1
     return cut if cut or not first else room
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock, timeout: float) -> Iterator[bool]:
+    """`lock`, if it can be had within `timeout` s (yields whether it was): released however
+    the block ends, an interrupt landing right after the acquire too."""
+    got = False
+    try:
+        got = lock.acquire(timeout=timeout)
+        yield got
+    finally:
+        if got:
+            lock.release()

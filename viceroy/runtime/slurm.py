@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from viceroy.runtime.arguments import check_count, check_seconds
+from viceroy.runtime.arguments import check_argv, check_count, check_python, check_seconds
 from viceroy.runtime.forkserver import Lines
 from viceroy.runtime.guard import start_guard, stop_guard
 from viceroy.runtime.launcher import (
@@ -79,17 +79,11 @@ class SlurmLauncher(Launcher):
     same_host = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.python, str) or not self.python.strip():
-            raise ValueError(f"python={self.python!r}: give the path of the nodes' Python, e.g. '/opt/venv/bin/python'")
+        check_python(self.python, "the nodes'")
         check_count(self.agents_per_node, "agents_per_node", "agents (mesh hosts) per node")
         check_seconds(self.allocation_timeout, "allocation_timeout", none=None)
-        for name in ("srun_options", "salloc_options"):
-            value = getattr(self, name)
-            if isinstance(value, str | bytes) or not isinstance(value, Sequence) \
-                    or not all(isinstance(o, str) for o in value):
-                raise TypeError(f"{name}={value!r}: give a list of {name.partition('_')[0]}'s arguments, e.g. "
-                                "['-p', 'gpu', '-t', '60'] (shlex.split('-p gpu -t 60'))")
-            setattr(self, name, tuple(value))
+        self.srun_options = check_argv(self.srun_options, "srun_options", "srun", "-p gpu -t 60")
+        self.salloc_options = check_argv(self.salloc_options, "salloc_options", "salloc", "-p gpu -t 60")
         self.job_id: str | None = None
         self.nodes: list[str] = []
         self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for

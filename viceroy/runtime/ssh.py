@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from viceroy.runtime import remains, rsync
+from viceroy.runtime.arguments import check_argv, check_python
 from viceroy.runtime.launcher import (
     AgentProcess,
     ChildAgent,
@@ -136,8 +137,8 @@ class SshLauncher(Launcher):
     def __post_init__(self) -> None:
         self.hosts = host_list(self.hosts)  # checked before anything starts
         self._master: str | None = None
-        if not isinstance(self.python, str) or not self.python.strip():
-            raise ValueError(f"python={self.python!r}: give the path of the hosts' Python, e.g. '/opt/venv/bin/python'")
+        self._read: dict[str, Any] | None = None  # `ssh -G` per host, while the first start reads them
+        check_python(self.python, "the hosts'")
         if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
                                       or not 0 < self.port < 65536):
             raise ValueError(f"port={self.port!r}: give sshd's port number (1-65535), or None for ssh's own (22, "
@@ -146,11 +147,7 @@ class SshLauncher(Launcher):
             raise TypeError(f"identity={self.identity!r}: give the path of the private key file (ssh -i KEYFILE)")
         if self.identity is not None:
             self.identity = os.fspath(self.identity)
-        if isinstance(self.options, str | bytes) or not isinstance(self.options, Sequence) \
-                or not all(isinstance(o, str) for o in self.options):
-            raise TypeError(f"ssh_options={self.options!r}: give a list of ssh's arguments, e.g. "
-                            "['-o', 'ProxyJump=gateway'] (shlex.split('-o ProxyJump=gateway'))")
-        self.options = tuple(self.options)
+        self.options = check_argv(self.options, "ssh_options", "ssh", "-o ProxyJump=gateway")
 
     def plan(self, dims: dict[str, int]) -> list[HostPlan]:
         names = list(dims)
@@ -194,30 +191,40 @@ class SshLauncher(Launcher):
         """Copy the directory `src` to every host (see `rsync.sync`)."""
         return rsync.sync(self, src, dest, dry_run, lost)
 
+    def _ssh_g(self, host: SshHost) -> Any:
+        """``ssh -G HOST`` (ssh's configuration for `host`, read without connecting), or None
+        when ssh could not run. Run once per host while the first start reads them."""
+        import subprocess
+
+        if self._read is not None and host.address in self._read:
+            return self._read[host.address]
+        try:
+            proc = subprocess.run([*self.ssh_base(), "-G", host.address], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc = None
+        if self._read is not None:
+            self._read[host.address] = proc
+        return proc
+
     def _ssh_setting(self, host: SshHost, key: str) -> str | None:
         """What ssh's configuration (options, $VICEROY_SSH_OPTIONS, ~/.ssh/config) sets `key`
         to for `host` (``ssh -G``), or None when ssh cannot say."""
-        import subprocess
-
-        try:
-            out = subprocess.run([*self.ssh_base(), "-G", host.address], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
+        proc = self._ssh_g(host)
+        out = proc.stdout if proc is not None else ""
         values = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith(f"{key} ") and " " in ln]
         return values[0] if values else None
 
     def check_options(self) -> None:
         """Refuse, before any connection, options ssh itself refuses (``ssh -G`` reads them and
         connects nowhere): the agents' ssh would fail alike on every host."""
-        import subprocess
+        import shutil
 
         first = self.hosts[0]
         assert isinstance(first, SshHost)
-        try:
-            proc = subprocess.run([*self.ssh_base(), "-G", first.address], capture_output=True, text=True, timeout=10)
-        except FileNotFoundError:
-            raise FileNotFoundError("ssh is not installed here: the ssh launcher needs OpenSSH's client") from None
-        except (OSError, subprocess.TimeoutExpired):
+        proc = self._ssh_g(first)
+        if proc is None:
+            if shutil.which(self.ssh_base()[0]) is None:
+                raise FileNotFoundError("ssh is not installed here: the ssh launcher needs OpenSSH's client")
             return  # the launch will say what is wrong
         if proc.returncode != 0:
             words = "; ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip()) or f"exit code {proc.returncode}"
@@ -234,9 +241,13 @@ class SshLauncher(Launcher):
         target = self.hosts[host.index]
         assert isinstance(target, SshHost)
         if self._master is None:  # torch.distributed's rendezvous is on rank 0, on host 0
-            self.check_options()
-            self._master = "" if users_master_addr(config) else self._rendezvous_host(config["controller_in"])
-            self._check_reachable(config["controller_in"])
+            self._read = {}  # each host's `ssh -G`, read once for the three
+            try:
+                self.check_options()
+                self._master = "" if users_master_addr(config) else self._rendezvous_host(config["controller_in"])
+                self._check_reachable(config["controller_in"])
+            finally:
+                self._read = None  # later (advice on a failure) ssh's configuration is read afresh
         config = with_master_addr(config, self._master)
         nonce = remains.new_nonce()  # tags this launch's processes on the host
         label = f"host {host.index} ({target.address}, via ssh)"

@@ -146,6 +146,8 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         entry = Entry(None, key, base, incarnation, gen, checked=checking())
         joined.add(entry.prefix)
         store.set(f"{entry.prefix}/here/{index}", _CHECKED if entry.checked else "1")
+        if entry.checked:  # counted too: one read after the build says whether all agree
+            store.add(f"{entry.prefix}/checked", 1)
 
     def connect() -> Communicator:
         client = rendezvous.client(timeout)
@@ -184,8 +186,10 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
     entry.comm = helper.comm
     with _store_ops():  # built: every member has read `gen`, the next build gets a fresh one
         store.compare_set(f"{base}/gen", str(gen), str(gen + 1))
-        checked = [r for i, r in enumerate(group.ranks) if store.get(f"{entry.prefix}/here/{i}").decode() == _CHECKED]
-    if checked and len(checked) < group.size:  # every member finds the same, and refuses alike
+        mixed = 0 < int(store.add(f"{entry.prefix}/checked", 0)) < group.size  # alike on every member
+        checked = [r for i, r in enumerate(group.ranks)
+                   if mixed and store.get(f"{entry.prefix}/here/{i}").decode() == _CHECKED]  # who is which
+    if mixed:  # every member refuses alike
         forget(entry)
         unchecked = [r for r in group.ranks if r not in checked]
         raise CollectiveError(
