@@ -1,12 +1,14 @@
 """Soak a real Viceroy kernel: phases of N cells of one kind, then the kernel's, ranks' and
 agent's RSS/fds/threads and the session's and controller's bookkeeping (nonzero counts only).
 
-    N=1000 .venv/bin/python bench/soak_kernel.py plain print fail status api tensor spawn updown
+    .venv/bin/python bench/soak_kernel.py --cells 1000 plain print fail status api tensor spawn updown
 
 Phases: see PHASES, plus interrupt (N/10 cells), restart (N/30 kills + restart --failed),
-updown (N/30 down/up cycles). Compare a phase's second run with its first: the first warms up.
+updown (N/30 down/up cycles); none named: all of them. Compare a phase's second run with its
+first: the first warms up.
 """
 
+import argparse
 import glob
 import json
 import os
@@ -23,7 +25,7 @@ from kernel_harness import Kernel  # noqa: E402
 
 from viceroy.kernel.kernelspec import write_kernel_spec  # noqa: E402
 
-N = int(os.environ.get("N", "300"))
+N = 300  # cells per phase (--cells; the environment's N, as before, sets the default)
 PROBE = r"""
 import threading, gc, sys, os, json
 from viceroy.extension import current_session
@@ -132,8 +134,20 @@ while "dead" not in mesh.states().values() and time.monotonic() < deadline:
     time.sleep(0.01)"""
 
 
+SPECIAL = ("interrupt", "restart", "updown")
+
+
 def main():
-    phases = sys.argv[1:] or list(PHASES)
+    global N
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("phases", nargs="*", metavar="PHASE", help=f"any of: {', '.join([*PHASES, *SPECIAL])}")
+    ap.add_argument("--cells", type=int, default=int(os.environ.get("N", "300")), help="cells per phase")
+    args = ap.parse_args()
+    unknown = [p for p in args.phases if p not in PHASES and p not in SPECIAL]
+    if unknown:  # before a kernel starts (argparse's choices= refuses an empty list on 3.11)
+        ap.error(f"no phase {', '.join(map(repr, unknown))}; the phases: {', '.join([*PHASES, *SPECIAL])}")
+    N = args.cells
+    phases = args.phases or [*PHASES, *SPECIAL]
     root = tempfile.mkdtemp(prefix="soak-jupyter-")
     write_kernel_spec(pathlib.Path(root) / "kernels" / "viceroy", executable=sys.executable)
     os.environ["JUPYTER_PATH"] = root

@@ -93,7 +93,8 @@ def _agent(ns: argparse.Namespace) -> int:
             return 2
         agent_main()
         return 0
-    from viceroy.runtime.attach import read_key, request_config
+    from viceroy.runtime.attach_agent import request_config
+    from viceroy.runtime.mesh_key import read_key
 
     try:
         cfg = request_config(ns.connect, read_key(ns.key_file), want=ns.host, wait=ns.wait)

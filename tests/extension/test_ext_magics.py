@@ -247,3 +247,29 @@ def test_pushing_a_variable_the_controller_lacks_names_it(shell: InteractiveShel
         assert current_session(shell).require().pull("undefined_var_xyz").values() == [7, 7]
     finally:
         shell.run_line_magic("mesh", "down")
+
+
+def test_restart_says_which_ranks_it_restarted_and_when_none_had_died(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+):
+    # `%mesh restart --failed` with no dead rank printed only the status (after a failed cell:
+    # "ranks 0-1 error (...)"), which read as if the restart had failed or done something.
+    import os
+    import signal
+
+    from tests.conftest import wait_until
+
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    mesh = current_session(shell).mesh
+    assert mesh is not None
+    capsys.readouterr()
+    shell.run_line_magic("mesh", "restart --failed")
+    assert capsys.readouterr().out == (
+        "no rank had died: nothing restarted (`%mesh restart` restarts every rank)\nmesh gpus=2: ranks 0-1 idle\n"
+    )
+    os.kill(mesh.pids()[1], signal.SIGKILL)
+    wait_until(lambda: mesh.states()[1] == "dead", 10, "rank 1's death to be known")
+    shell.run_line_magic("mesh", "restart --failed")
+    assert capsys.readouterr().out == "restarted rank 1\nmesh gpus=2: ranks 0-1 idle\n"
+    shell.run_line_magic("mesh", "restart")
+    assert capsys.readouterr().out == "restarted ranks 0-1\nmesh gpus=2: ranks 0-1 idle\n"

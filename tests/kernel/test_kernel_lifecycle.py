@@ -124,9 +124,7 @@ def test_load_ext_viceroy_gives_the_magics_to_a_stock_ipykernel():
 def test_a_full_restart_gives_fresh_ranks_that_still_stream_and_display(kernel: Kernel):
     kernel.ok("%mesh up gpus=2 --preload none", timeout=120)
     kernel.ok("%%mesh\nkept = 1")
-    assert (
-        kernel.ok("%mesh restart", timeout=120).stream().startswith("mesh gpus=2: ranks 0-1 idle")
-    )
+    assert kernel.ok("%mesh restart", timeout=120).stream().startswith("restarted ranks 0-1\nmesh gpus=2: ranks 0-1 idle")
     kernel.ok("%%mesh\nfrom IPython.display import HTML")
     ex = kernel.ok("%%mesh\nprint('kept' in globals())\ndisplay(HTML('<i>after restart</i>'))")
     # Every fresh rank streamed False. Whether the two lines are shown as one "[0-1] False"

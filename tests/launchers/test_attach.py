@@ -301,7 +301,8 @@ def test_agents_with_the_same_hostname_and_pid_get_hosts_of_their_own(tmp_path):
 
 def test_an_agent_that_took_its_config_and_went_silent_is_given_up_naming_its_host(tmp_path):
     # it died right after attaching, or a firewall lets only the attach port through
-    from viceroy.runtime.attach import read_key, request_config
+    from viceroy.runtime.attach_agent import request_config
+    from viceroy.runtime.mesh_key import read_key
 
     key_file, port = str(tmp_path / "mesh.key"), _port()
     addr = f"127.0.0.1:{port}"

@@ -130,7 +130,7 @@ def test_the_magic_starts_an_ssh_mesh_from_a_hostfile(sshd, tmp_path, monkeypatc
 
 
 def test_a_controller_on_every_interface_is_reached_where_the_launcher_came_from():
-    from viceroy.runtime.attach import reach_controller
+    from viceroy.runtime.attach_agent import reach_controller
 
     cfg = {"host": 1, "controller_in": "tcp://0.0.0.0:5001", "controller_out": "tcp://0.0.0.0:5002"}
     via_ssh = reach_controller(cfg, {"SSH_CONNECTION": "10.1.2.3 52000 10.1.2.9 22"})

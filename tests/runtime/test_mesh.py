@@ -353,6 +353,7 @@ def test_bad_arguments_to_calls_are_refused_before_anything_is_sent_or_done(star
     for call, message in [
         (lambda: mesh.restart(timeout=-1), r"timeout=-1: give a positive, finite number of seconds$"),
         (lambda: mesh.restart(timeout="x"), r"timeout='x': give a positive"),
+        (lambda: mesh.restart(failed_only="no"), r"failed_only='no': give True or False"),  # restarted none
         (lambda: mesh.stacks(timeout=-1), r"timeout=-1: give a positive"),
         (lambda: mesh.stats(timeout=float("nan")), r"timeout=nan: give a positive"),
         (lambda: mesh.logs(0, tail=0), r"tail=0: give a positive whole number of lines"),
@@ -377,6 +378,13 @@ def test_bad_arguments_to_calls_are_refused_before_anything_is_sent_or_done(star
 def test_bad_start_options_are_refused_before_any_process_starts(bad, message):
     with pytest.raises((ValueError, TypeError), match=message):
         vr.Mesh.local(gpus=1, echo=False, **bad)
+
+
+@pytest.mark.parametrize("dims", [4, ["gpus"], "gpus=4"])  # were "'int' object is not iterable", dict()'s words
+def test_dims_that_are_not_a_mapping_are_told_how_to_be_given(dims):
+    with pytest.raises(TypeError, match=r"^Mesh.local takes the dims as keywords or a dict of NAME: SIZE, e\.g\. "
+                                        r"Mesh.local\(gpus=4\) or Mesh.local\(\{'gpus': 4\}\); got "):
+        vr.Mesh.local(dims, echo=False)
 
 
 def test_an_error_on_the_controllers_io_thread_is_reported_and_calls_still_complete(start_mesh, capfd):

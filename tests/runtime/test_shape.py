@@ -60,7 +60,10 @@ def test_out_of_range_index_says_the_size():
     "spec, message",
     [
         ({"gpus": ("dp", "tp"), "tp": 3}, "cannot split"),
-        ({"gpus": ("dp", "tp")}, "all but one"),
+        ({"gpus": ("dp", "tp")}, r"^split\(gpus=\('dp', 'tp'\)\): give the size of all but one of the new dims, "
+                                 r"e\.g\. split\(gpus=\('dp', 'tp'\), tp=N\) \(gpus has size 4\)$"),
+        ({"gpus": {"dp": 2, "tp": 2}}, r"^split takes the new dims' names as a tuple and their sizes as keywords: "
+                                       r"split\(gpus=\('dp', 'tp'\), tp=2\)$"),
         ({"gpus": ("dp",)}, "two or more"),
         ({"gpus": ("hosts", "tp"), "tp": 2}, "already exists"),
         ({"gpus": ("dp", "tp"), "tp": 0}, r"positive integers, got \{'tp': 0\}"),

@@ -123,7 +123,8 @@ def _check_ssh_options(hostfile: str, kwargs: dict[str, Any]) -> None:
 
 
 def _check_attach(listen: str | None, key_file: str | None) -> None:
-    from viceroy.runtime.attach import read_key, split_address
+    from viceroy.runtime.arguments import split_address
+    from viceroy.runtime.mesh_key import read_key
 
     if listen is not None:
         try:

@@ -200,7 +200,11 @@ class MeshMagics(Magics):
         return text + auto
 
     def _cmd_restart(self, cmd: Command) -> None:
-        self.session.restart(failed_only=cmd.failed_only)
+        ranks = self.session.restart(failed_only=cmd.failed_only)
+        if ranks:
+            print(f"restarted {'rank' if len(ranks) == 1 else 'ranks'} {format_rank_set(ranks)}")
+        else:
+            print("no rank had died: nothing restarted (`%mesh restart` restarts every rank)")
         print(self.status_text())
 
     def _cmd_interrupt(self, cmd: Command) -> None:

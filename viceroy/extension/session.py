@@ -178,11 +178,12 @@ class MeshSession:
                 del self.shell.user_ns["mesh"]
         return True
 
-    def restart(self, failed_only: bool = False) -> None:
+    def restart(self, failed_only: bool = False) -> list[int]:
+        """Restart every rank, or only the dead ones; the ranks restarted."""
         mesh = self.require()
         ranks = [r for r, s in mesh.states().items() if s == "dead" or not failed_only]
         if not ranks:
-            return
+            return ranks
         self.state.starting(ranks)
         self._restarting = frozenset(ranks)
         self._notify()
@@ -195,6 +196,7 @@ class MeshSession:
             self._cells.forget_exits(ranks)  # the dead ones among them are back
             self.state.set_states(mesh.states())
             self._notify()
+        return ranks
 
     def require(self) -> Mesh:
         """The running mesh; starts ``$VICEROY_MESH`` if set and none is up."""

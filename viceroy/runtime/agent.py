@@ -326,7 +326,7 @@ def main() -> None:
     line = sys.stdin.readline()
     if not line:
         sys.exit("viceroy agent: expected a configuration line on stdin")
-    from viceroy.runtime.attach import reach_controller
+    from viceroy.runtime.attach_agent import reach_controller
 
     Agent(reach_controller(json.loads(line), dict(os.environ))).run()
 

@@ -69,3 +69,15 @@ def check_names(what: str, names: Any, assigns: bool = False, rank_names: tuple[
                              f"mesh (its dims) under those names, which code on the ranks reads; choose another name")
         if name.startswith("__") and name.endswith("__"):
             raise ValueError(f"{what} cannot set {name!r}: {_PYTHONS}; choose another name")
+
+
+def split_address(addr: str) -> tuple[str, int]:
+    """``"tcp://10.0.0.1:7777"``, ``"10.0.0.1:7777"`` -> ("10.0.0.1", 7777)."""
+    if not isinstance(addr, str):
+        raise TypeError(f"expected HOST:PORT as a string (e.g. '127.0.0.1:7777'), got {addr!r}")
+    host, _, port = addr.removeprefix("tcp://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:7777), got {addr!r}")
+    if not 0 < int(port) < 65536:  # zmq took 99999 and listened on another port
+        raise ValueError(f"{int(port)} is not a port number (1-65535), in {addr!r}")
+    return host.strip("[]"), int(port)

@@ -11,16 +11,14 @@ sockets (on the address the agent used to reach it). The key never travels: both
 from a 0600 file or an environment variable, and anything not signed with it is dropped unread.
 An attached agent has no pipe from the controller: heartbeats are its lifeline, so when the
 controller dies or the link stays cut it kills its ranks and exits.
+
+The agent's half is `attach_agent.py`; the key, `mesh_key.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import socket
-import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from viceroy.runtime.arguments import split_address
 from viceroy.runtime.launcher import (
     AgentProcess,
     HostPlan,
@@ -35,81 +34,8 @@ from viceroy.runtime.launcher import (
     plan_by_hosts,
     users_master_addr,
 )
+from viceroy.runtime.mesh_key import KEY_ENV, key_for_controller
 from viceroy.runtime.wire import BadMessage, Signer
-
-KEY_ENV = "VICEROY_MESH_KEY"
-
-
-# --- the key ---------------------------------------------------------------------------------
-
-
-def read_key(path: str | None) -> bytes:
-    """The mesh key from a 0600 file (hex), else from $VICEROY_MESH_KEY."""
-    if path is None:
-        text = os.environ.get(KEY_ENV)
-        if not text:
-            raise ValueError(f"no mesh key: pass --key-file FILE (a 0600 file) or set ${KEY_ENV}")
-        where = f"${KEY_ENV}"
-    else:
-        try:
-            mode = os.stat(path).st_mode
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"no key file {path}: copy the mesh's key file from the controller's machine (Mesh.attach "
-                f"writes it there, mode 0600) to {path} here, or set ${KEY_ENV} to its contents"
-            ) from None
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(f"{path} is a directory; --key-file names the mesh's key file (e.g. mesh.key)")
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PermissionError(
-                f"{path} is readable by others (mode {stat.S_IMODE(mode):o}); the mesh key must be "
-                f"private: chmod 600 {path}"
-            )
-        with open(path) as f:
-            text = f.read()
-        where = path
-    try:
-        key = bytes.fromhex(text.strip())
-    except ValueError:
-        raise ValueError(f"the mesh key in {where} is not hex (expected 64 hex digits)") from None
-    if len(key) < 16:
-        raise ValueError(f"the mesh key in {where} is {len(key)} bytes; use at least 16 (32 is the default)")
-    return key
-
-
-def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
-    """The key of an attach mesh: from `path` if it exists, else a fresh one written there
-    (mode 0600); with no path, from $VICEROY_MESH_KEY, else ~/.viceroy/attach-PORT.key."""
-    if path is None:
-        if os.environ.get(KEY_ENV):
-            return read_key(None), None
-        folder = os.path.expanduser("~/.viceroy")
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        path = os.path.join(folder, f"attach-{port}.key")
-    if os.path.exists(path):
-        return read_key(path), path
-    key = secrets.token_bytes(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"key_file={path!r}: there is no directory {os.path.dirname(path) or '.'} to create "
-                                "it in (a missing key file is created, mode 0600)") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex() + "\n")
-    return key, path
-
-
-def split_address(addr: str) -> tuple[str, int]:
-    """``"tcp://10.0.0.1:7777"``, ``"10.0.0.1:7777"`` -> ("10.0.0.1", 7777)."""
-    if not isinstance(addr, str):
-        raise TypeError(f"expected HOST:PORT as a string (e.g. '127.0.0.1:7777'), got {addr!r}")
-    host, _, port = addr.removeprefix("tcp://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:7777), got {addr!r}")
-    if not 0 < int(port) < 65536:  # zmq took 99999 and listened on another port
-        raise ValueError(f"{int(port)} is not a port number (1-65535), in {addr!r}")
-    return host.strip("[]"), int(port)
-
 
 # --- the controller's side -------------------------------------------------------------------
 
@@ -298,95 +224,3 @@ def _loopback(addr: str) -> bool:
         return addr == "localhost"
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-# --- the agent's side ------------------------------------------------------------------------
-
-_ANY = ("0.0.0.0", "*", "[::]", "::")
-
-
-def reach_controller(cfg: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """A controller listening on every interface (``--listen 0.0.0.0``) is reached at the
-    address this host's launcher came from: ssh's client ($SSH_CONNECTION), srun's host
-    ($SLURM_SRUN_COMM_HOST)."""
-    out = dict(cfg)
-    for k in ("controller_in", "controller_out"):
-        scheme, _, rest = cfg[k].partition("://")
-        host, _, port = rest.rpartition(":")
-        if scheme != "tcp" or host not in _ANY:
-            continue
-        ssh_client = env.get("SSH_CONNECTION", "").split()[:1]
-        origin = ssh_client[0] if ssh_client else env.get("SLURM_SRUN_COMM_HOST")
-        if not origin:
-            sys.exit(f"viceroy agent (host {cfg.get('host')}): the controller listens on {host}, every "
-                     "interface, and this agent cannot tell which address reaches it; give the controller "
-                     "an address these hosts can reach (--listen ADDR / interface=ADDR)")
-        out[k] = f"tcp://{origin}:{port}"
-    return out
-
-
-
-def request_config(addr: str, key: bytes, want: int | None = None, wait: float = 60.0) -> dict[str, Any]:
-    """Ask the controller at `addr` for this agent's configuration, retrying until it answers or
-    `wait` seconds pass (the controller may start after the agent)."""
-    host, port = split_address(addr)
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise ValueError(f"cannot look up the controller's host {host!r} ({e.strerror}); give its address "
-                         f"instead, e.g. --connect 10.0.0.1:{port}") from None
-    signer = Signer(key)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)  # no requests queued up while connecting: one per try
-    sock.connect(f"tcp://{host}:{port}")
-    deadline = time.monotonic() + wait
-    said = ""
-    nonce = secrets.token_hex(16)  # this request's, kept across its retries
-    try:
-        while True:
-            req = {"op": "attach", "hostname": socket.gethostname(), "pid": os.getpid(), "want": want, "nonce": nonce}
-            try:
-                sock.send_multipart(signer.pack(req), flags=zmq.NOBLOCK)
-                patience = 1000
-            except zmq.Again:
-                patience = 50  # not connected yet: try again soon
-            if sock.poll(patience):
-                header, signed, _ = signer.unpack(sock.recv_multipart())
-                if header.get("op") == "refused":
-                    raise RuntimeError(f"the controller at {host}:{port} refused this agent: {header['why']}")
-                if header.get("op") == "wait":
-                    why = str(header.get("why", "it asked this agent to wait"))
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(f"the controller at {host}:{port} still had no host for this agent "
-                                           f"after {wait:.0f} s: {why}; --wait SECONDS waits longer")
-                    if why != said:  # say once what it waits for
-                        print(f"viceroy agent: waiting: {why}", file=sys.stderr, flush=True)
-                        said = why
-                    time.sleep(0.2)
-                    continue
-                cfg: dict[str, Any] = json.loads(bytes(signed[0]))
-                break
-            if time.monotonic() > deadline and said:  # it answered, then went quiet
-                raise TimeoutError(
-                    f"the controller at {host}:{port} stopped answering while this agent waited ({said}): its "
-                    "mesh shut down or its process died; start the agent again once a mesh waits there"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no answer from a controller at {host}:{port} within {wait:.0f} s: is a mesh "
-                    "waiting there (Mesh.attach / %mesh up --launcher attach), and is this the mesh's key? "
-                    "(messages signed with another key are dropped unread)"
-                )
-    finally:
-        sock.close()
-        ctx.term()
-    # The mesh's sockets, on the address this agent reached the controller by.
-    for k in ("controller_in", "controller_out"):
-        cfg[k] = f"tcp://{host}:{cfg[k].rsplit(':', 1)[1]}"
-    if cfg.pop("master_is_controller", False):  # host 0 is the controller's machine
-        cfg["env"] = {**cfg.get("env", {}), "MASTER_ADDR": host}
-    cfg["key"] = key.hex()
-    cfg["stdin_lifeline"] = False
-    return cfg

@@ -135,6 +135,12 @@ class Shape:
         """``split(gpus=("dp", "tp"), tp=2)``: replace dim gpus by dp × tp (one size may be left out)."""
         targets = {k: v for k, v in spec.items() if isinstance(v, tuple | list)}
         sizes = {k: v for k, v in spec.items() if k not in targets}
+        given = [(k, v) for k, v in spec.items() if isinstance(v, dict) and v]
+        if not targets and len(given) == 1:  # split(gpus={"dp": 2, "tp": 2}): say how it is written
+            (old, named), = given
+            *names, last = named
+            raise ValueError("split takes the new dims' names as a tuple and their sizes as keywords: "
+                             f"split({old}={(*names, last)!r}, {last}={named[last]!r})")
         if len(targets) != 1:
             raise ValueError(
                 'split takes one dim to split, e.g. split(gpus=("dp", "tp"), tp=2); '
@@ -159,7 +165,8 @@ class Shape:
         sizes = {k: _positive_int(v) for k, v in sizes.items()}
         known = math.prod(sizes.values())
         if len(free) > 1:
-            raise ValueError(f"give sizes for all but one of {new_names}")
+            raise ValueError(f"split({old}={tuple(new_names)!r}): give the size of all but one of the new dims, "
+                             f"e.g. split({old}={tuple(new_names)!r}, {free[-1]}=N) ({old} has size {total})")
         if total % known:
             raise ValueError(f"dim {old!r} of size {total} cannot split into parts of {sizes}")
         if free:

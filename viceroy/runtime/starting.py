@@ -92,6 +92,9 @@ class MeshStarts:
         launchers use), even on one machine. Dims may also come as a dict,
         ``Mesh.local({"gpus": 4})``, e.g. when a dim is named like one of the options above.
         """
+        if dims is not None and not isinstance(dims, Mapping):  # Mesh.local(4), Mesh.local(["gpus"])
+            raise TypeError(f"Mesh.local takes the dims as keywords or a dict of NAME: SIZE, e.g. Mesh.local(gpus=4) "
+                            f"or Mesh.local({{'gpus': 4}}); got {dims!r}")
         if dims and named_dims:
             raise TypeError("give dims either as a dict or as keywords, not both")
         _check_keyword_dims(named_dims)
