@@ -1,7 +1,8 @@
 """A real one-node Slurm cluster started by the tests: munged with its own key and socket,
 slurmctld and slurmd (Debian's slurm-wlm) with a configuration in a temp dir and non-default
-ports. Daemons are stopped by the pids in their pid files. `.ci/run` installs slurm-wlm and
-munge."""
+ports. Two partitions of the one node: `debug` (the default, shared by up to 64 jobs) and `whole`
+(a job there has the node to itself, so the next one queues behind it). Daemons are stopped by
+the pids in their pid files. `.ci/run` installs slurm-wlm and munge."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ class SlurmCluster:
         return self
 
     def sinfo(self) -> str:
+        """The node's state ("idle"), as each partition sees it."""
         proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env)
-        return proc.stdout.strip()
+        return " ".join(sorted(set(proc.stdout.split())))
 
     def run(self, *argv: str) -> str:
         return subprocess.run(list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=60).stdout
@@ -141,4 +143,5 @@ InactiveLimit=0
 KillWait=2
 NodeName={node} CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:64
+PartitionName=whole Nodes={node} MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 """

@@ -1,14 +1,18 @@
 """What a user sees when a Slurm mesh cannot start, against a real one-node cluster: salloc's
-refusal reported as such, a Python missing on the nodes named, and an interrupted wait for an
-allocation, or a controller killed during it, that leaves nothing in the queue."""
+refusal reported as such, a request Slurm will never grant cancelled within seconds (one that
+only queues behind another job still waits), a Python missing on the nodes named, and an
+interrupted wait for an allocation, or a controller killed during it, that leaves nothing in the
+queue."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -54,7 +58,9 @@ def test_a_python_the_nodes_cannot_run_is_named_as_such(slurm, tmp_path):
 
 WAITER = textwrap.dedent("""
     import viceroy as vr
-    vr.Mesh.slurm(hosts=2, gpus=1, allocation_timeout=120, preload=[], echo=False)  # 2 nodes: never
+    # BeginTime: Slurm holds the job for an hour, a wait that may end (not a request it never grants)
+    vr.Mesh.slurm(hosts=1, gpus=1, allocation_timeout=120, salloc_options=["--begin=now+1hour"], preload=[],
+                  echo=False)
 """)
 
 
@@ -64,9 +70,8 @@ def test_interrupting_the_wait_for_an_allocation_withdraws_it_at_once(slurm):
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the user is told what is being waited for, and how long
-        assert "queued and waiting for resources (2 node(s) x 1 task(s)); waiting up to 120 s" in line, line
-        assert "interrupt to give up" in line
-        assert line.rstrip().endswith("Slurm says: Requested partition configuration not available now"), line
+        assert "queued and waiting for resources (1 node(s) x 1 task(s)); waiting up to 120 s" in line, line
+        assert line.rstrip().endswith("interrupt to give up. Pending reason: BeginTime"), line  # Slurm's why
         jobs = slurm.jobs()
         assert len(jobs) == 1
         t0 = time.monotonic()
@@ -113,6 +118,100 @@ def test_a_controller_killed_while_waiting_for_an_allocation_leaves_no_salloc_no
             os.kill(pid, signal.SIGTERM)  # salloc withdraws its request
         for job in jobs:
             subprocess.run(["scancel", job], capture_output=True)
+
+
+@pytest.mark.parametrize("reason", [
+    "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints", "DependencyNeverSatisfied",
+    "InvalidAccount", "QOSNotAllowed", "ReservationDeleted", "MaxMemPerLimit", "QOSMaxNodePerJobLimit",
+    "AssocMaxCpuPerNode", "QOSMaxWallDurationPerJobLimit", "AssocMaxGRESMinutesPerJob", "QOSMinGRES",
+])
+def test_reasons_slurm_never_resolves_are_final(reason):
+    from viceroy.runtime.slurm import never_granted
+
+    assert never_granted(reason) is not None
+
+
+@pytest.mark.parametrize("reason", [
+    "Resources", "Priority", "None", "", "BeginTime", "Dependency", "Licenses", "Reservation", "JobHeldUser",
+    "PartitionDown", "PartitionInactive", "NodeDown", "ReqNodeNotAvail, UnavailableNodes:node[3-4]",
+    "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions",  # 22.05's words
+    "AssocGrpCpuLimit", "QOSGrpNodeLimit", "QOSMaxNodePerUserLimit", "QOSMaxJobsPerUserLimit", "AssocMaxJobsLimit",
+    "QOSMaxSubmitJobPerUserLimit", "MaxCpuPerAccount", "AccountingPolicy", "SomeReasonOfALaterSlurm",
+])
+def test_reasons_that_may_pass_keep_the_wait(reason):
+    # other jobs ending, a node or partition back, a start time reached: waiting is right
+    from viceroy.runtime.slurm import never_granted
+
+    assert never_granted(reason) is None
+
+
+@pytest.mark.parametrize(("dims", "asked"), [
+    ({"hosts": 3}, "3 node(s) x 1 agent(s) per node, partition debug"),
+    ({"hosts": 4, "agents_per_node": 2}, "2 node(s) x 2 agent(s) per node, partition debug"),
+    # more tasks on the node than it has CPUs
+    ({"hosts": os.cpu_count() + 1, "agents_per_node": os.cpu_count() + 1},
+     f"1 node(s) x {os.cpu_count() + 1} agent(s) per node, partition debug"),
+])
+def test_a_request_the_cluster_can_never_grant_is_cancelled_within_seconds(slurm, capsys, dims, asked):
+    # It waited the whole allocation_timeout (300 s), told only "queued and waiting for resources".
+    from viceroy.runtime.slurm import SlurmError
+
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError) as info:
+        vr.Mesh.slurm(gpus=1, **dims, preload=[], echo=False)
+    took = time.monotonic() - t0
+    message = str(info.value)
+    assert message.startswith(f"Slurm will never grant the allocation asked for ({asked}): job "), message
+    # PartitionConfig at first (what salloc said), PartitionNodeLimit once the scheduler has looked
+    assert re.search(r"was pending with reason Partition(Config|NodeLimit) \(the (request breaks a limit of the "
+                     r"partition|node count is outside the partition's limits): more nodes than it has", message), message
+    assert f"partition debug has TotalNodes=1 TotalCPUs={os.cpu_count()} MinNodes=0 MaxNodes=UNLIMITED" in message, message
+    assert "salloc: Requested partition configuration not available now" in message  # salloc's words too
+    assert "so it was cancelled: ask for " in message  # what to do
+    assert took < 15, took
+    assert slurm.jobs() == []  # cancelled, not left pending
+    assert "waiting up to" not in capsys.readouterr().out  # no "waiting" notice for a request refused
+    here = psutil.Process().children(recursive=True)
+    assert not [p for p in here if "salloc" in p.name() or "viceroy.runtime.guard" in " ".join(p.cmdline())], here
+
+
+def test_a_request_queued_behind_another_job_waits_for_it(slurm, capsys):
+    # `whole`: a job there has the node to itself, so ours queues behind the user's other job
+    slurm.run("salloc", "--no-shell", "--partition=whole", "--nodes=1", "--job-name=before-ours")
+    before = slurm.run("squeue", "-h", "-n", "before-ours", "-o", "%i").strip()
+    ends = threading.Timer(8, lambda: subprocess.run(["scancel", before], capture_output=True))
+    ends.start()
+    try:
+        t0 = time.monotonic()
+        with vr.Mesh.slurm(hosts=1, gpus=1, salloc_options=["-p", "whole"], allocation_timeout=60, preload=[],
+                           echo=False) as mesh:
+            assert time.monotonic() - t0 >= 8  # it waited for the other job to end (not cancelled at once)
+            assert mesh.run("rank").values() == [0]
+            job = mesh._controller.launcher.job_id
+        told = capsys.readouterr().out
+        assert f"Slurm job {job} queued and waiting for resources (1 node(s) x 1 task(s)); waiting up to 60 s" in told
+        assert "Pending reason: Priority" in told or "Pending reason: Resources" in told, told
+        wait_until(lambda: slurm.jobs() == [], 10, "the allocation to be given back")
+    finally:
+        ends.cancel()
+        subprocess.run(["scancel", before], capture_output=True)
+
+
+@pytest.mark.parametrize(("var", "value"), [("SLURM_JOB_NUM_NODES", "two"), ("SLURM_JOB_NUM_NODES", "0"),
+                                            ("SLURM_NNODES", "1.5")])
+def test_a_node_count_in_the_environment_that_is_not_one_is_named(nothing_may_start, monkeypatch, var, value):
+    # int("two") inside Mesh.slurm: a ValueError naming neither the variable nor what to do
+    from viceroy.runtime.slurm import SlurmError
+
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SlurmError) as info:
+        vr.Mesh.slurm(gpus=1, preload=[], echo=False)
+    message = str(info.value)
+    assert message.startswith(f"${var}={value!r} is not a number of nodes: in a Slurm allocation ($SLURM_JOB_ID=77)"), message
+    assert "Unset it or set it to that count" in message and "Mesh.slurm(hosts=N, ...)" in message
 
 
 def test_zero_hosts_is_refused_naming_the_dim():

@@ -7,7 +7,10 @@ also when this process dies by any signal (the pipe closes, the command exits, s
 the allocation back). While the request is still pending there is no command yet to see the
 pipe close: a guard process (guard.py) holding a lifeline of its own from this process sends
 salloc SIGTERM when it breaks, on which salloc withdraws the request. So a killed kernel
-leaves no salloc and no job behind, granted or pending.
+leaves no salloc and no job behind, granted or pending. While it is pending, Slurm is asked
+why (squeue's reason): one it never resolves by itself (NEVER_GRANTED, e.g. more nodes than the
+partition has) cancels the job at once and says what to change, instead of waiting out
+`allocation_timeout`.
 
 Each agent is ``srun --jobid J --overlap -N1 -n1 -w NODE python -m viceroy.runtime.agent``:
 its configuration, key included, goes on srun's stdin (Slurm forwards it to the task), never
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -47,6 +51,100 @@ from viceroy.runtime.launcher import (
 
 class SlurmError(RuntimeError):
     pass
+
+
+# Pending reasons (`squeue -o %r`; https://slurm.schedmd.com/job_reason_codes.html) that Slurm
+# never resolves by itself: the request is outside what the partition, account or QOS allows, or
+# refers to something that will not come. Only the user changing the request (or an admin the
+# configuration) ends them, so waiting out allocation_timeout helps nobody: the job is cancelled
+# at once. Each: what it means, what to do ({partition} is filled in).
+#  - PartitionNodeLimit: more nodes than the partition has, or outside its MinNodes/MaxNodes. (Nodes
+#    that are down or drained count: with one of a partition's two nodes down, a 2-node request
+#    pends as ReqNodeNotAvail, checked with slurm-wlm 22.05.)
+#  - PartitionTimeLimit: a time limit (-t) above the partition's MaxTime.
+#  - PartitionConfig: the fallback for "breaks some limit of the partition", e.g. more tasks per
+#    node than its nodes have CPUs. It is also the reason at submission (salloc: "Requested
+#    partition configuration not available now") until the scheduler names the limit, which took
+#    from 1 s to over 3 s on the test cluster: the error gives the partition's own limits instead.
+#  - BadConstraints ("never expected to be runnable"), DependencyNeverSatisfied, ReservationDeleted,
+#    DeadLine, InvalidAccount/InvalidQOS, AccountNotAllowed/QOSNotAllowed, MaxMemPerLimit, and the
+#    per-job limits of an account or QOS (PER_JOB_LIMIT: AssocMax*PerJob*, QOSMax*PerNode, ...,
+#    QOSMin*): this request alone exceeds them, whatever else runs.
+# Everything else keeps the wait, unknown reasons included: Resources and Priority (other jobs
+# hold the nodes), ReqNodeNotAvail/NodeDown (nodes down, drained or reserved: often back soon),
+# PartitionDown/PartitionInactive (an admin's state), BeginTime, Dependency, Licenses,
+# Reservation, JobHeld*, and the aggregate limits (*Grp*, *PerUser, *PerAccount, MaxJobs): they
+# clear as other jobs end.
+_PARTITION = "`scontrol show partition {partition}` shows its limits"
+_ACCOUNT = ("name an account (-A) and QOS (--qos) you may use on this partition in salloc_options; "
+            "`sacctmgr show assoc user=$USER` lists yours")
+NEVER_GRANTED: dict[str, tuple[str, str]] = {
+    "PartitionNodeLimit": (
+        "the node count is outside the partition's limits: more nodes than it has, or beyond its MaxNodes or MinNodes",
+        "ask for fewer nodes (fewer hosts=, or more agents on each node with agents_per_node=) or name a bigger "
+        "partition in salloc_options (-p); `sinfo -p {partition}` lists its nodes, " + _PARTITION),
+    "PartitionTimeLimit": (
+        "the time limit asked for is above the partition's MaxTime",
+        "ask for less time (-t in salloc_options) or name another partition (-p); " + _PARTITION),
+    "PartitionConfig": (
+        "the request breaks a limit of the partition: more nodes than it has, more tasks per node (agents_per_node) "
+        "than its nodes have CPUs, a time above its MaxTime, ...",
+        "ask for fewer nodes (fewer hosts=), less on each (agents_per_node=; CPUs, GPUs, memory or time in "
+        "salloc_options) or name another partition (-p); " + _PARTITION + ", `sinfo -p {partition} -o '%D %c %m %G'` "
+        "its nodes"),
+    "BadConstraints": (
+        "the job's requirements can never be satisfied",
+        "check the constraints and resources in salloc_options against the nodes: `sinfo -o '%P %D %c %m %f %G'`"),
+    "DependencyNeverSatisfied": (
+        "it depends on a job that will never satisfy the dependency",
+        "drop or fix --dependency in salloc_options"),
+    "ReservationDeleted": (
+        "the reservation it asked for no longer exists",
+        "drop or change --reservation in salloc_options; `scontrol show reservation` lists them"),
+    "DeadLine": ("it cannot end by its --deadline", "give a later --deadline in salloc_options, or none"),
+    "InvalidAccount": ("its account is invalid", _ACCOUNT),
+    "InvalidQOS": ("its QOS is invalid", _ACCOUNT),
+    "AccountNotAllowed": ("its account may not use this partition", _ACCOUNT),
+    "QOSNotAllowed": ("its QOS may not be used by its account or on this partition", _ACCOUNT),
+    "MaxMemPerLimit": (
+        "the memory asked for is above the limit per CPU or per node",
+        "ask for less memory (--mem, --mem-per-cpu in salloc_options)"),
+}
+# A limit on each job of an account (association) or QOS that this request exceeds by itself
+# (AssocMaxNodePerJobLimit, QOSMaxGRESPerNode, QOSMaxWallDurationPerJobLimit, ...), or a
+# minimum it does not reach (QOSMinGRES, ...). Not *PerUser/*PerAccount: those add up other jobs.
+PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)Max\w*Per(Job|Node)\w*|QOSMin\w+")
+_PER_JOB = (
+    "the request is beyond a per-job limit of its account or QOS",
+    "ask for less (nodes, time, CPUs, GPUs, memory) or use another account or QOS (-A, --qos in salloc_options); "
+    "`sacctmgr show qos` and `sacctmgr show assoc user=$USER` list the limits")
+POLL_S, POLL_LATER_S = 1.0, 5.0  # a pending job's reason is asked every POLL_S for 10 s, then less often
+
+
+def reason_code(reason: str) -> str:
+    """The code in squeue's %r: "ReqNodeNotAvail, UnavailableNodes:n1" -> "ReqNodeNotAvail"."""
+    return reason.split(",", 1)[0].strip()
+
+
+def never_granted(reason: str) -> tuple[str, str] | None:
+    """(what it means, what to do) if a job pending for `reason` will never start by itself."""
+    code = reason_code(reason)
+    if code in NEVER_GRANTED:
+        return NEVER_GRANTED[code]
+    return _PER_JOB if PER_JOB_LIMIT.fullmatch(code) else None
+
+
+def _partition_limits(partition: str) -> str:
+    """"; partition P has TotalNodes=1 MaxNodes=UNLIMITED ..." (`scontrol show partition`), or ""."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "partition", "-o", partition], capture_output=True, text=True,
+                               timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    fields = dict(f.split("=", 1) for f in shown if "=" in f)
+    limits = [f"{k}={fields[k]}" for k in ("TotalNodes", "TotalCPUs", "MinNodes", "MaxNodes", "MaxCPUsPerNode",
+                                           "MaxTime") if k in fields]
+    return f"; partition {partition} has {' '.join(limits)}" if limits else ""
 
 
 def _run(argv: list[str], timeout: float = 30.0) -> str:
@@ -89,12 +187,27 @@ class SlurmLauncher(Launcher):
         self._holder: subprocess.Popen[bytes] | None = None  # salloc holding the allocation we asked for
         self._guard: subprocess.Popen[bytes] | None = None  # ends salloc if this process dies (guard.py)
         self._said: list[str] = []  # what salloc has said so far
+        self._reason = ""  # why Slurm last said the job was pending
 
     @staticmethod
     def hosts_in_allocation(agents_per_node: int = 1) -> int | None:
         """How many hosts the current allocation holds (None outside one)."""
-        n = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
-        return int(n) * agents_per_node if os.environ.get("SLURM_JOB_ID") and n else None
+        job = os.environ.get("SLURM_JOB_ID")
+        var = "SLURM_JOB_NUM_NODES" if os.environ.get("SLURM_JOB_NUM_NODES") else "SLURM_NNODES"
+        n = os.environ.get(var)
+        if not job or not n:
+            return None
+        try:
+            nodes = int(n)
+        except ValueError:
+            nodes = 0
+        if nodes < 1:
+            raise SlurmError(
+                f"${var}={n!r} is not a number of nodes: in a Slurm allocation ($SLURM_JOB_ID={job}) Slurm sets it to "
+                f"the allocation's node count. Unset it or set it to that count (`scontrol show job {job}` says "
+                "NumNodes), or say how many hosts: Mesh.slurm(hosts=N, ...)"
+            )
+        return nodes * agents_per_node
 
     def plan(self, dims: dict[str, int]) -> list[HostPlan]:
         if list(dims)[:1] != ["hosts"]:
@@ -140,6 +253,8 @@ class SlurmLauncher(Launcher):
                 said = self._holder_error()
                 what = (f"no allocation of {n_nodes} node(s) within {wait} s" if time.monotonic() - t0 >= wait
                         else f"salloc refused an allocation of {n_nodes} node(s)")
+                if self._reason:
+                    said += f"; Slurm's last pending reason: {self._reason}"
                 given = (f"check salloc_options={list(self.salloc_options)!r} (--salloc-options) and `sinfo`"
                          if self.salloc_options else "check `sinfo`, pass salloc_options (partition, time)")
                 raise SlurmError(f"{what} ({said}); {given}, or put several agents on a node with agents_per_node")
@@ -151,32 +266,92 @@ class SlurmLauncher(Launcher):
 
     def _wait_for_grant(self, n_nodes: int, wait: int) -> str:
         """The holder's first line ("JOB NODELIST"), or "" if salloc gave up or the wait passed.
-        While the job is pending, the user is told once what is being waited for."""
+        While the job is pending, Slurm is asked why (`_why_pending`) every POLL_S seconds, then
+        every POLL_LATER_S: a reason it never resolves by itself cancels the job and raises at once
+        (NEVER_GRANTED); otherwise the user is told once what is being waited for."""
         holder = self._holder
         assert holder is not None and holder.stdout is not None and holder.stderr is not None
         out, err = Lines(holder.stdout.fileno()), Lines(holder.stderr.fileno())
         deadline = time.monotonic() + wait + 30
+        job = ""  # the pending job, once salloc names it
+        queued = next_ask = 0.0  # when salloc said it queued; when to ask Slurm next
+        told = False
         while not out.closed:
-            left = deadline - time.monotonic()
-            watch = [holder.stdout] if err.closed else [holder.stdout, holder.stderr]
-            ready = select.select(watch, [], [], left)[0] if left > 0 else []
-            if not ready:
+            now = time.monotonic()
+            if now >= deadline:
                 return ""
+            until = deadline if not queued else min(deadline, next_ask)
+            watch = [holder.stdout] if err.closed else [holder.stdout, holder.stderr]
+            ready = select.select(watch, [], [], max(0.0, until - now))[0]
             if holder.stderr in ready:
                 for line in err.read():
                     said = line.decode(errors="replace").strip()
                     self._said.append(said)
+                    if said.startswith("salloc: Pending job allocation "):
+                        job = said.rsplit(" ", 1)[1]
                     if "queued and waiting for resources" in said:
-                        # what salloc said before, as why ("Requested partition configuration not available now")
-                        why = "; ".join(w.removeprefix("salloc: ") for w in self._said[:-1] if "Pending job" not in w)
-                        print(f"viceroy: Slurm {said.removeprefix('salloc: ')} ({n_nodes} node(s) x "
-                              f"{self.agents_per_node} task(s)); waiting up to {wait} s (allocation_timeout=), "
-                              "interrupt to give up" + (f". Slurm says: {why}" if why else ""), flush=True)
+                        queued = next_ask = time.monotonic()
             if holder.stdout in ready:
                 got = out.read()
                 if got:
                     return got[0].decode(errors="replace").strip()
+            now = time.monotonic()
+            if not queued or now < next_ask:
+                continue
+            next_ask = now + (POLL_S if now - queued < 10 else POLL_LATER_S)
+            why = self._why_pending(job) if job else None
+            if why is not None:
+                self._reason, partition = why
+                never = never_granted(self._reason)
+                if never is not None:
+                    raise self._never_granted(job, partition, n_nodes, *never)
+            if not told:
+                told = True
+                # Slurm's reason (None: not looked at yet), and what salloc said before
+                # ("Requested partition configuration not available now")
+                reason = f". Pending reason: {self._reason}" if self._reason not in ("", "None") else ""
+                said = "; ".join(self._salloc_said())
+                print(f"viceroy: Slurm job {job or '?'} queued and waiting for resources ({n_nodes} node(s) x "
+                      f"{self.agents_per_node} task(s)); waiting up to {wait} s (allocation_timeout=), "
+                      f"interrupt to give up{reason}" + (f". Slurm says: {said}" if said else ""), flush=True)
         return ""
+
+    @staticmethod
+    def _why_pending(job: str) -> tuple[str, str] | None:
+        """(reason, partition) of `job` while it is pending (`squeue -o %r`); None if it is not,
+        or squeue cannot say (the wait goes on as if it were pending for a passing reason)."""
+        try:
+            proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T|%P|%r"], capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        state, _, rest = proc.stdout.strip().partition("|")
+        partition, _, reason = rest.partition("|")
+        return (reason, partition) if proc.returncode == 0 and state == "PENDING" and reason else None
+
+    def _never_granted(self, job: str, partition: str, n_nodes: int, means: str, todo: str) -> SlurmError:
+        """Cancel pending `job`, whose reason Slurm never resolves; the error saying so.
+        (close() then stops salloc, which has already exited or withdraws it again.)"""
+        try:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        asked = f"{n_nodes} node(s) x {self.agents_per_node} agent(s) per node, partition {partition}"
+        if self.salloc_options:
+            asked += f", salloc_options={list(self.salloc_options)!r}"
+        said = "; ".join(self._salloc_said())
+        if reason_code(self._reason).startswith("Partition"):
+            means += _partition_limits(partition)
+        return SlurmError(
+            f"Slurm will never grant the allocation asked for ({asked}): job {job} was pending with reason "
+            f"{self._reason} ({means}{'; salloc: ' + said if said else ''}), so it was cancelled: "
+            + todo.format(partition=partition)
+        )
+
+    def _salloc_said(self) -> list[str]:
+        """What salloc said about the request, less its news of the queueing itself."""
+        return [w.removeprefix("salloc: ") for w in self._said
+                if w and "Pending job allocation" not in w and "queued and waiting" not in w]
 
     def _holder_error(self) -> str:
         """What salloc said when it gave up (it is stopped first if it is still waiting)."""
