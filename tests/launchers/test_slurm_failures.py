@@ -126,7 +126,7 @@ def test_a_controller_killed_while_waiting_for_an_allocation_leaves_no_salloc_no
     "AssocMaxCpuPerNode", "QOSMaxWallDurationPerJobLimit", "AssocMaxGRESMinutesPerJob", "QOSMinGRES",
 ])
 def test_reasons_slurm_never_resolves_are_final(reason):
-    from viceroy.runtime.slurm import never_granted
+    from viceroy.runtime.slurm_pending import never_granted
 
     assert never_granted(reason) is not None
 
@@ -140,7 +140,7 @@ def test_reasons_slurm_never_resolves_are_final(reason):
 ])
 def test_reasons_that_may_pass_keep_the_wait(reason):
     # other jobs ending, a node or partition back, a start time reached: waiting is right
-    from viceroy.runtime.slurm import never_granted
+    from viceroy.runtime.slurm_pending import never_granted
 
     assert never_granted(reason) is None
 

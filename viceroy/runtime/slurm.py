@@ -8,7 +8,7 @@ the allocation back). While the request is still pending there is no command yet
 pipe close: a guard process (guard.py) holding a lifeline of its own from this process sends
 salloc SIGTERM when it breaks, on which salloc withdraws the request. So a killed kernel
 leaves no salloc and no job behind, granted or pending. While it is pending, Slurm is asked
-why (squeue's reason): one it never resolves by itself (NEVER_GRANTED, e.g. more nodes than the
+why (squeue's reason): one it never resolves by itself (slurm_pending.NEVER_GRANTED, e.g. more nodes than the
 partition has) cancels the job at once and says what to change, instead of waiting out
 `allocation_timeout`.
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import select
 import shutil
 import subprocess
@@ -47,104 +46,18 @@ from viceroy.runtime.launcher import (
     start_child_agent,
     with_master_addr,
 )
+from viceroy.runtime.slurm_pending import (
+    POLL_LATER_S,
+    POLL_S,
+    never_granted,
+    partition_limits,
+    reason_code,
+    why_pending,
+)
 
 
 class SlurmError(RuntimeError):
     pass
-
-
-# Pending reasons (`squeue -o %r`; https://slurm.schedmd.com/job_reason_codes.html) that Slurm
-# never resolves by itself: the request is outside what the partition, account or QOS allows, or
-# refers to something that will not come. Only the user changing the request (or an admin the
-# configuration) ends them, so waiting out allocation_timeout helps nobody: the job is cancelled
-# at once. Each: what it means, what to do ({partition} is filled in).
-#  - PartitionNodeLimit: more nodes than the partition has, or outside its MinNodes/MaxNodes. (Nodes
-#    that are down or drained count: with one of a partition's two nodes down, a 2-node request
-#    pends as ReqNodeNotAvail, checked with slurm-wlm 22.05.)
-#  - PartitionTimeLimit: a time limit (-t) above the partition's MaxTime.
-#  - PartitionConfig: the fallback for "breaks some limit of the partition", e.g. more tasks per
-#    node than its nodes have CPUs. It is also the reason at submission (salloc: "Requested
-#    partition configuration not available now") until the scheduler names the limit, which took
-#    from 1 s to over 3 s on the test cluster: the error gives the partition's own limits instead.
-#  - BadConstraints ("never expected to be runnable"), DependencyNeverSatisfied, ReservationDeleted,
-#    DeadLine, InvalidAccount/InvalidQOS, AccountNotAllowed/QOSNotAllowed, MaxMemPerLimit, and the
-#    per-job limits of an account or QOS (PER_JOB_LIMIT: AssocMax*PerJob*, QOSMax*PerNode, ...,
-#    QOSMin*): this request alone exceeds them, whatever else runs.
-# Everything else keeps the wait, unknown reasons included: Resources and Priority (other jobs
-# hold the nodes), ReqNodeNotAvail/NodeDown (nodes down, drained or reserved: often back soon),
-# PartitionDown/PartitionInactive (an admin's state), BeginTime, Dependency, Licenses,
-# Reservation, JobHeld*, and the aggregate limits (*Grp*, *PerUser, *PerAccount, MaxJobs): they
-# clear as other jobs end.
-_PARTITION = "`scontrol show partition {partition}` shows its limits"
-_ACCOUNT = ("name an account (-A) and QOS (--qos) you may use on this partition in salloc_options; "
-            "`sacctmgr show assoc user=$USER` lists yours")
-NEVER_GRANTED: dict[str, tuple[str, str]] = {
-    "PartitionNodeLimit": (
-        "the node count is outside the partition's limits: more nodes than it has, or beyond its MaxNodes or MinNodes",
-        "ask for fewer nodes (fewer hosts=, or more agents on each node with agents_per_node=) or name a bigger "
-        "partition in salloc_options (-p); `sinfo -p {partition}` lists its nodes, " + _PARTITION),
-    "PartitionTimeLimit": (
-        "the time limit asked for is above the partition's MaxTime",
-        "ask for less time (-t in salloc_options) or name another partition (-p); " + _PARTITION),
-    "PartitionConfig": (
-        "the request breaks a limit of the partition: more nodes than it has, more tasks per node (agents_per_node) "
-        "than its nodes have CPUs, a time above its MaxTime, ...",
-        "ask for fewer nodes (fewer hosts=), less on each (agents_per_node=; CPUs, GPUs, memory or time in "
-        "salloc_options) or name another partition (-p); " + _PARTITION + ", `sinfo -p {partition} -o '%D %c %m %G'` "
-        "its nodes"),
-    "BadConstraints": (
-        "the job's requirements can never be satisfied",
-        "check the constraints and resources in salloc_options against the nodes: `sinfo -o '%P %D %c %m %f %G'`"),
-    "DependencyNeverSatisfied": (
-        "it depends on a job that will never satisfy the dependency",
-        "drop or fix --dependency in salloc_options"),
-    "ReservationDeleted": (
-        "the reservation it asked for no longer exists",
-        "drop or change --reservation in salloc_options; `scontrol show reservation` lists them"),
-    "DeadLine": ("it cannot end by its --deadline", "give a later --deadline in salloc_options, or none"),
-    "InvalidAccount": ("its account is invalid", _ACCOUNT),
-    "InvalidQOS": ("its QOS is invalid", _ACCOUNT),
-    "AccountNotAllowed": ("its account may not use this partition", _ACCOUNT),
-    "QOSNotAllowed": ("its QOS may not be used by its account or on this partition", _ACCOUNT),
-    "MaxMemPerLimit": (
-        "the memory asked for is above the limit per CPU or per node",
-        "ask for less memory (--mem, --mem-per-cpu in salloc_options)"),
-}
-# A limit on each job of an account (association) or QOS that this request exceeds by itself
-# (AssocMaxNodePerJobLimit, QOSMaxGRESPerNode, QOSMaxWallDurationPerJobLimit, ...), or a
-# minimum it does not reach (QOSMinGRES, ...). Not *PerUser/*PerAccount: those add up other jobs.
-PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)Max\w*Per(Job|Node)\w*|QOSMin\w+")
-_PER_JOB = (
-    "the request is beyond a per-job limit of its account or QOS",
-    "ask for less (nodes, time, CPUs, GPUs, memory) or use another account or QOS (-A, --qos in salloc_options); "
-    "`sacctmgr show qos` and `sacctmgr show assoc user=$USER` list the limits")
-POLL_S, POLL_LATER_S = 1.0, 5.0  # a pending job's reason is asked every POLL_S for 10 s, then less often
-
-
-def reason_code(reason: str) -> str:
-    """The code in squeue's %r: "ReqNodeNotAvail, UnavailableNodes:n1" -> "ReqNodeNotAvail"."""
-    return reason.split(",", 1)[0].strip()
-
-
-def never_granted(reason: str) -> tuple[str, str] | None:
-    """(what it means, what to do) if a job pending for `reason` will never start by itself."""
-    code = reason_code(reason)
-    if code in NEVER_GRANTED:
-        return NEVER_GRANTED[code]
-    return _PER_JOB if PER_JOB_LIMIT.fullmatch(code) else None
-
-
-def _partition_limits(partition: str) -> str:
-    """"; partition P has TotalNodes=1 MaxNodes=UNLIMITED ..." (`scontrol show partition`), or ""."""
-    try:
-        shown = subprocess.run(["scontrol", "show", "partition", "-o", partition], capture_output=True, text=True,
-                               timeout=10).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    fields = dict(f.split("=", 1) for f in shown if "=" in f)
-    limits = [f"{k}={fields[k]}" for k in ("TotalNodes", "TotalCPUs", "MinNodes", "MaxNodes", "MaxCPUsPerNode",
-                                           "MaxTime") if k in fields]
-    return f"; partition {partition} has {' '.join(limits)}" if limits else ""
 
 
 def _run(argv: list[str], timeout: float = 30.0) -> str:
@@ -268,7 +181,7 @@ class SlurmLauncher(Launcher):
         """The holder's first line ("JOB NODELIST"), or "" if salloc gave up or the wait passed.
         While the job is pending, Slurm is asked why (`_why_pending`) every POLL_S seconds, then
         every POLL_LATER_S: a reason it never resolves by itself cancels the job and raises at once
-        (NEVER_GRANTED); otherwise the user is told once what is being waited for."""
+        (slurm_pending.NEVER_GRANTED); otherwise the user is told once what is being waited for."""
         holder = self._holder
         assert holder is not None and holder.stdout is not None and holder.stderr is not None
         out, err = Lines(holder.stdout.fileno()), Lines(holder.stderr.fileno())
@@ -299,7 +212,7 @@ class SlurmLauncher(Launcher):
             if not queued or now < next_ask:
                 continue
             next_ask = now + (POLL_S if now - queued < 10 else POLL_LATER_S)
-            why = self._why_pending(job) if job else None
+            why = why_pending(job) if job else None
             if why is not None:
                 self._reason, partition = why
                 never = never_granted(self._reason)
@@ -316,19 +229,6 @@ class SlurmLauncher(Launcher):
                       f"interrupt to give up{reason}" + (f". Slurm says: {said}" if said else ""), flush=True)
         return ""
 
-    @staticmethod
-    def _why_pending(job: str) -> tuple[str, str] | None:
-        """(reason, partition) of `job` while it is pending (`squeue -o %r`); None if it is not,
-        or squeue cannot say (the wait goes on as if it were pending for a passing reason)."""
-        try:
-            proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T|%P|%r"], capture_output=True, text=True,
-                                  timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        state, _, rest = proc.stdout.strip().partition("|")
-        partition, _, reason = rest.partition("|")
-        return (reason, partition) if proc.returncode == 0 and state == "PENDING" and reason else None
-
     def _never_granted(self, job: str, partition: str, n_nodes: int, means: str, todo: str) -> SlurmError:
         """Cancel pending `job`, whose reason Slurm never resolves; the error saying so.
         (close() then stops salloc, which has already exited or withdraws it again.)"""
@@ -341,7 +241,7 @@ class SlurmLauncher(Launcher):
             asked += f", salloc_options={list(self.salloc_options)!r}"
         said = "; ".join(self._salloc_said())
         if reason_code(self._reason).startswith("Partition"):
-            means += _partition_limits(partition)
+            means += partition_limits(partition)
         return SlurmError(
             f"Slurm will never grant the allocation asked for ({asked}): job {job} was pending with reason "
             f"{self._reason} ({means}{'; salloc: ' + said if said else ''}), so it was cancelled: "
