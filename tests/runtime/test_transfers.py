@@ -28,7 +28,7 @@ def test_large_push_and_pull_round_trip_through_shared_memory(start_mesh):
     assert [float(b[0]) for b in back] == [0.0, 1.0]
     np.testing.assert_array_equal(back[0][1:], big[1:])
     back[0][5] = 7  # the controller's copy is writable too
-    assert len(_shm_files(mesh)) == 2  # the ranks' answers, kept for reuse
+    assert len(_shm_files(mesh)) == 3  # the ranks' answers, kept for reuse, and the push, which they hold
     mesh.shutdown()
     assert _shm_files(mesh) == []
     assert float(back[1][0]) == 1.0  # what the controller holds outlives the files
@@ -128,3 +128,53 @@ def test_large_answers_are_copied_whole_by_torch_or_by_slice(tmp_path):
         m = mmap.mmap(-1, n)
         shm._fill(m, src)
         assert m[:] == data.tobytes()
+
+
+def _push_files(mesh):
+    """The files the controller wrote (the ranks' answers carry their own pids)."""
+    return [n for n in _shm_files(mesh) if n.split("-")[2] == str(os.getpid())]
+
+
+def test_a_push_writes_over_the_file_of_one_every_rank_let_go(start_mesh):
+    # Fresh tmpfs pages cost several times a copy into pages already there: a push of the same
+    # size writes into the file of an earlier one once no rank maps it any more.
+    mesh = start_mesh(gpus=2)
+    seen = set()
+    for i in range(5):
+        mesh.push(x=np.full(1 << 18, float(i)))  # 2 MiB; replaces (lets go of) the last one
+        assert mesh.run("(float(x.min()), float(x.max()))").values() == [(i, i)] * 2
+        seen |= set(_push_files(mesh))
+    # The ranks let go of the last x when the next one replaces it, so after that push: two
+    # files in turn, neither written while a rank maps it.
+    assert len(seen) == 2, seen
+
+
+def test_a_pushed_array_a_rank_still_holds_is_never_written_over(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.push(x=np.full(1 << 18, 1.0))
+    mesh.run("if rank == 1: kept = x")  # rank 0 lets go of the first file; rank 1 does not
+    for i in (2.0, 3.0, 4.0):
+        mesh.push(x=np.full(1 << 18, i))
+        assert mesh.run("float(x.max())").values() == [i, i]
+        assert mesh.slice(gpus=1).run("(float(kept.min()), float(kept.max()))").values() == [(1.0, 1.0)]
+    assert len(_push_files(mesh)) == 3  # the held one, and two in turn
+    mesh.run("if rank == 1: del kept")
+    mesh.push(x=np.full(1 << 18, 5.0))
+    assert len(_push_files(mesh)) == 3  # the one let go of is free again: no new file
+
+
+def test_a_dead_ranks_hold_on_a_pushed_file_ends_with_it(start_mesh):
+    import signal
+
+    mesh = start_mesh(gpus=2)
+    mesh.push(x=np.full(1 << 18, 1.0))
+    first = set(_push_files(mesh))
+    os.kill(mesh.pids()[1], signal.SIGKILL)
+    wait_until(lambda: mesh.states()[1] == "dead", 10, "rank 1's death to be known")
+    mesh.slice(gpus=0).push(x=np.full(1 << 18, 2.0))  # rank 0 lets go; rank 1 never will
+    mesh.slice(gpus=0).push(x=np.full(1 << 18, 3.0))
+    files = set(_push_files(mesh))
+    assert first <= files and len(files) == 2, "the first file was written over (rank 1's hold ended with it)"
+    assert mesh.slice(gpus=0).run("float(x.max())").values() == [3.0]
+    mesh.shutdown()
+    assert _shm_files(mesh) == []

@@ -68,6 +68,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._calls: dict[int, Call] = {}
         self._queries: dict[int, Query] = {}
         self._returns = shm.Returns()  # released result files, back to the ranks that made them
+        self._lender = shm.Lender(self.token)  # pushes' files, written over once the ranks let go
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._dead: set[int] = set()
         self._stuck: dict[int, set[int]] = {}  # rank -> calls given up on that it still runs
@@ -158,6 +159,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             self._beat_thread.join(timeout=2)
         self._sockets.close()
         self.launcher.close()
+        self._lender.close()
         shm.discard_mesh(self.token)
         _live.discard(self)
 
@@ -207,7 +209,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             if op == "actor":
                 call.stuck_hint = ACTOR_STUCK_HINT
             if self._direct and data:  # same host: big buffers through shared memory
-                data, entries, call.shm_paths = shm.offload(data, self.token)
+                lent = self._lender.to(shape.ranks) if op == "push" else None  # kept: the ranks keep them
+                data, entries, call.shm_paths = shm.offload(data, self.token, lent)
                 if entries:
                     extra = {**extra, "shm": entries}
         # From here the call is registered and sent as one: an interrupt (the stop button)

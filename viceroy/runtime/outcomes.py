@@ -48,6 +48,7 @@ class CallOutcomes:
     _never_ready: set[int]
     _pids: dict[int, int]
     _returns: shm.Returns
+    _lender: shm.Lender
     _listeners: list[Callable[[Event], None]]
 
     def _to_ranks(self, ranks: Sequence[int], frames: list[Any], control: bool = False) -> None:
@@ -133,6 +134,8 @@ class CallOutcomes:
                 r, ns, nd = item["r"], item.get("signed", 0), len(item.get("lens", []))
                 sig, dat = signed[si : si + ns], data[di : di + nd]
                 si, di = si + ns, di + nd
+                if "released" in item:  # pushed files it let go of
+                    self._lender.released(r, item["released"])
                 if call is None or call.answered(r):
                     for entry in item.get("shm", []):  # a late answer: its files go straight back
                         self._returns.released(r, entry[1])
@@ -208,6 +211,7 @@ class CallOutcomes:
         self._stuck.pop(r, None)
         self._exit_reason[r] = reason
         self._pids.pop(r, None)
+        self._lender.gone(r)  # what it mapped went with it
         for call in list(self._calls.values()):
             if r in call.shape.ranks and not call.answered(r):
                 call.failures[r] = (RankFailure("interrupted", "restarted while it ran") if reason == "restarted"

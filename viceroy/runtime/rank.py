@@ -8,6 +8,7 @@ process, with the process group it leads (what user code started), when its agen
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys
@@ -45,6 +46,8 @@ class Rank:
         self.token: str = cfg["token"]
         # Big results go back through shared-memory files the controller hands back for reuse.
         self.segments = shm.Segments(self.token) if self.direct and shm.available() else None
+        # Pushed files it no longer maps, told with its next answer (the controller's Lender).
+        self.let_go: collections.deque[str] = collections.deque()
         self.send_lock = threading.Lock()
         self.sender: int | None = None  # the thread sending a message now
         self.interrupt_deferred = False
@@ -105,6 +108,8 @@ class Rank:
         item.pop("op", None)
         item["r"] = self.rank
         item["signed"] = len(signed)
+        if self.let_go:
+            item["released"] = [self.let_go.popleft() for _ in range(len(self.let_go))]
         if data and self.direct:  # big arrays back to the controller through shared memory
             data, entries, _ = shm.offload(data, self.token, self.segments)
             if entries:
@@ -204,6 +209,7 @@ class Rank:
                     peers = call_peers.begin_call(call_id)
                     skipped = False
             if skipped:
+                self._never_mapped(header)
                 self._send_result(
                     {"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
                      "summary": "interrupted before it started", "tb": ""}, [], []
@@ -220,6 +226,10 @@ class Rank:
                 self.interrupt_target = None
             self.output.end_call()
             self._send_result(*reply)
+
+    def _never_mapped(self, header: dict[str, Any]) -> None:
+        """The lent files of a call this rank did not map (skipped, or failed before): let go."""
+        self.let_go.extend(e[1] for e in header.get("shm", []) if len(e) > 3 and e[3])
 
     def _run_user(self, header: dict[str, Any], signed: list[Any], data: list[Any]) -> Any:
         """A call's code or function, in this rank's namespace. Interruptible only while the
@@ -247,7 +257,11 @@ class Rank:
                 for filename, source in header.get("sources", {}).items():
                     register_source(filename, source)
                 if "shm" in header:
-                    data = shm.restore(data, header["shm"], self.token, unlink=False)
+                    try:
+                        data = shm.restore(data, header["shm"], self.token, unlink=False, on_release=self.let_go.append)
+                    except BaseException:
+                        self._never_mapped(header)
+                        raise
                 if header["op"] == "push":
                     values = serialize.loads(signed[0], data)
                     if "scatter" in header:  # one value per rank: keep ours

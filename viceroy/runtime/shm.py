@@ -11,7 +11,9 @@ with its mesh's prefix.
 Fresh tmpfs pages cost more than the copy into them (allocating and zeroing 64 MiB takes about
 three times as long as copying it), so a sender that answers the same receiver again and again
 (a rank answering the controller) keeps its files in `Segments`: the receiver says when its
-last map of a file is gone, and the sender writes the next answer over the same pages.
+last map of a file is gone, and the sender writes the next answer over the same pages. The
+controller's pushes do the same through a `Lender`: a file lent to several ranks is written over
+only once every one of them has let go of it (or died).
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ def prefix(mesh_token: str) -> str:
     return os.path.join(SHM_DIR, f"viceroy-{mesh_token}-")
 
 
-def offload(buffers: Sequence[Any], mesh_token: str, segments: Segments | None = None) -> tuple[list[Any], list[list[Any]], list[str]]:
-    """Split buffers into (frames to send, shm descriptors, paths written).
+def offload(buffers: Sequence[Any], mesh_token: str, segments: Segments | Lent | None = None) -> tuple[list[Any], list[list[Any]], list[str]]:
+    """Split buffers into (frames to send, shm descriptors, paths written and not kept).
 
     A descriptor is ``[position, path, nbytes]``, or ``[position, path, nbytes, 1]`` for a file
-    of `segments` that the receiver hands back when done; `restore` puts the buffers back in
-    order.
+    of `segments` (a `Segments`, or a `Lender`'s files for some ranks) that the receiver hands
+    back when done; `restore` puts the buffers back in order.
     """
     frames: list[Any] = []
     entries: list[list[Any]] = []
@@ -202,6 +204,102 @@ class Segments:
         for m in maps:
             m.close()
         discard(paths)
+
+
+class Lender:
+    """On the controller: the files of its pushes, written over by a later push of the same size
+    once every rank it was lent to has let go of it (each rank's answers carry what it let go
+    of; a rank that died or was restarted holds nothing). Lent files are not mapped here, so the
+    controller's RSS does not grow: a reused file is written with `os.pwrite` (into pages there
+    already: about twice a memory copy, against five times for fresh ones). At most
+    `keep_bytes` of free files are kept, oldest dropped first. Thread-safe."""
+
+    def __init__(self, mesh_token: str, keep_bytes: int = 256 << 20) -> None:
+        self._prefix = prefix(mesh_token)
+        self._keep = keep_bytes
+        self._free: list[tuple[str, int]] = []  # oldest first
+        self._holders: dict[str, set[int]] = {}  # lent file -> ranks that may still map it
+        self._sizes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def to(self, ranks: Sequence[int]) -> Lent:
+        """What `offload` writes files through for a push to `ranks`."""
+        return Lent(self, frozenset(ranks))
+
+    def write(self, mv: memoryview, ranks: frozenset[int]) -> str:
+        n = mv.nbytes
+        with self._lock:
+            reuse = next((i for i, (_, size) in enumerate(self._free) if size == n), None)
+            path = self._free.pop(reuse)[0] if reuse is not None else f"{self._prefix}{os.getpid()}-{next(_counter)}"
+            self._holders[path] = set(ranks)
+            self._sizes[path] = n
+        try:
+            fd = os.open(path, os.O_WRONLY if reuse is not None else os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            try:
+                written = 0
+                while written < n:
+                    written += os.pwrite(fd, mv[written : written + (64 << 20)], written)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self._forget([path])
+            raise
+        return path
+
+    def released(self, rank: int, paths: Sequence[str]) -> None:
+        """`rank` no longer maps these files."""
+        with self._lock:
+            for p in paths:
+                holders = self._holders.get(p)
+                if holders is not None:
+                    holders.discard(rank)
+            drop = self._settle()
+        discard(drop)
+
+    def gone(self, rank: int) -> None:
+        """`rank`'s process ended: it maps nothing."""
+        with self._lock:
+            for holders in self._holders.values():
+                holders.discard(rank)
+            drop = self._settle()
+        discard(drop)
+
+    def _settle(self) -> list[str]:
+        """Under the lock: files no rank holds become free; the free beyond `keep_bytes` go."""
+        for p in [p for p, holders in self._holders.items() if not holders]:
+            del self._holders[p]
+            self._free.append((p, self._sizes[p]))
+        drop = []
+        while self._free and sum(size for _, size in self._free) > self._keep:
+            drop.append(self._free.pop(0)[0])
+        for p in drop:
+            del self._sizes[p]
+        return drop
+
+    def close(self) -> None:
+        with self._lock:
+            paths = list(self._sizes)
+        self._forget(paths)
+
+    def _forget(self, paths: Sequence[str]) -> None:
+        with self._lock:
+            for p in paths:
+                self._holders.pop(p, None)
+                self._sizes.pop(p, None)
+            self._free = [(p, size) for p, size in self._free if p not in paths]
+        discard(paths)
+
+
+class Lent:
+    """A `Lender`'s files for one push, to `ranks` (see `offload`)."""
+
+    __slots__ = ("lender", "ranks")
+
+    def __init__(self, lender: Lender, ranks: frozenset[int]) -> None:
+        self.lender, self.ranks = lender, ranks
+
+    def write(self, mv: memoryview) -> str:
+        return self.lender.write(mv, self.ranks)
 
 
 class Returns:
