@@ -94,11 +94,21 @@ def test_torch_tensors_travel_through_shared_memory(start_mesh):
     assert _shm_files(mesh) == []
 
 
-def test_a_failed_call_leaves_no_shared_memory_behind(start_mesh):
+def test_a_failed_call_lets_go_of_its_arguments_file(start_mesh):
     mesh = start_mesh(gpus=2)
-    with pytest.raises(vr.MeshError, match="ZeroDivisionError"):
-        mesh.run(lambda a: 1 / 0, np.zeros(1 << 18))
+    for _ in range(3):
+        with pytest.raises(vr.MeshError, match="ZeroDivisionError"):
+            mesh.run(lambda a: 1 / 0, np.zeros(1 << 18))
+    assert len(_push_files(mesh)) == 1  # let go of with the failure: written over by the next call
+    mesh.shutdown()
     assert _shm_files(mesh) == []
+
+
+def test_a_functions_arguments_file_is_written_over_by_the_next_call(start_mesh):
+    mesh = start_mesh(gpus=2)
+    for i in range(4):
+        assert mesh.run(lambda a: float(a.max()), np.full(1 << 18, float(i))).values() == [i, i]
+    assert len(_push_files(mesh)) == 1  # the arguments are dropped before the answer goes
 
 
 @pytest.mark.slow

@@ -209,7 +209,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             if op == "actor":
                 call.stuck_hint = ACTOR_STUCK_HINT
             if self._direct and data:  # same host: big buffers through shared memory
-                lent = self._lender.to(shape.ranks) if op == "push" else None  # kept: the ranks keep them
+                # Kept for reuse (see shm.Lender); an actor's host answers another way: not lent.
+                lent = self._lender.to(shape.ranks) if op != "actor" else None
                 data, entries, call.shm_paths = shm.offload(data, self.token, lent)
                 if entries:
                     extra = {**extra, "shm": entries}
