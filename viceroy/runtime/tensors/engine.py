@@ -359,13 +359,15 @@ class Engine:
     def fetch(self, t: MeshTensor, coords: dict[str, int]) -> Any:
         self.sync()
         view = self.mesh.slice(**coords) if coords else self.mesh
-        vals = view._run(worker.get, t._id, label="fetch")
+        # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
+        # itself why it has no value (none is reported as stopped because another failed).
+        vals = view._run(worker.get, t._id, label="fetch", fail_fast=False)
         return vals.values()[0] if coords and len(view.ranks) == 1 else vals
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""
         self.sync()
-        return self.mesh._run(fn, *args, label=label)
+        return self.mesh._run(fn, *args, label=label, fail_fast=False)  # (as a fetch)
 
 
 def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bool]]:

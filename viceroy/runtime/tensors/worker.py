@@ -36,7 +36,11 @@ Op = tuple
 
 
 class OpFailed(RuntimeError):
-    """An op issued on the controller failed on this rank."""
+    """An op issued on the controller failed on this rank. Its message names the op, the
+    controller line that issued it and why: the controller shows it as it is, without this
+    type's name or the engine's frames (`execution.format_user_traceback`)."""
+
+    says_all = True
 
 
 def table() -> dict[int, Any]:
@@ -140,7 +144,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                         try:
                             a[j] = tab[tid]
                         except KeyError:
-                            raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+                            raise _Unmade(failed.get(tid)) from None
                 else:
                     a, kw = args, kwargs
                 if factory and kw.get("device") in (None, "cuda"):
@@ -148,10 +152,12 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 result = func(*a, **kw) if kw else func(*a)
             except Exception as exc:
                 issued = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
-                if isinstance(exc, _Unmade):  # it uses what a failed op should have made
+                if isinstance(exc, _Unmade) and exc.root is None:  # it uses a tensor this rank never had
+                    root = f"{issued} did not run: it uses a tensor that {_MISSING}"
+                    report: tuple[str, BaseException | None] = (root, None)
+                elif isinstance(exc, _Unmade):  # it uses what a failed op should have made
                     root = exc.root
-                    report: tuple[str, BaseException | None] = (
-                        f"{issued} did not run: it uses a result of an op that failed: {root}", None)
+                    report = (f"{issued} did not run: it uses a result of an op that failed: {root}", None)
                 else:
                     root = f"{issued} failed: {type(exc).__name__}: {exc}"
                     report = (root, exc)
@@ -215,9 +221,10 @@ def seeded(seed: int) -> None:
 
 
 class _Unmade(Exception):
-    """An op's input has no value on this rank (`root`: why)."""
+    """An op's input has no value on this rank (`root`: the failure that marked it; None: this
+    rank never had it)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str | None) -> None:
         super().__init__(root)
         self.root = root
 
@@ -272,8 +279,9 @@ def _mark_rest(tab: dict[int, Any], failed: dict[int, str], ops: list[Op], start
         _mark(tab, failed, op, f"{_name(func)} (issued at {where[0]}, line {where[1]}) {why}")
 
 
-_MISSING = ("tensor #{} does not exist here (the ops that made it were interrupted before they started, or "
-            "this rank was restarted since)")
+# (A tensor id means nothing to the user: the op or the fetch that meets one names it.)
+_MISSING = ("does not exist on this rank: the rank was restarted since it was made, or the ops that made it "
+            "were interrupted before they started; make it again")
 
 
 def _free(tab: dict[int, Any], failed: dict[int, str], frees: list[int]) -> int:
@@ -299,7 +307,7 @@ def _value(tab: dict[int, Any], failed: dict[int, str], tid: int) -> Any:
     try:
         return tab[tid]
     except KeyError:
-        raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+        raise _Unmade(failed.get(tid)) from None
 
 
 def lookup(tab: dict[int, Any], tid: int) -> Any:
@@ -310,7 +318,7 @@ def lookup(tab: dict[int, Any], tid: int) -> Any:
     except KeyError:
         why = failures().get(tid)
         if why is None:
-            raise OpFailed(_MISSING.format(tid)) from None
+            raise OpFailed(f"this tensor {_MISSING}") from None
         raise OpFailed(f"this tensor has no value here: {why}") from None
 
 
