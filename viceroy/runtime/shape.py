@@ -14,6 +14,8 @@ import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
+from viceroy.runtime.arguments import as_int
+
 
 class Shape:
     """Ordered named dims over global rank ids (row-major)."""
@@ -366,12 +368,7 @@ class ShapeOps:
 
 def _int(v: Any) -> int | None:
     """`v` as a plain int if it is an integer (numpy's and torch's too), not a bool; else None."""
-    if isinstance(v, bool):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
+    return as_int(v)
 
 
 def _positive_int(v: Any) -> int | None:
