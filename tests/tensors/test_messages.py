@@ -5,6 +5,7 @@ import gc
 import re
 import warnings
 
+import numpy as np
 import pytest
 
 import viceroy as vr
@@ -226,5 +227,13 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
                                             r"concatenated along \(dims=\{'gpus': 0\}\); got "
                                             + re.escape(repr(bad)) + r"\. The mesh's dims are gpus"):
             vr.assemble(t, dims=bad)
+    with pytest.raises(ValueError, match=r"reduce: dims=\[\] names no dim, so nothing would be reduced: name the "
+                                         r"dims to reduce over \(dims='gpus'\), or leave dims out for the whole mesh"):
+        reduce(t, dims=[])
+    for bad in (True, 1.0, "0"):
+        with pytest.raises(TypeError, match=r"assemble: mesh dim 'gpus' maps to " + re.escape(repr(bad))
+                                            + r": give a tensor dim, an int from -2 to 1"):
+            vr.assemble(t, dims={"gpus": bad})
     assert seen == []
+    assert vr.assemble(t, dims={"gpus": np.int64(1)}).shape == (2, 6)  # numpy's ints are ints
     assert [x.tolist() for x in reduce(t, dims=("gpus",)).fetch()] == [(2 * torch.arange(6.0)).reshape(2, 3).tolist()] * 2
