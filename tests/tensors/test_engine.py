@@ -154,6 +154,11 @@ def test_ops_mixing_meshes_are_refused(start_mesh):
         b = torch.ones(2)
     with pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=1 and gpus=2\)"):
         a + b
+    twin = start_mesh(gpus=1, preload=["torch"])  # the same dims: not "gpus=1 and gpus=1"
+    with twin.activate():
+        c = torch.ones(2)
+    with pytest.raises(ValueError, match=r"add mixes tensors of different meshes \(both gpus=1\); move one"):
+        a + c
 
 
 def test_ops_mixing_views_of_one_mesh_name_their_ranks_and_to_mesh(tmesh):

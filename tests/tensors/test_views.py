@@ -108,7 +108,8 @@ def test_to_mesh_refuses_views_that_do_not_pair_up_and_sends_nothing(mesh4, star
     with pytest.raises(ValueError, match=r"same sizes.*\(gpus=2\).*\(gpus=3\)"):
         a.to_mesh(mesh4.slice(gpus=slice(1, 4)))
     other = start_mesh(gpus=2, preload=["torch"])
-    with pytest.raises(ValueError, match="different meshes: fetch it and push it"):
+    with pytest.raises(ValueError, match=r"the tensor's mesh and the target are different meshes \(both gpus=2\): "
+                                         "fetch it and push it"):
         a.to_mesh(other)
     with pytest.raises(TypeError, match="takes a Mesh"):
         a.to_mesh("gpus=1")

@@ -55,11 +55,10 @@ class Ref:
                 f"make a new handle with mesh.ref({self.name!r})"
             )
         if self._token != controller.token:
-            raise ValueError(
-                f"handle {self.name!r} belongs to mesh ({self._describe}), not to this mesh "
-                f"({describe}); values move between meshes only through the controller "
-                f"(pull, then push)"
-            )
+            where = (f"another mesh, not to this one (both {describe})" if describe == self._describe
+                     else f"mesh ({self._describe}), not to this mesh ({describe})")
+            raise ValueError(f"handle {self.name!r} belongs to {where}; values move between meshes only through the "
+                             "controller (pull, then push)")
 
 
 def is_handle(value: Any) -> bool:

@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_meshes, format_rank_set
 from viceroy.runtime.tensors import rank_ops, unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
@@ -224,8 +224,8 @@ class Engine:
         src, dst = self.mesh, target.mesh
         if src._controller is not dst._controller:
             raise self.foreign(target.describe(), what="to_mesh: ", usual=(
-                f"to_mesh moves a tensor between views of one mesh; {self.describe()} and "
-                f"{target.describe()} are different meshes: fetch it and push it instead"))
+                f"to_mesh moves a tensor between views of one mesh; the tensor's mesh and the target are different "
+                f"meshes ({describe_meshes((self.describe(), target.describe()))}): fetch it and push it instead"))
         if list(src.dims.values()) != list(dst.dims.values()):
             raise ValueError(
                 f"to_mesh pairs ranks position by position, so the views need the same sizes; "

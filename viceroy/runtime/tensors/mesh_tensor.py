@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from viceroy.runtime.shape import describe_ranks
+from viceroy.runtime.shape import describe_meshes, describe_ranks
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
 
 if TYPE_CHECKING:
@@ -363,7 +363,7 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
             raise ValueError(f"{name} mixes tensors of different views of one mesh ({' and '.join(descs)}); {fix}")
         first, *rest = sorted(engines, key=lambda e: not e._controller.closed)  # one shut down first
         raise first.foreign(rest[0].describe(), what=f"{name}: ", usual=(
-            f"{name} mixes tensors of different meshes ({' and '.join(sorted(e.describe() for e in engines))}); "
+            f"{name} mixes tensors of different meshes ({describe_meshes(e.describe() for e in engines)}); "
             "move one with .fetch() and push, or keep the work on one mesh"))
     (engine,) = engines
     return engine.dispatch(func, args, kwargs)
