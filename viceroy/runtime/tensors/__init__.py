@@ -79,8 +79,8 @@ def _reduce_dims(dims: Any, mesh_dims: list[str]) -> list[str]:
 
 def _check_mesh_tensor(t: Any, name: str) -> None:
     if not isinstance(t, MeshTensor):
-        raise TypeError(f"vr.{name} takes a MeshTensor (made under mesh.activate()); got {type(t).__name__}. "
-                        + ("In rank code, vr.all_reduce reduces a rank's own tensor." if name == "reduce" else ""))
+        raise TypeError(f"vr.{name} takes a MeshTensor (made under mesh.activate()); got {type(t).__name__}"
+                        + (". In rank code, vr.all_reduce reduces a rank's own tensor" if name == "reduce" else ""))
 
 
 def inspect(t: MeshTensor) -> Any:

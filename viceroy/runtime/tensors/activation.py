@@ -20,7 +20,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.tensors.engine import Engine
-from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, repointed, torch_function
+from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+from viceroy.runtime.tensors.refusals import repointed
 
 # Torch functions that make tensors from nothing: under activate() they make MeshTensors.
 FACTORIES = {

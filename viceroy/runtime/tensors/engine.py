@@ -30,11 +30,11 @@ from viceroy.runtime.tensors.mesh_tensor import (
     GENERAL,
     VALUE,
     MeshTensor,
-    check_needs_no_data,
     new,
     where,
 )
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
+from viceroy.runtime.tensors.refusals import check_needs_no_data
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -362,7 +362,9 @@ class Engine:
         # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
         # itself why it has no value (none is reported as stopped because another failed).
         vals = view._run(worker.get, t._id, label="fetch", fail_fast=False)
-        return vals.values()[0] if coords and len(view.ranks) == 1 else vals
+        # One rank's tensor when every dim is given an index (a slice keeps its dim, as in
+        # mesh.slice: a ValueMesh, whatever its length).
+        return vals.values()[0] if coords and not view.dims else vals
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""

@@ -22,10 +22,10 @@ from viceroy.runtime.tensors.mesh_tensor import (
     NEW,
     VALUE,
     MeshTensor,
-    data_shaped,
     mutates,
     sig_of,
 )
+from viceroy.runtime.tensors.refusals import data_shaped, needs_data
 
 
 class Plan:
@@ -204,9 +204,7 @@ def _explained(name: str, args: tuple[Any, ...], exc: BaseException) -> BaseExce
     text = str(exc)
     what = _index_what(name, args[1]) if name in _INDEXING and len(args) > 1 else f"{name}()"
     if any(s in text for s in _NO_VALUES):
-        return RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): use .fetch() for "
-                            "a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks with "
-                            "mesh.run(fn, t) (each rank calls fn on its own tensor)")
+        return RuntimeError(needs_data(what))
     lower = text.lower()
     if isinstance(exc, NotImplementedError) or "data-dependent" in lower or "meta tensor" in lower or \
             "meta kernel" in lower:

@@ -152,12 +152,14 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 result = func(*a, **kw) if kw else func(*a)
             except Exception as exc:
                 issued = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
-                if isinstance(exc, _Unmade) and exc.root is None:  # it uses a tensor this rank never had
-                    root = f"{issued} did not run: it uses a tensor that {_MISSING}"
-                    report: tuple[str, BaseException | None] = (root, None)
-                elif isinstance(exc, _Unmade):  # it uses what a failed op should have made
-                    root = exc.root
-                    report = (f"{issued} did not run: it uses a result of an op that failed: {root}", None)
+                report: tuple[str, BaseException | None]
+                if isinstance(exc, _Unmade):
+                    if exc.root is None:  # it uses a tensor this rank never had
+                        root = f"{issued} did not run: it uses a tensor that {_MISSING}"
+                        report = (root, None)
+                    else:  # it uses what a failed op should have made
+                        root = exc.root
+                        report = (f"{issued} did not run: it uses a result of an op that failed: {root}", None)
                 else:
                     root = f"{issued} failed: {type(exc).__name__}: {exc}"
                     report = (root, exc)
