@@ -237,3 +237,15 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
     assert seen == []
     assert vr.assemble(t, dims={"gpus": np.int64(1)}).shape == (2, 6)  # numpy's ints are ints
     assert [x.tolist() for x in reduce(t, dims=("gpus",)).fetch()] == [(2 * torch.arange(6.0)).reshape(2, 3).tolist()] * 2
+
+
+def test_a_factory_given_a_bad_size_says_what_is_wrong_not_torch_s_meta_placeholder(mesh):
+    """torch's meta kernels of randn and normal word a negative size "Expected cond to be True";
+    its CPU kernels say what is wrong, as the user would read it without a mesh."""
+    sent = _sent(mesh)
+    with mesh.activate():
+        for make in (lambda: torch.randn(-1), lambda: torch.normal(0.0, 1.0, (2, -3)), lambda: torch.zeros(-1)):
+            with pytest.raises(RuntimeError, match=r"negative dimension -\d|must be non-negative") as info:
+                make()
+            assert "Expected cond" not in str(info.value)
+    assert sent == [] and mesh.run("1").values() == [1, 1]

@@ -33,7 +33,7 @@ from viceroy.runtime.tensors.mesh_tensor import (
     new,
     where,
 )
-from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
+from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
 from viceroy.runtime.tensors.refusals import check_needs_no_data
 
 if TYPE_CHECKING:
@@ -132,8 +132,7 @@ class Engine:
 
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
         self.check_modes()
-        with torch._C.DisableTorchFunctionSubclass():
-            meta = func(*args, **{**kwargs, "device": "meta"})
+        meta = factory_meta(func, args, kwargs)
         if "dtype" not in kwargs:  # the dtype checked here, whatever the rank's default
             kwargs = {**kwargs, "dtype": meta.dtype}
         tid = self._new_id()

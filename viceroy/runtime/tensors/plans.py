@@ -114,6 +114,23 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
                  cacheable=not changed)
 
 
+def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """What a factory (``torch.randn(2, 3)``) makes, on the meta device: its shape and dtype."""
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            return func(*args, **{**kwargs, "device": "meta"})
+        except RuntimeError as exc:
+            if "Expected cond to be True" not in str(exc):
+                raise
+            # The meta kernels of randn and normal word a bad size as this placeholder; the CPU
+            # kernel refuses it as the user would read it without a mesh (at once: it is bad).
+            try:
+                func(*args, **{**kwargs, "device": "cpu"})
+            except RuntimeError as worded:
+                raise worded from None
+            raise
+
+
 # In-place arithmetic whose result type must cast back to the target's dtype; torch's meta
 # kernels skip that check for some of them (``long_t.mul_(2.5)`` passes on meta tensors).
 _PROMOTING_IN_PLACE = frozenset({
