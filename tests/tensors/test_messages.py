@@ -242,6 +242,8 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
 def test_a_factory_given_a_bad_size_says_what_is_wrong_not_torch_s_meta_placeholder(mesh):
     """torch's meta kernels of randn and normal word a negative size "Expected cond to be True";
     its CPU kernels say what is wrong, as the user would read it without a mesh."""
+    gc.collect()
+    mesh.run("0")  # (the frees of earlier tests' tensors go out first)
     sent = _sent(mesh)
     with mesh.activate():
         for make in (lambda: torch.randn(-1), lambda: torch.normal(0.0, 1.0, (2, -3)), lambda: torch.zeros(-1)):
