@@ -195,3 +195,22 @@ def test_a_tensor_lost_to_a_restart_says_so_without_an_internal_id(seeded_mesh):
                          rf"not exist on this rank: the rank was restarted", text, re.M), text
         assert "#" not in text and "an op that failed" not in text and "OpFailed" not in text, text
     assert y.fetch(gpus=0).tolist() == [2.0] * 3
+
+
+def test_a_fetch_of_a_tensor_rank_code_reshaped_says_so_rather_than_return_another_shape(tmesh):
+    """Rank code may change a MeshTensor's values in place, not its shape or dtype: the
+    controller checks the ops after it against its own. A fetch of one changed anyway names the
+    ranks, both shapes and what to do, rather than hand back pieces the controller disagrees with."""
+    with tmesh.activate():
+        e = torch.ones(2) * 3
+    tmesh.slice(gpus=1).run("t.unsqueeze_(0)", t=e)
+    with pytest.raises(vr.MeshError) as info:
+        e.fetch()
+    text = str(info.value)
+    assert "failed on 1 of 2 ranks" in text, text
+    assert re.search(r"^rank 1: this tensor is float32\[1, 2\] here, but float32\[2\] on the controller, which "
+                     r"checks the ops on it against that: rank code changed it", text, re.M), text
+    assert e.fetch(gpus=0).tolist() == [3.0, 3.0]
+    tmesh.run("t.data = t.data.long()", t=e)
+    with pytest.raises(vr.MeshError, match=r"rank 0: this tensor is int64\[2\] here, but float32\[2\] on the controller"):
+        e.fetch(gpus=0)

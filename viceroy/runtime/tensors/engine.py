@@ -360,7 +360,9 @@ class Engine:
         view = self.mesh.slice(**coords) if coords else self.mesh
         # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
         # itself why it has no value (none is reported as stopped because another failed).
-        vals = view._run(worker.get, t._id, label="fetch", fail_fast=False)
+        with torch._C.DisableTorchFunctionSubclass():
+            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see worker.get)
+        vals = view._run(worker.get, t._id, shape, dtype, label="fetch", fail_fast=False)
         # One rank's tensor when every dim is given an index (a slice keeps its dim, as in
         # mesh.slice: a ValueMesh, whatever its length).
         return vals.values()[0] if coords and not view.dims else vals

@@ -337,9 +337,19 @@ def resolve(tid: int, token: str, describe: str) -> Any:
     return t
 
 
-def get(tid: int) -> Any:
-    """This rank's tensor, on the CPU."""
-    return lookup(table(), tid).detach().cpu()
+def get(tid: int, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
+    """This rank's tensor, on the CPU; OpFailed if it is not of the `shape` and `dtype` the
+    controller has for it (rank code changed it, where only its values may change)."""
+    t = lookup(table(), tid)
+    if shape is not None and (tuple(t.shape) != shape or t.dtype != dtype):
+        def kind(dt: Any, sh: tuple[int, ...]) -> str:
+            return f"{str(dt).removeprefix('torch.')}[{', '.join(map(str, sh))}]"
+
+        raise OpFailed(f"this tensor is {kind(t.dtype, tuple(t.shape))} here, but {kind(dtype, shape)} on the "
+                       "controller, which checks the ops on it against that: rank code changed it (it may change "
+                       "a MeshTensor's values in place, not its shape or dtype). Take it as it is with "
+                       "mesh.run(lambda t: t, t), and make the MeshTensor again under mesh.activate()")
+    return t.detach().cpu()
 
 
 def summary(tid: int) -> dict[str, Any]:
