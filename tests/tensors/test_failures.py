@@ -8,6 +8,7 @@ import time
 import pytest
 
 import viceroy as vr
+from tests.conftest import wait_until
 
 torch = pytest.importorskip("torch")
 from viceroy.runtime.tensors import reduce  # noqa: E402
@@ -214,3 +215,18 @@ def test_a_fetch_of_a_tensor_rank_code_reshaped_says_so_rather_than_return_anoth
     tmesh.run("t.data = t.data.long()", t=e)
     with pytest.raises(vr.MeshError, match=r"rank 0: this tensor is int64\[2\] here, but float32\[2\] on the controller"):
         e.fetch(gpus=0)
+
+
+def test_an_interrupted_batch_names_the_op_it_stopped_at_and_its_line(tmesh):
+    with tmesh.activate():
+        a = torch.randn(400, 400)
+        for _ in range(2000):
+            a = (a @ a).tanh()
+        line = _line()
+    tmesh.run("0", block=False)  # the ops go out first: wait until the ranks run them
+    wait_until(lambda: all(s == "running" for s in tmesh.states().values()), 10, "the ranks to run the ops")
+    tmesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        a.fetch()
+    assert re.search(rf"^ranks? 0(-1)?: interrupted \(at (matmul|tanh), issued at \S*test_failures.py, line {line}\)",
+                     str(info.value), re.M), info.value

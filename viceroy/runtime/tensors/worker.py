@@ -177,7 +177,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 for tid, leaf in zip(out, pytree.tree_leaves(result), strict=False):
                     if tid is not None:
                         tab[tid] = leaf
-    except BaseException:
+    except BaseException as exc:
         # Interrupted: the op running may have half run, and the rest never will. A second
         # interrupt (they are repeated until the call ends) must not leave this half done.
         while True:
@@ -186,6 +186,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 at = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
                 _mark(tab, failed, ops[i], f"{at} was interrupted")
                 _mark_rest(tab, failed, ops, i + 1, f"did not run: the ranks were interrupted before it, at {at}")
+                if isinstance(exc, KeyboardInterrupt) and not exc.args:  # where, for the controller's report
+                    exc.args = (f"{_name(func)}, issued at {where[0]}, line {where[1]}",)
                 break
             except KeyboardInterrupt:
                 continue
