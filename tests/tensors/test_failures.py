@@ -196,6 +196,12 @@ def test_a_tensor_lost_to_a_restart_says_so_without_an_internal_id(seeded_mesh):
                          rf"not exist on this rank: the rank was restarted", text, re.M), text
         assert "#" not in text and "an op that failed" not in text and "OpFailed" not in text, text
     assert y.fetch(gpus=0).tolist() == [2.0] * 3
+    total = reduce(x, "sum")  # rank 1 cannot join: it says why, by the name the user called
+    line = _line()
+    with pytest.raises(vr.MeshError) as info:
+        total.fetch()
+    assert re.search(rf"^rank 1: vr.reduce \(issued at \S*, line {line}\) did not run: it uses a tensor that does "
+                     "not exist", str(info.value), re.M), info.value
 
 
 def test_a_fetch_of_a_tensor_rank_code_reshaped_says_so_rather_than_return_another_shape(tmesh):

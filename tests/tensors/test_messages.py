@@ -209,6 +209,8 @@ def test_inspect_summarises_complex_tensors_without_warnings(mesh):
 def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
     # dims=5 and dims=None (assemble) failed in iteration ("'int' object is not iterable"),
     # assemble(dims="gpus") iterated the string ("no dim 'g'"), and a dim named twice was taken.
+    with mesh.activate():
+        c = torch.ones(2, dtype=torch.complex64)
     t.fetch()
     seen = _sent(mesh)
     with pytest.raises(TypeError, match=r"reduce: dims takes a dim name or a list of dim names \(dims='gpus', "
@@ -227,6 +229,10 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
                                             r"concatenated along \(dims=\{'gpus': 0\}\); got "
                                             + re.escape(repr(bad)) + r"\. The mesh's dims are gpus"):
             vr.assemble(t, dims=bad)
+    for op in ("min", "max"):
+        with pytest.raises(ValueError, match=rf"reduce '{op}' needs an order, and complex numbers have none: reduce "
+                                             r"c.abs\(\) or c.real instead, or use 'sum', 'avg' or 'product'"):
+            reduce(c, op)
     with pytest.raises(ValueError, match=r"reduce: dims=\[\] names no dim, so nothing would be reduced: name the "
                                          r"dims to reduce over \(dims='gpus'\), or leave dims out for the whole mesh"):
         reduce(t, dims=[])

@@ -43,6 +43,9 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
         raise ValueError(f"reduce 'avg' needs a floating-point tensor; this one is "
                          f"{str(dtype).removeprefix('torch.')}: convert it first (t.float()), or use 'sum'")
+    if op in ("min", "max") and dtype.is_complex:
+        raise ValueError(f"reduce {op!r} needs an order, and complex numbers have none: reduce c.abs() or c.real "
+                         "instead, or use 'sum', 'avg' or 'product'")
     mesh = t._engine.mesh
     names = _reduce_dims(dims, list(mesh.dims))
     # Each rank's group: the ranks of this view that share its coordinates on the other dims.

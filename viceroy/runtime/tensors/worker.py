@@ -327,7 +327,9 @@ def lookup(tab: dict[int, Any], tid: int) -> Any:
 
 
 def _name(func: Any) -> str:
-    return getattr(func, "__name__", str(func))
+    """An op's name in messages: the name the user called it by (``op_name``: ``vr.reduce`` for
+    the engine's own `rank_ops.reduced`), else its function's."""
+    return str(getattr(func, "op_name", None) or getattr(func, "__name__", func))
 
 
 def resolve(tid: int, token: str, describe: str) -> Any:
