@@ -3,6 +3,7 @@ and what to do, never in torch's meta-tensor internals."""
 
 import gc
 import re
+import threading
 import warnings
 
 import numpy as np
@@ -257,3 +258,19 @@ def test_a_factory_given_a_bad_size_says_what_is_wrong_not_torch_s_meta_placehol
                 make()
             assert "Expected cond" not in str(info.value)
     assert sent == [] and mesh.run("1").values() == [1, 1]
+
+
+def test_an_op_whose_argument_cannot_travel_is_refused_at_its_line_and_loses_no_other_op(mesh):
+    """It was queued, and the batch holding it failed to go out at the next flush (the end of
+    activate(), in a message about 'argument 0 (list)'), taking the ops queued with it along: a
+    fetch then gave values from before them."""
+    lock = threading.Lock()
+    with mesh.activate():
+        x = torch.ones(2)
+        x.add_(1)
+        with pytest.raises(TypeError, match=r"^apply_\(\): its argument <function .*<lambda>.* cannot be sent to the "
+                                            r"ranks: cannot pickle '_thread.lock' object\. Nothing was sent: give it "
+                                            r"something picklable, or run it on the ranks: mesh.run\(fn, t\)"):
+            x.apply_(lambda v: v * 2 if lock else v)
+        x.apply_(lambda v: v * 3)  # one that travels: by value, as rank code does
+    assert x.fetch(gpus=0).tolist() == [6.0, 6.0]

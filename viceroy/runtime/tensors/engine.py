@@ -34,7 +34,7 @@ from viceroy.runtime.tensors.mesh_tensor import (
     where,
 )
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
-from viceroy.runtime.tensors.refusals import check_needs_no_data
+from viceroy.runtime.tensors.refusals import check_needs_no_data, check_sendable
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -160,6 +160,7 @@ class Engine:
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
                 check_needs_no_data(getattr(func, "__name__", str(func)), func)
+                check_sendable(getattr(func, "__name__", str(func)), in_leaves)
                 plan = make_plan(func, args, kwargs, in_leaves)
                 if key is not None and plan.cacheable:
                     if len(self._plans) >= 4096:

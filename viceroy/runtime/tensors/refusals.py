@@ -1,7 +1,8 @@
 """What a MeshTensor cannot do on the controller, where only its shape and dtype are, and the
 message that says what to do instead: ops that need the values (``t.item()``, ``bool(t)``), ops
 whose result's shape depends on them (``t.nonzero()``), autograd (its graph is on the ranks), and
-ops torch runs without the tensor engine seeing them (``t.set_``, ``torch.utils.swap_tensors``).
+ops torch runs without the tensor engine seeing them (``t.set_``, ``torch.utils.swap_tensors``),
+and ops given an argument that cannot travel to the ranks.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from viceroy.runtime import serialize
 
 # Asking for data that lives on the ranks: explain instead of failing inside torch.
 _NEEDS_DATA = {
@@ -55,3 +58,24 @@ def data_shaped(what: str) -> str:
     return (f"{what}: the result's shape depends on the values, which live on the ranks (one tensor per rank, "
             "each may differ), so the controller cannot check it: run it on the ranks with mesh.run(fn, t) "
             "(each rank calls fn on its own tensor), or fetch first: .fetch(gpus=0)")
+
+
+# Argument types that always travel (pickled by the standard pickler with the op).
+_SENDABLE = frozenset({int, float, bool, complex, str, type(None), type(Ellipsis), slice, torch.dtype, torch.device,
+                       torch.Size, torch.layout, torch.memory_format})
+
+
+def check_sendable(name: str, leaves: list[Any]) -> None:
+    """Every argument of op `name` (`leaves`: its tree's leaves) can travel to the ranks: else a
+    TypeError here, at the user's line, with nothing queued. (Queued, it would stop its whole
+    batch from going out at the next flush, far from its line, and the ops with it.)"""
+    for x in leaves:
+        if type(x) in _SENDABLE or isinstance(x, torch.Tensor):
+            continue
+        try:
+            serialize.dumps(x)
+        except Exception as exc:
+            shown = repr(x) if len(repr(x)) <= 120 else f"{repr(x)[:117]}..."
+            raise TypeError(f"{name}(): its argument {shown} cannot be sent to the ranks: {exc}. Nothing was sent: "
+                            "give it something picklable, or run it on the ranks: mesh.run(fn, t) (each rank "
+                            "calls fn on its own tensor)") from None
