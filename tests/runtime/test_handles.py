@@ -132,3 +132,6 @@ def test_a_handle_to_something_that_is_not_a_name_is_refused_at_once(start_mesh)
     for bad in (3, "a b", None):  # 3 failed inside our plumbing (AttributeError: 'int' ... isidentifier)
         with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; .* is not a name"):
             mesh.ref(bad)
+    with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; 'class' is a Python keyword, "
+                                         r"which no variable can be named"):
+        mesh.ref("class")  # (was taken, and each rank then said it had no variable 'class')

@@ -12,6 +12,7 @@ outlive the handle.
 
 from __future__ import annotations
 
+import keyword
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,6 +34,9 @@ class Ref:
     def __init__(self, name: str, controller: Controller, describe: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a handle names a variable on the ranks; {name!r} is not a name")
+        if keyword.iskeyword(name):
+            raise ValueError(f"a handle names a variable on the ranks; {name!r} is a Python keyword, which no "
+                             "variable can be named")
         self.name = name
         self._token = controller.token
         self._controller = weakref.ref(controller)
