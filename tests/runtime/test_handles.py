@@ -57,6 +57,10 @@ def test_a_handle_from_another_mesh_is_refused_before_sending(start_mesh):
     a.run("x = 1")
     with pytest.raises(ValueError, match=r"handle 'x' belongs to mesh \(gpus=2\), not to this mesh \(gpus=1\)"):
         b.run(lambda v: v, a.ref("x"))
+    twin = start_mesh(gpus=2)  # the same dims: the message must not read as one mesh twice
+    with pytest.raises(ValueError, match=r"handle 'x' belongs to another mesh, not to this one \(both gpus=2\); "
+                                         r"values move between meshes only through the controller"):
+        twin.run(lambda v: v, a.ref("x"))
 
 
 def test_a_handle_after_shutdown_is_refused(start_mesh):
@@ -128,3 +132,6 @@ def test_a_handle_to_something_that_is_not_a_name_is_refused_at_once(start_mesh)
     for bad in (3, "a b", None):  # 3 failed inside our plumbing (AttributeError: 'int' ... isidentifier)
         with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; .* is not a name"):
             mesh.ref(bad)
+    with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; 'class' is a Python keyword, "
+                                         r"which no variable can be named"):
+        mesh.ref("class")  # (was taken, and each rank then said it had no variable 'class')

@@ -370,6 +370,24 @@ def test_bad_arguments_to_calls_are_refused_before_anything_is_sent_or_done(star
     assert mesh.run("state").values() == ["kept", "kept"], "the refused restart restarted nothing"
 
 
+def test_numpy_integers_serve_as_counts_and_ranks_and_bools_and_floats_do_not(start_mesh):
+    """An int from numpy (a computed size, a loop over np.arange) is an int: it starts a mesh and
+    picks a rank's log; a bool or a float is refused, saying what to give."""
+    mesh = start_mesh(gpus=np.int64(2), output_limit=np.int64(64))
+    mesh.slice(gpus=1).run("print('x' * 200)")
+    assert "dropped" in mesh.logs(np.int64(1), tail=np.int32(3))
+    for call, message in [
+        (lambda: mesh.logs(0, tail=np.float64(3.0)), r"tail=np.float64\(3.0\): give a positive whole number of lines"),
+        (lambda: mesh.logs(0, tail=np.True_), r"tail=np.True_: give a positive whole number of lines"),
+        (lambda: mesh.logs(np.True_), r"logs takes a rank number, e.g. mesh.logs\(0\); got np.True_"),
+        (lambda: mesh.logs(1.0), r"logs takes a rank number, e.g. mesh.logs\(0\); got 1.0"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()
+    with pytest.raises(ValueError, match=r"output_limit=np.float64\(64.0\): give a positive whole number of bytes"):
+        vr.Mesh.local(gpus=1, echo=False, output_limit=np.float64(64))
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"preload": 5}, r"preload=5: give a list of module names"),
     ({"output_limit": -5}, r"output_limit=-5: give a positive whole number of bytes"),

@@ -91,3 +91,11 @@ def test_manual_seed_under_activate_seeds_every_rank_alike(tmesh):
     local = torch.randn(3)  # the controller was seeded too
     assert all(torch.equal(t, local) for t in first + second)  # reproducible, the same on every rank
     assert torch.manual_seed.__doc__ and torch.manual_seed(1) is torch.default_generator
+
+
+def test_a_seed_torch_refuses_is_refused_once_at_its_line_and_sent_to_no_rank(tmesh):
+    with tmesh.activate():
+        with pytest.raises((ValueError, RuntimeError), match="Overflow"):
+            torch.manual_seed(2**70)
+        x = torch.ones(2)
+    assert [t.tolist() for t in x.fetch().values()] == [[1.0, 1.0]] * 2  # not a second time, at the fetch

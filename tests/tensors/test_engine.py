@@ -154,6 +154,11 @@ def test_ops_mixing_meshes_are_refused(start_mesh):
         b = torch.ones(2)
     with pytest.raises(ValueError, match=r"mixes tensors of different meshes \(gpus=1 and gpus=2\)"):
         a + b
+    twin = start_mesh(gpus=1, preload=["torch"])  # the same dims: not "gpus=1 and gpus=1"
+    with twin.activate():
+        c = torch.ones(2)
+    with pytest.raises(ValueError, match=r"add mixes tensors of different meshes \(both gpus=1\); move one"):
+        a + c
 
 
 def test_ops_mixing_views_of_one_mesh_name_their_ranks_and_to_mesh(tmesh):
@@ -295,6 +300,21 @@ def test_inspect_and_assemble(tmesh):
     assert whole.shape == (4, 3)
     with pytest.raises(ValueError, match="no dim 'hosts'"):
         assemble(a, dims={"hosts": 0})
+    with pytest.raises(TypeError, match=r"vr.inspect takes a MeshTensor \(made under mesh.activate\(\)\); got "
+                                        r"Tensor$"):  # (no dangling blank)
+        inspect(torch.ones(2))
+
+
+def test_a_fetch_gives_one_rank_s_tensor_only_when_every_dim_is_given_an_index(tmesh):
+    """``fetch(gpus=0)`` is rank 0's tensor; ``fetch(gpus=slice(0, 1))`` keeps the dim, as
+    mesh.slice does: a ValueMesh, whatever the slice's length (code written for two ranks
+    works for one)."""
+    with tmesh.activate():
+        a = torch.ones(2)
+    assert a.fetch(gpus=0).tolist() == [1.0, 1.0]
+    for part, n in ((slice(0, 1), 1), (slice(0, 2), 2)):
+        got = a.fetch(gpus=part)
+        assert isinstance(got, vr.ValueMesh) and got.dims == {"gpus": n}, got
 
 
 def test_the_engine_functions_are_on_viceroy_itself_and_imported_on_first_use():

@@ -3,8 +3,10 @@ and what to do, never in torch's meta-tensor internals."""
 
 import gc
 import re
+import threading
 import warnings
 
+import numpy as np
 import pytest
 
 import viceroy as vr
@@ -208,6 +210,8 @@ def test_inspect_summarises_complex_tensors_without_warnings(mesh):
 def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
     # dims=5 and dims=None (assemble) failed in iteration ("'int' object is not iterable"),
     # assemble(dims="gpus") iterated the string ("no dim 'g'"), and a dim named twice was taken.
+    with mesh.activate():
+        c = torch.ones(2, dtype=torch.complex64)
     t.fetch()
     seen = _sent(mesh)
     with pytest.raises(TypeError, match=r"reduce: dims takes a dim name or a list of dim names \(dims='gpus', "
@@ -226,5 +230,47 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
                                             r"concatenated along \(dims=\{'gpus': 0\}\); got "
                                             + re.escape(repr(bad)) + r"\. The mesh's dims are gpus"):
             vr.assemble(t, dims=bad)
+    for op in ("min", "max"):
+        with pytest.raises(ValueError, match=rf"reduce '{op}' needs an order, and complex numbers have none: reduce "
+                                             r"c.abs\(\) or c.real instead, or use 'sum', 'avg' or 'product'"):
+            reduce(c, op)
+    with pytest.raises(ValueError, match=r"reduce: dims=\[\] names no dim, so nothing would be reduced: name the "
+                                         r"dims to reduce over \(dims='gpus'\), or leave dims out for the whole mesh"):
+        reduce(t, dims=[])
+    for bad in (True, 1.0, "0"):
+        with pytest.raises(TypeError, match=r"assemble: mesh dim 'gpus' maps to " + re.escape(repr(bad))
+                                            + r": give a tensor dim, an int from -2 to 1"):
+            vr.assemble(t, dims={"gpus": bad})
     assert seen == []
+    assert vr.assemble(t, dims={"gpus": np.int64(1)}).shape == (2, 6)  # numpy's ints are ints
     assert [x.tolist() for x in reduce(t, dims=("gpus",)).fetch()] == [(2 * torch.arange(6.0)).reshape(2, 3).tolist()] * 2
+
+
+def test_a_factory_given_a_bad_size_says_what_is_wrong_not_torch_s_meta_placeholder(mesh):
+    """torch's meta kernels of randn and normal word a negative size "Expected cond to be True";
+    its CPU kernels say what is wrong, as the user would read it without a mesh."""
+    gc.collect()
+    mesh.run("0")  # (the frees of earlier tests' tensors go out first)
+    sent = _sent(mesh)
+    with mesh.activate():
+        for make in (lambda: torch.randn(-1), lambda: torch.normal(0.0, 1.0, (2, -3)), lambda: torch.zeros(-1)):
+            with pytest.raises(RuntimeError, match=r"negative dimension -\d|must be non-negative") as info:
+                make()
+            assert "Expected cond" not in str(info.value)
+    assert sent == [] and mesh.run("1").values() == [1, 1]
+
+
+def test_an_op_whose_argument_cannot_travel_is_refused_at_its_line_and_loses_no_other_op(mesh):
+    """It was queued, and the batch holding it failed to go out at the next flush (the end of
+    activate(), in a message about 'argument 0 (list)'), taking the ops queued with it along: a
+    fetch then gave values from before them."""
+    lock = threading.Lock()
+    with mesh.activate():
+        x = torch.ones(2)
+        x.add_(1)
+        with pytest.raises(TypeError, match=r"^apply_\(\): its argument <function .*<lambda>.* cannot be sent to the "
+                                            r"ranks: cannot pickle '_thread.lock' object\. Nothing was sent: give it "
+                                            r"something picklable, or run it on the ranks: mesh.run\(fn, t\)"):
+            x.apply_(lambda v: v * 2 if lock else v)
+        x.apply_(lambda v: v * 3)  # one that travels: by value, as rank code does
+    assert x.fetch(gpus=0).tolist() == [6.0, 6.0]

@@ -108,7 +108,8 @@ def test_to_mesh_refuses_views_that_do_not_pair_up_and_sends_nothing(mesh4, star
     with pytest.raises(ValueError, match=r"same sizes.*\(gpus=2\).*\(gpus=3\)"):
         a.to_mesh(mesh4.slice(gpus=slice(1, 4)))
     other = start_mesh(gpus=2, preload=["torch"])
-    with pytest.raises(ValueError, match="different meshes: fetch it and push it"):
+    with pytest.raises(ValueError, match=r"the tensor's mesh and the target are different meshes \(both gpus=2\): "
+                                         "fetch it and push it"):
         a.to_mesh(other)
     with pytest.raises(TypeError, match="takes a Mesh"):
         a.to_mesh("gpus=1")
@@ -138,7 +139,7 @@ def test_to_mesh_with_a_dead_rank_fails_at_once_naming_it_and_gives_no_handle(me
     if dead == 3:
         assert [v.tolist() for v in h.fetch().values()] == [[10.0, 11.0, 12.0]] * 2
     else:
-        with pytest.raises(vr.MeshError, match=r"rank 1: .*does not exist here .*restarted since"):
+        with pytest.raises(vr.MeshError, match=r"rank 1: .*does not exist on this rank: the rank was restarted since"):
             h.fetch()  # the source rank restarted has lost its piece, and says so
         with first.activate():
             h = torch.arange(3.0) + 10
@@ -176,7 +177,7 @@ def test_a_restarted_rank_explains_that_its_tensors_are_gone(mesh4):
     mesh4.restart(failed_only=True)
     with pytest.raises(vr.MeshError) as info:
         a.fetch()
-    assert "rank 1:" in str(info.value) and "this rank was restarted since" in str(info.value)
+    assert "rank 1:" in str(info.value) and "the rank was restarted since" in str(info.value)
     assert a.fetch(gpus=0).tolist() == [1.0, 1.0]  # the others kept theirs
     with pytest.raises(vr.MeshError, match=r"rank 1:.*restarted since"):
         vr.inspect(a)

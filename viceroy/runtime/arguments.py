@@ -5,6 +5,7 @@ ranks first and fail after)."""
 from __future__ import annotations
 
 import math
+import operator
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -24,10 +25,24 @@ def check_seconds(value: Any, name: str = "timeout", none: str | None = "no limi
         raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds{also}")
 
 
-def check_count(value: Any, name: str, what: str) -> None:
-    """`value` must be a positive int (`what`: what it counts, for the message)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def check_count(value: Any, name: str, what: str) -> int:
+    """`value` must be a positive int, numpy's too (`what`: what it counts, for the message);
+    returned as a plain int, which JSON takes. A bool or a float is refused."""
+    n = as_int(value)
+    if n is None or n < 1:
         raise ValueError(f"{name}={value!r}: give a positive whole number of {what}")
+    return n
+
+
+def as_int(value: Any) -> int | None:
+    """`value` as a plain int if it is an integer (numpy's and torch's too), not a bool
+    (numpy's and torch's neither); else None."""
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_flag(value: Any, name: str) -> None:

@@ -183,7 +183,17 @@ class Executor:
 
 
 def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
-    """-> (exception type name, one-line summary, traceback text without runtime frames)."""
+    """-> (exception type name, one-line summary, traceback text without runtime frames).
+
+    An exception of a type marked ``says_all`` (the tensor engine's `OpFailed`: its message
+    names the op, the controller line that issued it and why) reads as its message alone: its
+    first line, then the rest and its cause's traceback where that shows frames of its own."""
+    if getattr(type(exc), "says_all", False):
+        first, _, rest = str(exc).strip().partition("\n")
+        tb = format_user_traceback(exc.__cause__)[2] if exc.__cause__ is not None else ""
+        if "\n  File " not in tb:  # the cause's message alone: the first line says it already
+            tb = ""
+        return type(exc).__name__, first, "\n".join(p for p in (rest, tb) if p)
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
     seen: set[int] = set()
     stack: traceback.TracebackException | None = te

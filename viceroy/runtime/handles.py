@@ -12,6 +12,7 @@ outlive the handle.
 
 from __future__ import annotations
 
+import keyword
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,6 +34,9 @@ class Ref:
     def __init__(self, name: str, controller: Controller, describe: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a handle names a variable on the ranks; {name!r} is not a name")
+        if keyword.iskeyword(name):
+            raise ValueError(f"a handle names a variable on the ranks; {name!r} is a Python keyword, which no "
+                             "variable can be named")
         self.name = name
         self._token = controller.token
         self._controller = weakref.ref(controller)
@@ -55,11 +59,10 @@ class Ref:
                 f"make a new handle with mesh.ref({self.name!r})"
             )
         if self._token != controller.token:
-            raise ValueError(
-                f"handle {self.name!r} belongs to mesh ({self._describe}), not to this mesh "
-                f"({describe}); values move between meshes only through the controller "
-                f"(pull, then push)"
-            )
+            where = (f"another mesh, not to this one (both {describe})" if describe == self._describe
+                     else f"mesh ({self._describe}), not to this mesh ({describe})")
+            raise ValueError(f"handle {self.name!r} belongs to {where}; values move between meshes only through the "
+                             "controller (pull, then push)")
 
 
 def is_handle(value: Any) -> bool:

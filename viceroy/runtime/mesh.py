@@ -291,12 +291,12 @@ class Mesh(MeshStarts, ShapeOps):
 
     def logs(self, rank: int, tail: int = 200) -> str:
         """The last `tail` lines a rank printed."""
-        if isinstance(rank, bool) or not isinstance(rank, int):
+        r = arguments.as_int(rank)  # numpy's too
+        if r is None:
             raise TypeError(f"logs takes a rank number, e.g. mesh.logs(0); got {rank!r}")
-        if rank not in self._shape.ranks:
-            raise IndexError(f"rank {rank} is not in this mesh (its ranks are {format_rank_set(self._shape.ranks)})")
-        arguments.check_count(tail, "tail", "lines")
-        return self._controller.logs.tail(rank, tail)
+        if r not in self._shape.ranks:
+            raise IndexError(f"rank {r} is not in this mesh (its ranks are {format_rank_set(self._shape.ranks)})")
+        return self._controller.logs.tail(r, arguments.check_count(tail, "tail", "lines"))
 
     def stacks(self, timeout: float = 3.0) -> ValueMesh[str]:
         """Each rank's Python stacks, also while it is busy (dead or silent ranks: a note)."""

@@ -279,8 +279,11 @@ class Rank:
             finally:
                 self.in_user_code = False
         except KeyboardInterrupt as exc:
+            # Where the user's code was; else where the call says it stopped (the tensor
+            # engine's batch: the op it ran, and the controller line that issued it).
+            where = user_location(exc) or (str(exc) if exc.args else "")
             return ({"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
-                     "summary": "interrupted", "where": user_location(exc)}, [], [])
+                     "summary": "interrupted", "where": where}, [], [])
         except BaseException as exc:  # SystemExit too: the rank lives on
             etype, summary, tb = _described(exc)
             return ({"op": "result", "id": call_id, "ok": False, "kind": "error",

@@ -14,6 +14,8 @@ import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
+from viceroy.runtime.arguments import as_int
+
 
 class Shape:
     """Ordered named dims over global rank ids (row-major)."""
@@ -320,6 +322,16 @@ def format_rank_set(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def describe_meshes(described: Iterable[str]) -> str:
+    """Several meshes' dims (each one's `describe`) named together: ``gpus=1 and gpus=2``, or
+    ``both gpus=2`` when they read alike (different meshes all the same, which "gpus=2 and gpus=2"
+    would hide)."""
+    descs = sorted(described)
+    if len(descs) > 1 and len(set(descs)) == 1:
+        return f"{'both' if len(descs) == 2 else 'all'} {descs[0]}"
+    return " and ".join(descs)
+
+
 def describe_ranks(ranks: Sequence[int]) -> str:
     """``"rank 3"`` or ``"ranks 0-3"``."""
     return ("rank " if len(ranks) == 1 else "ranks ") + format_rank_set(ranks)
@@ -373,12 +385,7 @@ class ShapeOps:
 
 def _int(v: Any) -> int | None:
     """`v` as a plain int if it is an integer (numpy's and torch's too), not a bool; else None."""
-    if isinstance(v, bool):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
+    return as_int(v)
 
 
 def _positive_int(v: Any) -> int | None:

@@ -102,7 +102,7 @@ class MeshStarts:
         if not dims:
             raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
         shape = Shape(dims)  # validates names and sizes
-        check_count(output_limit, "output_limit", "bytes per rank per call")
+        output_limit = check_count(output_limit, "output_limit", "bytes per rank per call")
         check_seconds(startup_timeout, "startup_timeout", none=None)
         check_flag(echo, "echo")
         if launcher is not None and not isinstance(launcher, Launcher):

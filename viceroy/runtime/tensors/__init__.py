@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from viceroy.runtime.arguments import as_int
 from viceroy.runtime.tensors import rank_ops, worker
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor
 
@@ -42,6 +43,9 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
         raise ValueError(f"reduce 'avg' needs a floating-point tensor; this one is "
                          f"{str(dtype).removeprefix('torch.')}: convert it first (t.float()), or use 'sum'")
+    if op in ("min", "max") and dtype.is_complex:
+        raise ValueError(f"reduce {op!r} needs an order, and complex numbers have none: reduce c.abs() or c.real "
+                         "instead, or use 'sum', 'avg' or 'product'")
     mesh = t._engine.mesh
     names = _reduce_dims(dims, list(mesh.dims))
     # Each rank's group: the ranks of this view that share its coordinates on the other dims.
@@ -62,6 +66,10 @@ def _reduce_dims(dims: Any, mesh_dims: list[str]) -> list[str]:
     if not isinstance(names, list | tuple) or not all(isinstance(d, str) for d in names):
         raise TypeError(f"reduce: dims takes a dim name or a list of dim names (dims='gpus', dims=['dp', 'tp']), "
                         f"or None for the whole mesh; got {dims!r}. The mesh's dims are {', '.join(mesh_dims)}")
+    if not names:  # (torch's sum(dim=[]) sums over every dim: say which is meant)
+        raise ValueError(f"reduce: dims={dims!r} names no dim, so nothing would be reduced: name the dims to reduce "
+                         f"over (dims={mesh_dims[0]!r}), or leave dims out for the whole mesh "
+                         f"({', '.join(mesh_dims)})")
     for d in names:
         if d not in mesh_dims:
             raise ValueError(f"reduce: the mesh has no dim {d!r}; its dims are {', '.join(mesh_dims)}")
@@ -74,8 +82,8 @@ def _reduce_dims(dims: Any, mesh_dims: list[str]) -> list[str]:
 
 def _check_mesh_tensor(t: Any, name: str) -> None:
     if not isinstance(t, MeshTensor):
-        raise TypeError(f"vr.{name} takes a MeshTensor (made under mesh.activate()); got {type(t).__name__}. "
-                        + ("In rank code, vr.all_reduce reduces a rank's own tensor." if name == "reduce" else ""))
+        raise TypeError(f"vr.{name} takes a MeshTensor (made under mesh.activate()); got {type(t).__name__}"
+                        + (". In rank code, vr.all_reduce reduces a rank's own tensor" if name == "reduce" else ""))
 
 
 def inspect(t: MeshTensor) -> Any:
@@ -105,11 +113,18 @@ def assemble(t: MeshTensor, dims: Mapping[str, int]) -> Any:
         raise ValueError(f"assemble concatenates the pieces along tensor dims, and these are 0-d (one number per "
                          f"rank), with none to concatenate along: give them one first, "
                          f"vr.assemble(t.reshape(1), dims={dims!r}), or take t.fetch() for each rank's value")
+    low, high = -max(ndim, 1), max(ndim, 1) - 1
+    along: dict[str, int] = {}
     for d, k in dims.items():
-        if not isinstance(k, int) or isinstance(k, bool) or not -max(ndim, 1) <= k < max(ndim, 1):
+        i = as_int(k)  # numpy's ints too
+        if i is None:
+            raise TypeError(f"assemble: mesh dim {d!r} maps to {k!r}: give a tensor dim, an int from {low} to {high} "
+                            f"(the pieces have shape {list(t.shape)})")
+        if not low <= i <= high:
             raise ValueError(f"assemble: mesh dim {d!r} maps to tensor dim {k!r}, but the pieces have "
                              f"{ndim} dim{'s' if ndim != 1 else ''} (shape {list(t.shape)}): give a tensor "
-                             f"dim from {-max(ndim, 1)} to {max(ndim, 1) - 1}")
+                             f"dim from {low} to {high}")
+        along[d] = i
     pieces = t.fetch()
     vm = pieces.slice(**{d: 0 for d in mesh_dims if d not in dims}) if len(dims) < len(mesh_dims) else pieces
     order = [d for d in vm.dims]
@@ -119,6 +134,6 @@ def assemble(t: MeshTensor, dims: Mapping[str, int]) -> Any:
             return vm.item(**prefix)
         d = order[k]
         parts = [build({**prefix, d: i}, k + 1) for i in range(vm.dims[d])]
-        return torch.cat(parts, dim=dims[d])
+        return torch.cat(parts, dim=along[d])
 
     return build({}, 0)

@@ -20,7 +20,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.tensors.engine import Engine
-from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, repointed, torch_function
+from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+from viceroy.runtime.tensors.refusals import repointed
 
 # Torch functions that make tensors from nothing: under activate() they make MeshTensors.
 FACTORIES = {
@@ -71,10 +72,11 @@ def _active_engine() -> Engine | None:
 
 
 def _manual_seed_everywhere(seed: Any) -> Any:
+    generator = _manual_seed(seed)  # first: a seed torch refuses is refused here, and sent nowhere
     engine = _active_engine()
     if engine is not None:
-        engine.seed(int(seed))  # (int() as torch's own does: a bad seed fails here)
-    return _manual_seed(seed)
+        engine.seed(int(seed))
+    return generator
 
 
 # Wrapped once per process (see the module's docstring).

@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
-from viceroy.runtime.shape import format_rank_set
+from viceroy.runtime.shape import describe_meshes, format_rank_set
 from viceroy.runtime.tensors import rank_ops, unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
@@ -30,11 +30,11 @@ from viceroy.runtime.tensors.mesh_tensor import (
     GENERAL,
     VALUE,
     MeshTensor,
-    check_needs_no_data,
     new,
     where,
 )
-from viceroy.runtime.tensors.plans import CONTAINERS, Plan, make_plan, signature
+from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
+from viceroy.runtime.tensors.refusals import check_needs_no_data, check_sendable
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -132,8 +132,7 @@ class Engine:
 
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
         self.check_modes()
-        with torch._C.DisableTorchFunctionSubclass():
-            meta = func(*args, **{**kwargs, "device": "meta"})
+        meta = factory_meta(func, args, kwargs)
         if "dtype" not in kwargs:  # the dtype checked here, whatever the rank's default
             kwargs = {**kwargs, "dtype": meta.dtype}
         tid = self._new_id()
@@ -161,6 +160,7 @@ class Engine:
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
                 check_needs_no_data(getattr(func, "__name__", str(func)), func)
+                check_sendable(getattr(func, "__name__", str(func)), in_leaves)
                 plan = make_plan(func, args, kwargs, in_leaves)
                 if key is not None and plan.cacheable:
                     if len(self._plans) >= 4096:
@@ -224,8 +224,8 @@ class Engine:
         src, dst = self.mesh, target.mesh
         if src._controller is not dst._controller:
             raise self.foreign(target.describe(), what="to_mesh: ", usual=(
-                f"to_mesh moves a tensor between views of one mesh; {self.describe()} and "
-                f"{target.describe()} are different meshes: fetch it and push it instead"))
+                f"to_mesh moves a tensor between views of one mesh; the tensor's mesh and the target are different "
+                f"meshes ({describe_meshes((self.describe(), target.describe()))}): fetch it and push it instead"))
         if list(src.dims.values()) != list(dst.dims.values()):
             raise ValueError(
                 f"to_mesh pairs ranks position by position, so the views need the same sizes; "
@@ -359,13 +359,19 @@ class Engine:
     def fetch(self, t: MeshTensor, coords: dict[str, int]) -> Any:
         self.sync()
         view = self.mesh.slice(**coords) if coords else self.mesh
-        vals = view._run(worker.get, t._id, label="fetch")
-        return vals.values()[0] if coords and len(view.ranks) == 1 else vals
+        # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
+        # itself why it has no value (none is reported as stopped because another failed).
+        with torch._C.DisableTorchFunctionSubclass():
+            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see worker.get)
+        vals = view._run(worker.get, t._id, shape, dtype, label="fetch", fail_fast=False)
+        # One rank's tensor when every dim is given an index (a slice keeps its dim, as in
+        # mesh.slice: a ValueMesh, whatever its length).
+        return vals.values()[0] if coords and not view.dims else vals
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""
         self.sync()
-        return self.mesh._run(fn, *args, label=label)
+        return self.mesh._run(fn, *args, label=label, fail_fast=False)  # (as a fetch)
 
 
 def _chunks(ops: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bool]]:

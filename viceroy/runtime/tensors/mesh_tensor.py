@@ -20,21 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from viceroy.runtime.shape import describe_ranks
+from viceroy.runtime.shape import describe_meshes, describe_ranks
+from viceroy.runtime.tensors.refusals import check_needs_no_data, needs_data, repointed
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
 
 if TYPE_CHECKING:
     from viceroy.runtime.tensors.engine import Engine
 
-# Asking for data that lives on the ranks: explain instead of failing inside torch.
-_NEEDS_DATA = {
-    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
-    "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
-}
-# Ops whose result's shape depends on the values: meta tensors cannot tell it.
-_DATA_SHAPED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"}
-_HOW = ("use .fetch() for a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks "
-        "with mesh.run(fn, t) (each rank calls fn on its own tensor)")
 BATCH_MAX = 256  # ops queued before a batch goes out on its own
 
 # What a plan does with an op (the engine's meta-result cache, keyed by op and input signatures).
@@ -103,7 +95,8 @@ class MeshTensor(torch.Tensor):
     # --- controller-side conveniences -----------------------------------------------------
 
     def fetch(self, **coords: int) -> Any:
-        """Every rank's tensor (a ValueMesh of CPU tensors), or one rank's: ``fetch(gpus=0)``.
+        """Every rank's tensor (a ValueMesh of CPU tensors), or one rank's: ``fetch(gpus=0)``
+        (a slice keeps its dim, as in mesh.slice: ``fetch(gpus=slice(0, 2))`` is a ValueMesh).
         Waits for the queued ops; an op that failed on a rank raises here, naming its line."""
         return self._engine.fetch(self, coords)
 
@@ -181,11 +174,10 @@ class MeshTensor(torch.Tensor):
         """``f"{t}"`` is the repr (shape, dtype, mesh); a format spec (``:.2f``) needs values."""
         if not spec:
             return repr(self)
-        raise RuntimeError(f"formatting a MeshTensor with {spec!r} needs the data, which lives on the ranks "
-                           f"(one tensor per rank): {_HOW}")
+        raise RuntimeError(needs_data(f"formatting a MeshTensor with {spec!r}"))
 
     def __contains__(self, item: Any) -> bool:
-        raise RuntimeError(f"`x in t` needs the data, which lives on the ranks (one tensor per rank): {_HOW}")
+        raise RuntimeError(needs_data("`x in t`"))
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
@@ -284,40 +276,6 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
     return owner._fallback(func, args, kwargs)
 
 
-def check_needs_no_data(name: str, func: Any = None) -> None:
-    """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks.
-    Nor can autograd's ``backward`` and ``.grad``: the graph is on the ranks."""
-    if name in _NEEDS_DATA:
-        what = "`x in t`" if name == "__contains__" else f"{name}()"
-        raise RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): {_HOW}")
-    if name in _DATA_SHAPED:
-        raise RuntimeError(data_shaped(f"{name}()"))
-    if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
-        what = "backward()" if name == "backward" else "a MeshTensor's .grad"
-        raise RuntimeError(
-            f"{what}: autograd runs on the ranks, where each rank's graph is, not on the controller. Run the step "
-            "there: mesh.run(lambda loss: loss.backward(), loss), then mesh.run(lambda w: w.grad, w) "
-            "(MeshTensors are handles there: each rank gets its own tensor)")
-
-
-_GRAD = torch.Tensor.grad
-
-
-def repointed(what: str) -> str:
-    """Why a MeshTensor cannot be made to hold another tensor's storage (``set_``,
-    ``torch.utils.swap_tensors``: torch runs them without asking the tensor engine)."""
-    return (f"{what} cannot be done to a MeshTensor: torch does it without the tensor engine seeing it, so "
-            "the controller's shape would change and the ranks' tensor would not. Bind the name to the other "
-            "tensor instead (t = other, or t = other.clone() for a copy of its own), or copy values into "
-            "t in place with t.copy_(other) (same shape)")
-
-
-def data_shaped(what: str) -> str:
-    return (f"{what}: the result's shape depends on the values, which live on the ranks (one tensor per rank, "
-            "each may differ), so the controller cannot check it: run it on the ranks with mesh.run(fn, t) "
-            "(each rank calls fn on its own tensor), or fetch first: .fetch(gpus=0)")
-
-
 def mutates(name: str, kwargs: dict[str, Any] | None) -> bool:
     """Whether an op changes its first argument in place (``x.add_``, ``x[i] = v``, ``x += y``)
     or writes into ``out=``."""
@@ -363,7 +321,7 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
             raise ValueError(f"{name} mixes tensors of different views of one mesh ({' and '.join(descs)}); {fix}")
         first, *rest = sorted(engines, key=lambda e: not e._controller.closed)  # one shut down first
         raise first.foreign(rest[0].describe(), what=f"{name}: ", usual=(
-            f"{name} mixes tensors of different meshes ({' and '.join(sorted(e.describe() for e in engines))}); "
+            f"{name} mixes tensors of different meshes ({describe_meshes(e.describe() for e in engines)}); "
             "move one with .fetch() and push, or keep the work on one mesh"))
     (engine,) = engines
     return engine.dispatch(func, args, kwargs)

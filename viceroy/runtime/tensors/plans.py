@@ -22,10 +22,10 @@ from viceroy.runtime.tensors.mesh_tensor import (
     NEW,
     VALUE,
     MeshTensor,
-    data_shaped,
     mutates,
     sig_of,
 )
+from viceroy.runtime.tensors.refusals import data_shaped, needs_data
 
 
 class Plan:
@@ -112,6 +112,23 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
     slots = tuple(i for i, a in enumerate(args) if type(a) is MeshTensor)
     return Plan(kind, tuple(outputs), spec, answer=out if kind is VALUE else None, slots=slots,
                  cacheable=not changed)
+
+
+def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """What a factory (``torch.randn(2, 3)``) makes, on the meta device: its shape and dtype."""
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            return func(*args, **{**kwargs, "device": "meta"})
+        except RuntimeError as exc:
+            if "Expected cond to be True" not in str(exc):
+                raise
+            # The meta kernels of randn and normal word a bad size as this placeholder; the CPU
+            # kernel refuses it as the user would read it without a mesh (at once: it is bad).
+            try:
+                func(*args, **{**kwargs, "device": "cpu"})
+            except RuntimeError as worded:
+                raise worded from None
+            raise
 
 
 # In-place arithmetic whose result type must cast back to the target's dtype; torch's meta
@@ -204,9 +221,7 @@ def _explained(name: str, args: tuple[Any, ...], exc: BaseException) -> BaseExce
     text = str(exc)
     what = _index_what(name, args[1]) if name in _INDEXING and len(args) > 1 else f"{name}()"
     if any(s in text for s in _NO_VALUES):
-        return RuntimeError(f"{what} needs the data, which lives on the ranks (one tensor per rank): use .fetch() for "
-                            "a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks with "
-                            "mesh.run(fn, t) (each rank calls fn on its own tensor)")
+        return RuntimeError(needs_data(what))
     lower = text.lower()
     if isinstance(exc, NotImplementedError) or "data-dependent" in lower or "meta tensor" in lower or \
             "meta kernel" in lower:

@@ -22,6 +22,9 @@ def reduced(t: Any, op: str, groups: dict[int, tuple[int, ...]], label: str) -> 
     return all_reduce(t.clone(memory_format=torch.contiguous_format), op=op, dims=Group(groups[context().rank], label))
 
 
+reduced.op_name = "vr.reduce"  # type: ignore[attr-defined]  # (how messages name it: worker._name)
+
+
 def deepcopied(t: Any) -> Any:
     """``copy.deepcopy`` of a MeshTensor issued on the controller, on this rank: a copy of the
     values (a clone: the same strides), with the same requires_grad and a copy of its ``.grad``;
@@ -35,6 +38,9 @@ def deepcopied(t: Any) -> Any:
     if t.requires_grad:
         out.requires_grad_(True)
     return out
+
+
+deepcopied.op_name = "copy.deepcopy"  # type: ignore[attr-defined]
 
 
 def moved(src: int, dst: int, pairs: list[tuple[int, int]], movers: tuple[int, ...], shape: tuple[int, ...],

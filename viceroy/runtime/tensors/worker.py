@@ -36,7 +36,11 @@ Op = tuple
 
 
 class OpFailed(RuntimeError):
-    """An op issued on the controller failed on this rank."""
+    """An op issued on the controller failed on this rank. Its message names the op, the
+    controller line that issued it and why: the controller shows it as it is, without this
+    type's name or the engine's frames (`execution.format_user_traceback`)."""
+
+    says_all = True
 
 
 def table() -> dict[int, Any]:
@@ -140,7 +144,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                         try:
                             a[j] = tab[tid]
                         except KeyError:
-                            raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+                            raise _Unmade(failed.get(tid)) from None
                 else:
                     a, kw = args, kwargs
                 if factory and kw.get("device") in (None, "cuda"):
@@ -148,10 +152,14 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 result = func(*a, **kw) if kw else func(*a)
             except Exception as exc:
                 issued = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
-                if isinstance(exc, _Unmade):  # it uses what a failed op should have made
-                    root = exc.root
-                    report: tuple[str, BaseException | None] = (
-                        f"{issued} did not run: it uses a result of an op that failed: {root}", None)
+                report: tuple[str, BaseException | None]
+                if isinstance(exc, _Unmade):
+                    if exc.root is None:  # it uses a tensor this rank never had
+                        root = f"{issued} did not run: it uses a tensor that {_MISSING}"
+                        report = (root, None)
+                    else:  # it uses what a failed op should have made
+                        root = exc.root
+                        report = (f"{issued} did not run: it uses a result of an op that failed: {root}", None)
                 else:
                     root = f"{issued} failed: {type(exc).__name__}: {exc}"
                     report = (root, exc)
@@ -169,7 +177,7 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 for tid, leaf in zip(out, pytree.tree_leaves(result), strict=False):
                     if tid is not None:
                         tab[tid] = leaf
-    except BaseException:
+    except BaseException as exc:
         # Interrupted: the op running may have half run, and the rest never will. A second
         # interrupt (they are repeated until the call ends) must not leave this half done.
         while True:
@@ -178,6 +186,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
                 at = f"{_name(func)} (issued at {where[0]}, line {where[1]})"
                 _mark(tab, failed, ops[i], f"{at} was interrupted")
                 _mark_rest(tab, failed, ops, i + 1, f"did not run: the ranks were interrupted before it, at {at}")
+                if isinstance(exc, KeyboardInterrupt) and not exc.args:  # where, for the controller's report
+                    exc.args = (f"{_name(func)}, issued at {where[0]}, line {where[1]}",)
                 break
             except KeyboardInterrupt:
                 continue
@@ -215,9 +225,10 @@ def seeded(seed: int) -> None:
 
 
 class _Unmade(Exception):
-    """An op's input has no value on this rank (`root`: why)."""
+    """An op's input has no value on this rank (`root`: the failure that marked it; None: this
+    rank never had it)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str | None) -> None:
         super().__init__(root)
         self.root = root
 
@@ -272,8 +283,9 @@ def _mark_rest(tab: dict[int, Any], failed: dict[int, str], ops: list[Op], start
         _mark(tab, failed, op, f"{_name(func)} (issued at {where[0]}, line {where[1]}) {why}")
 
 
-_MISSING = ("tensor #{} does not exist here (the ops that made it were interrupted before they started, or "
-            "this rank was restarted since)")
+# (A tensor id means nothing to the user: the op or the fetch that meets one names it.)
+_MISSING = ("does not exist on this rank: the rank was restarted since it was made, or the ops that made it "
+            "were interrupted before they started; make it again")
 
 
 def _free(tab: dict[int, Any], failed: dict[int, str], frees: list[int]) -> int:
@@ -299,7 +311,7 @@ def _value(tab: dict[int, Any], failed: dict[int, str], tid: int) -> Any:
     try:
         return tab[tid]
     except KeyError:
-        raise _Unmade(failed.get(tid) or _MISSING.format(tid)) from None
+        raise _Unmade(failed.get(tid)) from None
 
 
 def lookup(tab: dict[int, Any], tid: int) -> Any:
@@ -310,12 +322,14 @@ def lookup(tab: dict[int, Any], tid: int) -> Any:
     except KeyError:
         why = failures().get(tid)
         if why is None:
-            raise OpFailed(_MISSING.format(tid)) from None
+            raise OpFailed(f"this tensor {_MISSING}") from None
         raise OpFailed(f"this tensor has no value here: {why}") from None
 
 
 def _name(func: Any) -> str:
-    return getattr(func, "__name__", str(func))
+    """An op's name in messages: the name the user called it by (``op_name``: ``vr.reduce`` for
+    the engine's own `rank_ops.reduced`), else its function's."""
+    return str(getattr(func, "op_name", None) or getattr(func, "__name__", func))
 
 
 def resolve(tid: int, token: str, describe: str) -> Any:
@@ -327,9 +341,19 @@ def resolve(tid: int, token: str, describe: str) -> Any:
     return t
 
 
-def get(tid: int) -> Any:
-    """This rank's tensor, on the CPU."""
-    return lookup(table(), tid).detach().cpu()
+def get(tid: int, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
+    """This rank's tensor, on the CPU; OpFailed if it is not of the `shape` and `dtype` the
+    controller has for it (rank code changed it, where only its values may change)."""
+    t = lookup(table(), tid)
+    if shape is not None and (tuple(t.shape) != shape or t.dtype != dtype):
+        def kind(dt: Any, sh: tuple[int, ...]) -> str:
+            return f"{str(dt).removeprefix('torch.')}[{', '.join(map(str, sh))}]"
+
+        raise OpFailed(f"this tensor is {kind(t.dtype, tuple(t.shape))} here, but {kind(dtype, shape)} on the "
+                       "controller, which checks the ops on it against that: rank code changed it (it may change "
+                       "a MeshTensor's values in place, not its shape or dtype). Take it as it is with "
+                       "mesh.run(lambda t: t, t), and make the MeshTensor again under mesh.activate()")
+    return t.detach().cpu()
 
 
 def summary(tid: int) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""What a MeshTensor cannot do on the controller, where only its shape and dtype are, and the
+message that says what to do instead: ops that need the values (``t.item()``, ``bool(t)``), ops
+whose result's shape depends on them (``t.nonzero()``), autograd (its graph is on the ranks), and
+ops torch runs without the tensor engine seeing them (``t.set_``, ``torch.utils.swap_tensors``),
+and ops given an argument that cannot travel to the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from viceroy.runtime import serialize
+
+# Asking for data that lives on the ranks: explain instead of failing inside torch.
+_NEEDS_DATA = {
+    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
+    "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
+}
+# Ops whose result's shape depends on the values: meta tensors cannot tell it.
+_DATA_SHAPED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"}
+_HOW = ("use .fetch() for a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks "
+        "with mesh.run(fn, t) (each rank calls fn on its own tensor)")
+_GRAD = torch.Tensor.grad
+
+
+def needs_data(what: str) -> str:
+    """`what` (``item()``, ``indexing with a boolean mask``...) needs the values: where they are."""
+    return f"{what} needs the data, which lives on the ranks (one tensor per rank): {_HOW}"
+
+
+def check_needs_no_data(name: str, func: Any = None) -> None:
+    """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks.
+    Nor can autograd's ``backward`` and ``.grad``: the graph is on the ranks."""
+    if name in _NEEDS_DATA:
+        raise RuntimeError(needs_data("`x in t`" if name == "__contains__" else f"{name}()"))
+    if name in _DATA_SHAPED:
+        raise RuntimeError(data_shaped(f"{name}()"))
+    if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
+        what = "backward()" if name == "backward" else "a MeshTensor's .grad"
+        raise RuntimeError(
+            f"{what}: autograd runs on the ranks, where each rank's graph is, not on the controller. Run the step "
+            "there: mesh.run(lambda loss: loss.backward(), loss), then mesh.run(lambda w: w.grad, w) "
+            "(MeshTensors are handles there: each rank gets its own tensor)")
+
+
+def repointed(what: str) -> str:
+    """Why a MeshTensor cannot be made to hold another tensor's storage (``set_``,
+    ``torch.utils.swap_tensors``: torch runs them without asking the tensor engine)."""
+    return (f"{what} cannot be done to a MeshTensor: torch does it without the tensor engine seeing it, so "
+            "the controller's shape would change and the ranks' tensor would not. Bind the name to the other "
+            "tensor instead (t = other, or t = other.clone() for a copy of its own), or copy values into "
+            "t in place with t.copy_(other) (same shape)")
+
+
+def data_shaped(what: str) -> str:
+    return (f"{what}: the result's shape depends on the values, which live on the ranks (one tensor per rank, "
+            "each may differ), so the controller cannot check it: run it on the ranks with mesh.run(fn, t) "
+            "(each rank calls fn on its own tensor), or fetch first: .fetch(gpus=0)")
+
+
+# Argument types that always travel (pickled by the standard pickler with the op).
+_SENDABLE = frozenset({int, float, bool, complex, str, type(None), type(Ellipsis), slice, torch.dtype, torch.device,
+                       torch.Size, torch.layout, torch.memory_format})
+
+
+def check_sendable(name: str, leaves: list[Any]) -> None:
+    """Every argument of op `name` (`leaves`: its tree's leaves) can travel to the ranks: else a
+    TypeError here, at the user's line, with nothing queued. (Queued, it would stop its whole
+    batch from going out at the next flush, far from its line, and the ops with it.)"""
+    for x in leaves:
+        if type(x) in _SENDABLE or isinstance(x, torch.Tensor):
+            continue
+        try:
+            serialize.dumps(x)
+        except Exception as exc:
+            shown = repr(x) if len(repr(x)) <= 120 else f"{repr(x)[:117]}..."
+            raise TypeError(f"{name}(): its argument {shown} cannot be sent to the ranks: {exc}. Nothing was sent: "
+                            "give it something picklable, or run it on the ranks: mesh.run(fn, t) (each rank "
+                            "calls fn on its own tensor)") from None
