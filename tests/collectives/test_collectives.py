@@ -155,6 +155,25 @@ def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh)
     assert mesh.run("t = torch.tensor([rank + 1.0]); vr.all_reduce(t, op='avg'); t.item()").values() == [1.5, 1.5]
 
 
+@pytest.mark.parametrize("code, what", [
+    ("vr.all_reduce(torch.ones(2), op='band')",
+     r"ValueError: all_reduce 'band' is bitwise: it needs an integer or bool tensor; this one is float32"),
+    ("vr.reduce_scatter(torch.ones(2, dtype=torch.complex64), op='max')",
+     r"ValueError: reduce_scatter 'max' of a complex tensor: complex numbers are reduced with 'sum' or 'avg' only"),
+])
+def test_an_op_the_tensors_dtype_cannot_take_is_refused_before_anything_is_sent(torch_mesh, code, what):
+    """gloo refused them once the collective had begun, on some ranks and not others (rank 1's
+    'band' of floats completed while rank 0's failed), aborting the group's communicator."""
+    mesh = torch_mesh(gpus=2)
+    mesh.run("from viceroy.runtime.collectives import entries as C\nvr.all_reduce(torch.ones(1))\n"
+             "built = {k: id(e) for k, e in C.cache.items()}")
+    with pytest.raises(vr.MeshError, match=what) as info:
+        mesh.run(code, fail_fast=False)
+    assert "failed on 2 of 2 ranks" in str(info.value) and "aborted" not in str(info.value), info.value
+    assert mesh.run("built == {k: id(e) for k, e in C.cache.items()}").values() == [True, True]
+    assert mesh.run("t = torch.tensor([rank + 1]); vr.all_reduce(t, op='bxor'); t.item()").values() == [3, 3]
+
+
 def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh):
     mesh = torch_mesh(dp=2, tp=2)
     out = mesh.run(

@@ -38,8 +38,8 @@ def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
     """
     _check_op(op)
     backend, x = _native(t, "all_reduce")
-    if op == "avg":
-        _check_avg(x, "all_reduce")
+    if op != "sum":
+        _check_op_dtype(x, op, "all_reduce")
     _run(f"all_reduce({op!r})", backend, _group(dims), x, lambda c: c.all_reduce(x, op))
     return t
 
@@ -65,8 +65,8 @@ def reduce_scatter(t: Any, op: str = "sum", dims: Dims = None) -> Any:
     """
     _check_op(op)
     backend, x = _native(t, "reduce_scatter")
-    if op == "avg":
-        _check_avg(x, "reduce_scatter")
+    if op != "sum":
+        _check_op_dtype(x, op, "reduce_scatter")
     group = _group(dims)
     n = group.size
     if not x.shape or x.shape[0] % n:
@@ -198,18 +198,27 @@ def _check_op(op: str) -> None:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
 
 
-def _check_avg(x: Any, what: str) -> None:
-    """An average of integers is no integer: refused before anything is sent (the backend would
-    fail part-way, leaving the sum in the tensor and the group's communicator aborted)."""
+def _check_op_dtype(x: Any, op: str, what: str) -> None:
+    """An op the tensor's dtype cannot take, refused before anything is sent (the backend would
+    fail part-way, on some members and not others, leaving the group's communicator aborted):
+    an average of integers is no integer, bitwise ops need integers, complex numbers have no
+    order (and the backends multiply them not)."""
     dtype = x.dtype
     if type(x).__module__.startswith("cupy"):
-        ok = dtype.kind in "fc"
+        floating, complex_ = dtype.kind == "f", dtype.kind == "c"
     else:
-        ok = dtype.is_floating_point or dtype.is_complex
-    if not ok:
-        name = str(dtype).removeprefix("torch.")
+        floating, complex_ = dtype.is_floating_point, dtype.is_complex
+    name = str(dtype).removeprefix("torch.")
+    if op == "avg" and not (floating or complex_):
         raise ValueError(f"{what} 'avg' needs a floating-point tensor; this one is {name}: convert it first "
                          "(t.float()), or use 'sum' and divide")
+    if op in ("band", "bor", "bxor") and (floating or complex_):
+        raise ValueError(f"{what} {op!r} is bitwise: it needs an integer or bool tensor; this one is {name}: "
+                         "use 'min' or 'max' (on 0/1 values, 'min' is an and, 'max' an or), or convert it (t.int())")
+    if complex_ and op not in ("sum", "avg"):
+        raise ValueError(f"{what} {op!r} of a complex tensor: complex numbers are reduced with 'sum' or 'avg' "
+                         f"only; this one is {name}: reduce torch.view_as_real(t) to act on the real and "
+                         "imaginary parts apart")
 
 
 def _native(t: Any, what: str) -> tuple[Backend, Any]:
