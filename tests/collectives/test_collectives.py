@@ -130,6 +130,16 @@ def test_arguments_of_the_wrong_kind_are_named_with_what_to_pass(torch_mesh):
                                             r"\(dst=1\); got '1' \(str\)"),
         ("vr.recv(torch.ones(1), src=1.0)", r"TypeError: recv: src must be an int, the global rank to receive from "
                                             r"\(src=1\); got 1\.0 \(float\)"),
+        # numpy arrays were told to call t.contiguous(), which they lack, and an object array got
+        # torch's "can't convert np.ndarray of type numpy.object_"
+        ("import numpy as np; vr.all_gather(np.ones((2, 2))[:, 0])",
+         r"ValueError: all_gather needs a contiguous array: pass np\.ascontiguousarray\(a\)"),
+        ("import numpy as np; vr.all_reduce(np.array([1, 'x'], dtype=object))",
+         r"TypeError: all_reduce takes numpy arrays of numbers or bools; this one's dtype is object: convert it "
+         r"\(a\.astype\(np\.float32\)\)"),
+        ("import numpy as np; vr.broadcast(np.float32(1))",
+         r"TypeError: broadcast takes a torch tensor, a numpy array or a CuPy array; got a numpy float32: pass "
+         r"np\.array\(\[x\]\)"),
     ]:
         with pytest.raises(vr.MeshError, match=what):
             mesh.run(code)

@@ -231,9 +231,20 @@ def _native(t: Any, what: str) -> tuple[Backend, Any]:
             raise BackendUnavailable(f"{what}: {_gloo.unavailable()}")
         return _gloo, t
     if kind == "numpy":
+        import numpy as np
         import torch
 
-        t = torch.from_numpy(t)
+        if not isinstance(t, np.ndarray):  # a numpy scalar: nothing to reduce in place
+            raise TypeError(f"{what} takes a torch tensor, a numpy array or a CuPy array; got a numpy "
+                            f"{type(t).__name__}: pass np.array([x])")
+        if not t.flags.c_contiguous:
+            raise ValueError(f"{what} needs a contiguous array: pass np.ascontiguousarray(a) (and copy the result "
+                             "back)")
+        try:
+            t = torch.from_numpy(t)
+        except TypeError:
+            raise TypeError(f"{what} takes numpy arrays of numbers or bools; this one's dtype is {t.dtype}: "
+                            "convert it (a.astype(np.float32))") from None
         kind = "torch"
     if kind == "torch":
         if t.device.type == "meta":
