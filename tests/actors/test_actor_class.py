@@ -67,8 +67,15 @@ def test_spawn_refuses_what_is_not_an_actor_and_names_that_clash():
         def stop(self) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"spawn takes a subclass of viceroy\.Actor"):
+    with pytest.raises(TypeError, match=r"^spawn takes a subclass of viceroy\.Actor; Plain is not one: declare it "
+                                        r"`class Plain\(vr\.Actor\)`, its endpoints marked @vr\.endpoint$"):
         spawn(None, Plain)  # type: ignore[arg-type]
+    # An instance was shown as "got <...Base object at 0x7f...>"
+    with pytest.raises(TypeError, match=r"^spawn takes the actor class, not an instance of it: mesh\.spawn\(Base, "
+                                        r"\*args\) makes one per rank, with those arguments$"):
+        spawn(None, Base.__new__(Base))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^spawn takes a subclass of viceroy\.Actor, got 'Base' \(str\)$"):
+        spawn(None, "Base")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"endpoint name\(s\) stop clash with ActorMesh"):
         spawn(None, Clash)  # type: ignore[arg-type]
 

@@ -34,7 +34,7 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     is kept in ``actors.unhandled`` and printed once.
     """
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
-        raise TypeError(f"spawn takes a subclass of viceroy.Actor, got {cls!r}")
+        raise TypeError(_not_an_actor_class(cls))
     endpoints = endpoints_of(cls)
     clash = sorted(set(endpoints) & _RESERVED)
     if clash:
@@ -66,6 +66,17 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
         registry.records.pop(info.id, None)
         raise
     return registry.mesh(info, mesh._shape)
+
+
+def _not_an_actor_class(cls: Any) -> str:
+    if isinstance(cls, Actor):
+        name = type(cls).__name__
+        return (f"spawn takes the actor class, not an instance of it: mesh.spawn({name}, *args) makes one per "
+                "rank, with those arguments")
+    if isinstance(cls, type):
+        return (f"spawn takes a subclass of viceroy.Actor; {cls.__name__} is not one: declare it "
+                f"`class {cls.__name__}(vr.Actor)`, its endpoints marked @vr.endpoint")
+    return f"spawn takes a subclass of viceroy.Actor, got {reprlib.repr(cls)} ({type(cls).__name__})"
 
 
 def _owner_clash(cls: type, owner: Any) -> str:
