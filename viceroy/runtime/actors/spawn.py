@@ -107,9 +107,10 @@ def _repack(record: ActorRecord, cls: type, args: tuple[Any, ...], kwargs: dict[
     try:
         payload, bufs = serialize.dumps((cls, args, kwargs), seen_refs=refs)
     except Exception:
-        serialize.check_picklable({"the actor class": cls}
-                                  | {f"argument {i}": a for i, a in enumerate(args)}
-                                  | {f"argument {k!r}": v for k, v in kwargs.items()})
+        what = f"spawn {cls.__name__}:"
+        serialize.check_picklable({f"{what} the actor class": cls}
+                                  | {f"{what} argument {i}": a for i, a in enumerate(args)}
+                                  | {f"{what} argument {k!r}": v for k, v in kwargs.items()})
         raise
     for ref in refs:
         ref.check_usable_on(record.controller, record.shape)
