@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import viceroy as vr
+from tests.collectives.conftest import SETUP
 
 
 def test_all_reduce_over_the_whole_mesh_and_along_each_dim(torch_mesh):
@@ -253,3 +254,14 @@ def test_the_collective_timeout_in_the_mesh_env_reaches_ranks_forked_from_a_torc
     mesh = start_mesh(gpus=1, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": "7"})
     got = mesh.run("from viceroy.runtime.collectives import entries as c\nc.current_timeout()")
     assert got.values() == [7.0]
+
+
+@pytest.mark.parametrize("value", ["10s", "0", "-5", "nan"])
+def test_a_collective_timeout_in_the_env_that_is_no_number_of_seconds_is_named(start_mesh, value):
+    # "10s" failed every collective with "could not convert string to float: '10s'", naming
+    # neither the variable nor where it came from; "0" or "-5" built groups that gave up at once.
+    mesh = start_mesh(gpus=2, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": value})
+    mesh.run(SETUP)
+    with pytest.raises(vr.MeshError, match=rf"ranks 0-1: ValueError: VICEROY_COLLECTIVE_TIMEOUT={value!r} \(in the "
+                                           r"ranks' environment\) is no number of seconds > 0: set it to e\.g\. 600"):
+        mesh.run("vr.all_reduce(torch.ones(1))", timeout=30, fail_fast=False)
