@@ -165,6 +165,9 @@ def test_ranks_that_never_join_are_named_when_the_group_times_out(torch_mesh):
     took, msg = timed_failure(mesh, code)
     assert took < 10
     assert "ranks 2-3 did not join within 2 s" in msg
+    # One rank was "ranks 3"
+    msg = timed_failure(mesh, code.replace("rank < 2", "rank < 3").replace("ranks 2 and 3", "rank 3"))[1]
+    assert "rank 3 did not join within 2 s (is it running this code?)" in msg, msg
 
 
 def test_abort_all_releases_a_stock_torch_distributed_collective(torch_mesh):
