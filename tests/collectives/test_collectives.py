@@ -199,6 +199,22 @@ def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh
     assert set(out.values()) == {(6.0, 2.0, ("dp", "tp"), (2, 2), 2.0)}
 
 
+def test_reinit_process_group_with_a_backend_it_cannot_make_keeps_the_current_group(torch_mesh):
+    # A misspelt backend destroyed the user's default group first, then failed in torch
+    # ("AssertionError: Unknown backend type ncl"): no group left at all.
+    mesh = torch_mesh(gpus=2)
+    mesh.run("import torch.distributed as dist\ndist.init_process_group()")
+    bad = {"ncl": r"'ncl' is no torch\.distributed backend \(gloo, nccl, "}
+    if not mesh.run("dist.is_nccl_available()").item(gpus=0):
+        bad["nccl"] = r"'nccl' is not available in this torch build"
+    for backend, what in bad.items():
+        with pytest.raises(vr.MeshError, match=rf"ranks 0-1: ValueError: reinit_process_group\(backend='{backend}'\): "
+                                               rf"{what}.*; the current group is kept"):
+            mesh.run(f"vr.reinit_process_group({backend!r})", timeout=30, fail_fast=False)
+    got = mesh.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); dist.is_initialized(), t.item()", timeout=30)
+    assert got.values() == [(True, 3.0)] * 2
+
+
 def test_nccl_is_skipped_with_a_clear_message_without_cupy_or_a_gpu():
     from viceroy.runtime.collectives.nccl import NcclBackend
 
