@@ -66,6 +66,18 @@ def test_up_sets_environment_variables_on_every_rank():
         session.close()
 
 
+def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_device():
+    # It ran init_process_group() with torch's default, nccl for CUDA tensors where there are GPUs.
+    from viceroy.extension.session import MeshSession
+
+    session = MeshSession(None)
+    try:
+        mesh = session.up({"gpus": 2}, backend="gloo", torch_dist=True, preload=["torch"])
+        assert mesh.run("import torch.distributed as dist\ndist.get_backend()").values() == ["gloo", "gloo"]
+    finally:
+        session.close()
+
+
 def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str]):
     # It was accepted and did nothing: CPU tensors went through gloo all the same.
     from viceroy.runtime.devices import visible_gpus

@@ -48,14 +48,15 @@ def describe_dims(dims: dict[str, int]) -> str:
 
 def _init_torch_distributed() -> None:
     """On a rank: torch's default process group (env://; the mesh set RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT), tracked so an interrupt can release it."""
+    MASTER_ADDR/PORT), tracked so an interrupt can release it; gloo for every device under
+    ``--backend gloo``, else torch's default (gloo for CPU tensors, nccl for GPU ones)."""
     import torch.distributed as dist
 
     from viceroy.runtime.collectives import install_torch_hooks
 
     install_torch_hooks()
     if not dist.is_initialized():
-        dist.init_process_group()
+        dist.init_process_group(backend="gloo" if os.environ.get("VICEROY_BACKEND") == "gloo" else None)
 
 
 def _rank_gpu() -> int | None:
