@@ -108,6 +108,12 @@ def test_bad_arguments_fail_on_the_rank_with_what_to_do(torch_mesh):
         mesh.run("vr.reduce_scatter(torch.ones(3))")
     with pytest.raises(vr.MeshError, match="contiguous"):
         mesh.run("vr.all_reduce(torch.ones(4, 4).t())")
+    # A global rank given as src along a dim said only "src=3 is not a position in dims gpus at
+    # hosts=1 (ranks 2-3) (0..1)"
+    with pytest.raises(vr.MeshError, match=r"ValueError: broadcast: src=2 is not a position in the whole mesh \(ranks "
+                                           r"0-1\), of 2 members: src counts 0\.\.1 along the group \(the sender's "
+                                           r"position in it, its coordinate along the dim for one dim\)"):
+        mesh.run("vr.broadcast(torch.ones(1), src=2)", fail_fast=False)
     # None of that touched a communicator: the next collective works.
     assert mesh.run("t = torch.ones(1); vr.all_reduce(t); t.item()").item(gpus=0) == 2.0
 

@@ -91,7 +91,9 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     backend, x = _native(t, "broadcast")
     group = _group(dims)
     if not 0 <= src < group.size:
-        raise ValueError(f"src={src} is not a position in {group.label} (0..{group.size - 1})")
+        raise ValueError(f"broadcast: src={src} is not a position in {group.label}, of {group.size} members: src "
+                         f"counts 0..{group.size - 1} along the group (the sender's position in it, its coordinate "
+                         "along the dim for one dim)")
     _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src), agree=f"broadcast(src={src})")
     return t
 
