@@ -144,6 +144,10 @@ def test_arguments_of_the_wrong_kind_are_named_with_what_to_pass(torch_mesh):
         ("import numpy as np; vr.all_reduce(np.array([1, 'x'], dtype=object))",
          r"TypeError: all_reduce takes numpy arrays of numbers or bools; this one's dtype is object: convert it "
          r"\(a\.astype\(np\.float32\)\)"),
+        # A read-only array was written all the same (np.frombuffer(b) changed the bytes b)
+        ("import numpy as np; vr.broadcast(np.frombuffer(bytes(8), dtype=np.float32))",
+         r"ValueError: broadcast writes its result into the array, and this one is read-only \(a view of bytes, or "
+         r"writeable=False\): pass a writable copy \(a\.copy\(\)\)"),
         ("import numpy as np; vr.broadcast(np.float32(1))",
          r"TypeError: broadcast takes a torch tensor, a numpy array or a CuPy array; got a numpy float32: pass "
          r"np\.array\(\[x\]\)"),

@@ -37,7 +37,7 @@ def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
     op: "sum", "avg", "product", "min", "max", "band", "bor", "bxor". Returns `t`.
     """
     _check_op(op)
-    backend, x = _native(t, "all_reduce")
+    backend, x = _native(t, "all_reduce", writes=True)
     if op != "sum":
         _check_op_dtype(x, op, "all_reduce")
     _run(f"all_reduce({op!r})", backend, _group(dims), x, lambda c: c.all_reduce(x, op))
@@ -88,7 +88,7 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     along the dim for one dim (``broadcast(w, src=0, dims="gpus")``: from gpus=0).
     """
     src = _rank_arg(src, "src", "broadcast", "the sender's position in the group (src=0)")
-    backend, x = _native(t, "broadcast")
+    backend, x = _native(t, "broadcast", writes=True)
     group = _group(dims)
     if not 0 <= src < group.size:
         raise ValueError(f"broadcast: src={src} is not a position in {group.label}, of {group.size} members: src "
@@ -109,7 +109,7 @@ def send(t: Any, dst: int) -> None:
 def recv(t: T, src: int) -> T:
     """Receive into `t` (in place) what rank `src` sent with ``send``; returns `t`."""
     src = _rank_arg(src, "src", "recv", "the global rank to receive from (src=1)")
-    backend, x = _native(t, "recv")
+    backend, x = _native(t, "recv", writes=True)
     group = _pair(src, "recv")
     _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)), agree="send/recv")
     return t
@@ -122,9 +122,9 @@ def exchange(out: Any, to: int | None, into: Any, frm: int | None, group: Group,
     tensors must be of one kind (both CPU, or both on the GPU)."""
     if out is None and into is None:
         raise ValueError(f"{what}: nothing to send or receive")
-    backend, x = _native(out if out is not None else into, what)
+    backend, x = _native(out if out is not None else into, what, writes=out is None)
     sx = x if out is not None else None
-    rx = x if out is None else (None if into is None else _native(into, what)[1])
+    rx = x if out is None else (None if into is None else _native(into, what, writes=True)[1])
     to_i = None if to is None else group.index(to)
     frm_i = None if frm is None else group.index(frm)
     _run(what, backend, group, x, lambda c: c.exchange(sx, to_i, rx, frm_i), agree=None)
@@ -223,8 +223,9 @@ def _check_op_dtype(x: Any, op: str, what: str) -> None:
                          "imaginary parts apart")
 
 
-def _native(t: Any, what: str) -> tuple[Backend, Any]:
-    """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views)."""
+def _native(t: Any, what: str, writes: bool = False) -> tuple[Backend, Any]:
+    """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views).
+    `writes`: the result goes into `t` (a read-only numpy array is refused)."""
     kind = type(t).__module__.partition(".")[0]
     if kind == "torch" and t.device.type == "cpu":  # the common case, first
         if not t.is_contiguous():
@@ -239,6 +240,9 @@ def _native(t: Any, what: str) -> tuple[Backend, Any]:
         if not isinstance(t, np.ndarray):  # a numpy scalar: nothing to reduce in place
             raise TypeError(f"{what} takes a torch tensor, a numpy array or a CuPy array; got a numpy "
                             f"{type(t).__name__}: pass np.array([x])")
+        if writes and not t.flags.writeable:  # torch would write into it all the same
+            raise ValueError(f"{what} writes its result into the array, and this one is read-only (a view of bytes, "
+                             "or writeable=False): pass a writable copy (a.copy())")
         if not t.flags.c_contiguous:
             raise ValueError(f"{what} needs a contiguous array: pass np.ascontiguousarray(a) (and copy the result "
                              "back)")
