@@ -67,8 +67,15 @@ def test_spawn_refuses_what_is_not_an_actor_and_names_that_clash():
         def stop(self) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"spawn takes a subclass of viceroy\.Actor"):
+    with pytest.raises(TypeError, match=r"^spawn takes a subclass of viceroy\.Actor; Plain is not one: declare it "
+                                        r"`class Plain\(vr\.Actor\)`, its endpoints marked @vr\.endpoint$"):
         spawn(None, Plain)  # type: ignore[arg-type]
+    # An instance was shown as "got <...Base object at 0x7f...>"
+    with pytest.raises(TypeError, match=r"^spawn takes the actor class, not an instance of it: mesh\.spawn\(Base, "
+                                        r"\*args\) makes one per rank, with those arguments$"):
+        spawn(None, Base.__new__(Base))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^spawn takes a subclass of viceroy\.Actor, got 'Base' \(str\)$"):
+        spawn(None, "Base")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"endpoint name\(s\) stop clash with ActorMesh"):
         spawn(None, Clash)  # type: ignore[arg-type]
 
@@ -104,3 +111,33 @@ def test_a_constructor_owner_given_as_a_keyword_is_said_to_be_spawns_own(start_m
         spawn(None, Base, 1, owner="alice")  # type: ignore[arg-type]
     mesh = start_mesh(gpus=1)
     assert mesh.spawn(Account, "alice").slice(gpus=0).who.call_one().get(timeout=10) == "alice"
+
+
+class Statics(vr.Actor):
+    @vr.endpoint
+    @staticmethod
+    def inner(x: int) -> int:
+        return x
+
+    @staticmethod
+    @vr.endpoint
+    def outer(x: int) -> int:
+        return x + 1
+
+    @vr.endpoint
+    @classmethod
+    def klass(cls, x: int) -> str:
+        return f"{cls.__name__}{x}"
+
+
+def test_static_and_class_methods_can_be_endpoints_with_their_own_signatures(start_mesh):
+    # @vr.endpoint over @staticmethod dropped its first parameter as if it were self ("A.inner():
+    # too many positional arguments"), under it the mark was not seen ("has no endpoint
+    # 'outer'"), and over @classmethod it was refused ("decorates a method, got classmethod").
+    eps = endpoints_of(Statics)
+    assert {name: str(ep.signature) for name, ep in eps.items()} == {
+        "inner": "(x: int) -> int", "outer": "(x: int) -> int", "klass": "(x: int) -> str"}
+    actors = start_mesh(gpus=1).spawn(Statics)
+    assert actors.inner.call_one(1).get(timeout=10) == 1
+    assert actors.outer.call_one(1).get(timeout=10) == 2
+    assert actors.klass.call_one(1).get(timeout=10) == "Statics1"

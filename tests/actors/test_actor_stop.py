@@ -141,3 +141,21 @@ def test_shutting_the_mesh_down_runs_cleanup_and_never_waits_long_on_a_busy_acto
     for actors in (idle, failing):
         assert actors._client.control(actors._info).status == {0: "stopped", 1: "stopped"}
         assert "its mesh was shut down" in repr(actors)
+
+
+def test_part_of_an_actor_mesh_stopped_choose_picks_a_running_actor_and_call_says_which_run(start_mesh, tmp_path):
+    # choose() refused the whole mesh once any of its actors was stopped, though it picks among
+    # the running ones when some failed; call() said "spawn a new one", not which still run.
+    mesh = start_mesh(gpus=4)
+    actors = mesh.spawn(Busy, str(tmp_path))
+    actors.slice(gpus=slice(0, 2)).stop()
+    assert {actors.ping.choose().get(timeout=10) for _ in range(4)} == {1}
+    with pytest.raises(RuntimeError) as info:
+        actors.ping.call()
+    assert str(info.value) == (
+        "actor mesh Busy (gpus=4) was stopped (ranks 0-1); its actors on ranks 2-3 still run: call them through a "
+        "slice or select of it (actors.select([2, 3])), or spawn a new one with mesh.spawn(Busy, ...)")
+    assert actors.select([2, 3]).ping.call().get(timeout=10).values() == [1, 1]
+    actors.stop()
+    with pytest.raises(RuntimeError, match=r"^actor mesh Busy \(gpus=4\) was stopped \(ranks 0-3\); spawn a new one"):
+        actors.ping.choose()

@@ -306,6 +306,9 @@ def test_unpicklable_arguments_are_named_before_sending(start_mesh):
     with pytest.raises(TypeError, match=r"Counter\.incr argument 'by' \(lock\) cannot be sent"):
         counters.incr.call(by=threading.Lock())
     assert counters.value.call_one().get() == 0
+    # spawn's said "argument 0 (lock) cannot be sent", naming neither spawn nor the class
+    with pytest.raises(TypeError, match=r"^spawn Counter: argument 0 \(lock\) cannot be sent"):
+        mesh.spawn(Counter, threading.Lock())
 
 
 def test_calls_after_shutdown_fail_clearly_and_pending_calls_end(start_mesh):

@@ -135,3 +135,32 @@ def test_actors_passing_tensors_of_different_shapes_fail_naming_each_ranks(reduc
     assert "passed different tensors or operations" in str(err), err
     assert "rank 1: all_reduce('sum') float32[2]" in str(err), err
     assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+class ReducingInInit(vr.Actor):
+    def __init__(self, fail_on: int) -> None:
+        import torch
+
+        if vr.context().rank == fail_on:
+            raise ValueError("gives up before the collective")
+        t = torch.ones(1)
+        vr.all_reduce(t)
+        self.total = t.item()
+
+    @vr.endpoint
+    def get(self) -> float:
+        return self.total
+
+
+def test_a_constructor_raising_before_a_collective_releases_the_others_naming_it(torch_mesh):
+    # The constructor ran outside any watched call: the other ranks' constructors waited in the
+    # collective for rank 1 until its timeout (600 s), and spawn with them.
+    mesh = torch_mesh(gpus=3)
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        mesh.spawn(ReducingInInit, 1)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 15, msg
+    assert "rank 1: ValueError: gives up before the collective" in msg, msg
+    assert "rank 1 finished the call without joining this collective" in msg, msg
+    assert mesh.spawn(ReducingInInit, -1).get.call().get(timeout=30).values() == [3.0] * 3

@@ -82,6 +82,17 @@ def test_checking_follows_the_environment_and_can_be_turned_off(start_mesh):
     mesh.run(code)  # unchecked again: it completes (with wrong values) instead of raising
 
 
+def test_a_setting_that_is_no_bool_is_refused_and_false_in_the_environment_means_off(start_mesh):
+    # check_collectives("off") turned checking on (any non-empty str is true), and so did
+    # VICEROY_CHECK_COLLECTIVES=false (only "" and "0" meant off).
+    mesh = start_mesh(gpus=2, preload=["torch"], env={"VICEROY_CHECK_COLLECTIVES": "false"})
+    mesh.run(SETUP)
+    mesh.run(MISMATCH)  # unchecked: it completes (with wrong values) instead of raising
+    with pytest.raises(vr.MeshError, match=r"TypeError: check_collectives takes True or False; got 'off' \(str\)"):
+        mesh.run("vr.check_collectives('off')")
+    mesh.run(MISMATCH)  # still unchecked
+
+
 MISMATCH = "t = torch.ones(2, dtype=torch.float32 if rank == 0 else torch.int32); vr.all_reduce(t); t.tolist()"
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import viceroy as vr
+from tests.collectives.conftest import SETUP
 
 
 def test_all_reduce_over_the_whole_mesh_and_along_each_dim(torch_mesh):
@@ -107,6 +108,12 @@ def test_bad_arguments_fail_on_the_rank_with_what_to_do(torch_mesh):
         mesh.run("vr.reduce_scatter(torch.ones(3))")
     with pytest.raises(vr.MeshError, match="contiguous"):
         mesh.run("vr.all_reduce(torch.ones(4, 4).t())")
+    # A global rank given as src along a dim said only "src=3 is not a position in dims gpus at
+    # hosts=1 (ranks 2-3) (0..1)"
+    with pytest.raises(vr.MeshError, match=r"ValueError: broadcast: src=2 is not a position in the whole mesh \(ranks "
+                                           r"0-1\), of 2 members: src counts 0\.\.1 along the group \(the sender's "
+                                           r"position in it, its coordinate along the dim for one dim\)"):
+        mesh.run("vr.broadcast(torch.ones(1), src=2)", fail_fast=False)
     # None of that touched a communicator: the next collective works.
     assert mesh.run("t = torch.ones(1); vr.all_reduce(t); t.item()").item(gpus=0) == 2.0
 
@@ -130,6 +137,20 @@ def test_arguments_of_the_wrong_kind_are_named_with_what_to_pass(torch_mesh):
                                             r"\(dst=1\); got '1' \(str\)"),
         ("vr.recv(torch.ones(1), src=1.0)", r"TypeError: recv: src must be an int, the global rank to receive from "
                                             r"\(src=1\); got 1\.0 \(float\)"),
+        # numpy arrays were told to call t.contiguous(), which they lack, and an object array got
+        # torch's "can't convert np.ndarray of type numpy.object_"
+        ("import numpy as np; vr.all_gather(np.ones((2, 2))[:, 0])",
+         r"ValueError: all_gather needs a contiguous array: pass np\.ascontiguousarray\(a\)"),
+        ("import numpy as np; vr.all_reduce(np.array([1, 'x'], dtype=object))",
+         r"TypeError: all_reduce takes numpy arrays of numbers or bools; this one's dtype is object: convert it "
+         r"\(a\.astype\(np\.float32\)\)"),
+        # A read-only array was written all the same (np.frombuffer(b) changed the bytes b)
+        ("import numpy as np; vr.broadcast(np.frombuffer(bytes(8), dtype=np.float32))",
+         r"ValueError: broadcast writes its result into the array, and this one is read-only \(a view of bytes, or "
+         r"writeable=False\): pass a writable copy \(a\.copy\(\)\)"),
+        ("import numpy as np; vr.broadcast(np.float32(1))",
+         r"TypeError: broadcast takes a torch tensor, a numpy array or a CuPy array; got a numpy float32: pass "
+         r"np\.array\(\[x\]\)"),
     ]:
         with pytest.raises(vr.MeshError, match=what):
             mesh.run(code)
@@ -155,6 +176,25 @@ def test_avg_of_an_integer_tensor_is_refused_before_anything_is_sent(torch_mesh)
     assert mesh.run("t = torch.tensor([rank + 1.0]); vr.all_reduce(t, op='avg'); t.item()").values() == [1.5, 1.5]
 
 
+@pytest.mark.parametrize("code, what", [
+    ("vr.all_reduce(torch.ones(2), op='band')",
+     r"ValueError: all_reduce 'band' is bitwise: it needs an integer or bool tensor; this one is float32"),
+    ("vr.reduce_scatter(torch.ones(2, dtype=torch.complex64), op='max')",
+     r"ValueError: reduce_scatter 'max' of a complex tensor: complex numbers are reduced with 'sum' or 'avg' only"),
+])
+def test_an_op_the_tensors_dtype_cannot_take_is_refused_before_anything_is_sent(torch_mesh, code, what):
+    """gloo refused them once the collective had begun, on some ranks and not others (rank 1's
+    'band' of floats completed while rank 0's failed), aborting the group's communicator."""
+    mesh = torch_mesh(gpus=2)
+    mesh.run("from viceroy.runtime.collectives import entries as C\nvr.all_reduce(torch.ones(1))\n"
+             "built = {k: id(e) for k, e in C.cache.items()}")
+    with pytest.raises(vr.MeshError, match=what) as info:
+        mesh.run(code, fail_fast=False)
+    assert "failed on 2 of 2 ranks" in str(info.value) and "aborted" not in str(info.value), info.value
+    assert mesh.run("built == {k: id(e) for k, e in C.cache.items()}").values() == [True, True]
+    assert mesh.run("t = torch.tensor([rank + 1]); vr.all_reduce(t, op='bxor'); t.item()").values() == [3, 3]
+
+
 def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh):
     mesh = torch_mesh(dp=2, tp=2)
     out = mesh.run(
@@ -167,6 +207,22 @@ def test_stock_torch_distributed_code_runs_beside_viceroy_collectives(torch_mesh
         "x.item(), y.item(), dm.mesh_dim_names, tuple(dm.mesh.shape), z.item()"
     )
     assert set(out.values()) == {(6.0, 2.0, ("dp", "tp"), (2, 2), 2.0)}
+
+
+def test_reinit_process_group_with_a_backend_it_cannot_make_keeps_the_current_group(torch_mesh):
+    # A misspelt backend destroyed the user's default group first, then failed in torch
+    # ("AssertionError: Unknown backend type ncl"): no group left at all.
+    mesh = torch_mesh(gpus=2)
+    mesh.run("import torch.distributed as dist\ndist.init_process_group()")
+    bad = {"ncl": r"'ncl' is no torch\.distributed backend \(gloo, nccl, "}
+    if not mesh.run("dist.is_nccl_available()").item(gpus=0):
+        bad["nccl"] = r"'nccl' is not available in this torch build"
+    for backend, what in bad.items():
+        with pytest.raises(vr.MeshError, match=rf"ranks 0-1: ValueError: reinit_process_group\(backend='{backend}'\): "
+                                               rf"{what}.*; the current group is kept"):
+            mesh.run(f"vr.reinit_process_group({backend!r})", timeout=30, fail_fast=False)
+    got = mesh.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); dist.is_initialized(), t.item()", timeout=30)
+    assert got.values() == [(True, 3.0)] * 2
 
 
 def test_nccl_is_skipped_with_a_clear_message_without_cupy_or_a_gpu():
@@ -224,3 +280,14 @@ def test_the_collective_timeout_in_the_mesh_env_reaches_ranks_forked_from_a_torc
     mesh = start_mesh(gpus=1, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": "7"})
     got = mesh.run("from viceroy.runtime.collectives import entries as c\nc.current_timeout()")
     assert got.values() == [7.0]
+
+
+@pytest.mark.parametrize("value", ["10s", "0", "-5", "nan"])
+def test_a_collective_timeout_in_the_env_that_is_no_number_of_seconds_is_named(start_mesh, value):
+    # "10s" failed every collective with "could not convert string to float: '10s'", naming
+    # neither the variable nor where it came from; "0" or "-5" built groups that gave up at once.
+    mesh = start_mesh(gpus=2, preload=["torch"], env={"VICEROY_COLLECTIVE_TIMEOUT": value})
+    mesh.run(SETUP)
+    with pytest.raises(vr.MeshError, match=rf"ranks 0-1: ValueError: VICEROY_COLLECTIVE_TIMEOUT={value!r} \(in the "
+                                           r"ranks' environment\) is no number of seconds > 0: set it to e\.g\. 600"):
+        mesh.run("vr.all_reduce(torch.ones(1))", timeout=30, fail_fast=False)

@@ -165,6 +165,9 @@ def test_ranks_that_never_join_are_named_when_the_group_times_out(torch_mesh):
     took, msg = timed_failure(mesh, code)
     assert took < 10
     assert "ranks 2-3 did not join within 2 s" in msg
+    # One rank was "ranks 3"
+    msg = timed_failure(mesh, code.replace("rank < 2", "rank < 3").replace("ranks 2 and 3", "rank 3"))[1]
+    assert "rank 3 did not join within 2 s (is it running this code?)" in msg, msg
 
 
 def test_abort_all_releases_a_stock_torch_distributed_collective(torch_mesh):
@@ -367,3 +370,18 @@ def test_a_rank_gloo_aborts_for_a_size_mismatch_is_said_to_have_died_of_it(torch
     mesh.restart(failed_only=True)
     mesh.run(SETUP)
     assert_next_collective_is_right(mesh, 2)
+
+
+def test_a_reduce_scatter_of_different_sizes_or_one_a_rank_skips_ends_within_seconds(torch_mesh):
+    # gloo's reduce_scatter ignores the time limit of a wait: the members' wait never came back
+    # to look for a mismatch or a member that finished, and they hung until the group's timeout.
+    mesh = torch_mesh(gpus=2)
+    took, msg = timed_failure(mesh, "vr.reduce_scatter(torch.ones(2 * (rank + 1)))", fail_fast=False)
+    assert took < 15, msg
+    assert "rank 0: reduce_scatter('sum') float32[2]; rank 1: reduce_scatter('sum') float32[4]" in msg, msg
+    assert_next_collective_is_right(mesh, 2)
+    took, msg = timed_failure(mesh, "t = torch.ones(4)\nif rank != 1:\n    vr.reduce_scatter(t, op='avg')")
+    assert took < 10, msg
+    assert "rank 1 finished the call without joining this collective" in msg, msg
+    assert mesh.run("vr.reduce_scatter(torch.arange(4.) * (rank + 1), op='avg').tolist()", timeout=30).values() == [
+        [0.0, 1.5], [3.0, 4.5]]

@@ -57,6 +57,10 @@ def test_unknown_or_repeated_dims_say_which_dims_exist(on_rank):
         groups.group_for("gpus")
     with pytest.raises(ValueError, match="distinct"):
         groups.group_for(["dp", "dp"])
+    # A near miss was not pointed out
+    with pytest.raises(ValueError, match=r"^dims \['tps'\]: this mesh has no dim 'tps' \(did you mean 'tp'\?\); "
+                                         r"its dims are \['dp', 'tp'\]$"):
+        groups.group_for("tps")
 
 
 def test_pair_groups_put_the_lower_rank_first():

@@ -63,6 +63,22 @@ def test_device_mesh_takes_a_splits_dim_names_and_refuses_a_slice(torch_mesh):
         mesh.slice(gpus=slice(0, 2)).run("vr.device_mesh()", timeout=30)
 
 
+def test_device_mesh_refuses_a_device_type_the_ranks_cannot_use_before_making_a_group(torch_mesh):
+    # device_mesh("gpu") made a DeviceMesh of device type "gpu", over a gloo default group it had
+    # initialised; device_mesh("cuda") without a GPU failed in init_process_group with
+    # "Distributed package doesn't have NCCL built in".
+    mesh = torch_mesh(gpus=2)
+    with pytest.raises(vr.MeshError, match=r"ValueError: device_mesh\(device_type='gpu'\): not a torch device "
+                                           r"type; use 'cuda' \(the rank's GPU\) or 'cpu'"):
+        mesh.run("vr.device_mesh('gpu')", timeout=30)
+    if not mesh.run("torch.cuda.is_available()").item(gpus=0):
+        with pytest.raises(vr.MeshError, match=r"ranks 0-1: ValueError: device_mesh\(device_type='cuda'\): this rank "
+                                               r"has no GPU; use 'cpu', or leave device_type out"):
+            mesh.run("vr.device_mesh('cuda')", timeout=30, fail_fast=False)
+    assert mesh.run("import torch.distributed as dist\ndist.is_initialized()").values() == [False, False]
+    assert mesh.run("vr.device_mesh('cpu').device_type", timeout=60).values() == ["cpu", "cpu"]
+
+
 def test_device_mesh_is_made_again_over_the_group_reinit_process_group_gives(torch_mesh):
     """vr.reinit_process_group() on every rank (the documented recovery once a stock group was
     cut) leaves vr.device_mesh() working: cached while the default group stays, made over the

@@ -66,6 +66,40 @@ def test_up_sets_environment_variables_on_every_rank():
         session.close()
 
 
+def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_device():
+    # It ran init_process_group() with torch's default, nccl for CUDA tensors where there are GPUs.
+    from viceroy.extension.session import MeshSession
+
+    session = MeshSession(None)
+    try:
+        mesh = session.up({"gpus": 2}, backend="gloo", torch_dist=True, preload=["torch"])
+        assert mesh.run("import torch.distributed as dist\ndist.get_backend()").values() == ["gloo", "gloo"]
+    finally:
+        session.close()
+
+
+def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str]):
+    # It was accepted and did nothing: CPU tensors went through gloo all the same.
+    from viceroy.runtime.devices import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("the ranks here have GPUs")
+    from viceroy.extension.session import MeshSession
+
+    session = MeshSession(None)
+    try:
+        with pytest.raises(UsageError) as info:
+            session.up({"hosts": 2, "gpus": 2}, backend="nccl", preload=[])
+        assert str(info.value) == (
+            "%mesh up --backend nccl: ranks 0-3 have no GPU, and nccl moves GPU tensors only; the mesh was "
+            "stopped. Leave --backend out: collectives follow the tensor (gloo for CPU tensors; nccl for GPU "
+            "tensors, where every rank has a GPU), or pass --backend gloo")
+        assert session.mesh is None
+        assert "stopped the previous mesh" not in capsys.readouterr().out
+    finally:
+        session.close()
+
+
 def test_down_turns_auto_mode_off_and_says_so(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):
     session = current_session(shell)
     shell.run_line_magic("mesh", "up gpus=2 --preload none")

@@ -30,6 +30,7 @@ from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted_start
 from viceroy.extension.state import MeshState, rank_hosts
 from viceroy.runtime.errors import PreloadWarning
+from viceroy.runtime.shape import describe_ranks
 
 if TYPE_CHECKING:
     from viceroy import Mesh
@@ -47,14 +48,22 @@ def describe_dims(dims: dict[str, int]) -> str:
 
 def _init_torch_distributed() -> None:
     """On a rank: torch's default process group (env://; the mesh set RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT), tracked so an interrupt can release it."""
+    MASTER_ADDR/PORT), tracked so an interrupt can release it; gloo for every device under
+    ``--backend gloo``, else torch's default (gloo for CPU tensors, nccl for GPU ones)."""
     import torch.distributed as dist
 
     from viceroy.runtime.collectives import install_torch_hooks
 
     install_torch_hooks()
     if not dist.is_initialized():
-        dist.init_process_group()
+        dist.init_process_group(backend="gloo" if os.environ.get("VICEROY_BACKEND") == "gloo" else None)
+
+
+def _rank_gpu() -> int | None:
+    """On a rank: its GPU (an index among the visible ones), None without one."""
+    from viceroy.runtime.context import context
+
+    return context().device
 
 
 class MeshSession:
@@ -102,7 +111,8 @@ class MeshSession:
         ``preload``: modules the ranks import once before starting (runtime default if None).
         ``env``: environment variables for every rank.
         ``launcher_options``: ``{"--identity": "KEYFILE", ...}`` (see `launching.LAUNCHER_OPTIONS`).
-        Every option is checked before the running mesh is stopped: a typo leaves it up.
+        Every option is checked before the running mesh is stopped: a typo leaves it up
+        (``backend="nccl"`` is checked by the new ranks: any without a GPU stop it).
         """
         import viceroy as vr
 
@@ -137,6 +147,8 @@ class MeshSession:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self._attach(mesh)
             with self._setup_calls():
+                if backend == "nccl":
+                    self._check_gpus(mesh)
                 mesh.run(display_hook.install)
                 if torch_dist:
                     try:
@@ -149,6 +161,18 @@ class MeshSession:
         if self.shell is not None:
             self.shell.user_ns["mesh"] = mesh
         return mesh
+
+    def _check_gpus(self, mesh: Mesh) -> None:
+        """``--backend nccl``: every rank must have a GPU (nccl moves nothing else); else the
+        mesh is stopped and a UsageError names the ranks without one."""
+        without = [r for r, gpu in zip(mesh.ranks, mesh.run(_rank_gpu).values(), strict=True) if gpu is None]
+        if without:
+            self.down()
+            have = "has" if len(without) == 1 else "have"
+            raise UsageError(
+                f"%mesh up --backend nccl: {describe_ranks(without)} {have} no GPU, and nccl moves GPU tensors "
+                "only; the mesh was stopped. Leave --backend out: collectives follow the tensor (gloo for CPU "
+                "tensors; nccl for GPU tensors, where every rank has a GPU), or pass --backend gloo")
 
     def sync(self, src: str, dest: str | None, dry_run: bool) -> list[Synced]:
         """``%mesh sync``: copy a directory to every host of the ssh mesh that is up."""

@@ -21,6 +21,8 @@ def device_mesh(device_type: str | None = None) -> Any:
 
     Initialises torch's default process group first if user code has not (``env://``: the
     mesh sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): gloo on CPU, nccl on GPUs.
+    `device_type`: "cuda" where the rank has a GPU, else "cpu", unless given; one that is no
+    torch device type, or "cuda" on a rank without a GPU, raises ValueError before any group is made.
 
     >>> dm = vr.device_mesh()          # on Mesh.local(dp=2, tp=2)
     >>> dm["tp"].size()
@@ -35,6 +37,8 @@ def device_mesh(device_type: str | None = None) -> Any:
 
     ctx = context()
     kind = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device_type is not None:
+        _check_device_type(device_type)
     key = (kind, tuple(ctx.dims.items()))
     cached = _meshes.get(key)
     if cached is not None and dist.is_initialized() and cached[0] is dist.group.WORLD:
@@ -55,3 +59,19 @@ def device_mesh(device_type: str | None = None) -> Any:
     dm = init_device_mesh(kind, tuple(ctx.dims.values()), mesh_dim_names=tuple(ctx.dims))
     _meshes[key] = (dist.group.WORLD, dm)
     return dm
+
+
+def _check_device_type(kind: Any) -> None:
+    """Refuse, before any group is made, a device type that is none (``"gpu"``) or that this
+    rank has no device of (``"cuda"`` without a GPU: init_process_group would fail with "NCCL
+    not built in", or with a DeviceMesh of devices that are not there)."""
+    import torch
+
+    what = f"device_mesh(device_type={kind!r})"
+    try:
+        torch.device(kind)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{what}: not a torch device type; use 'cuda' (the rank's GPU) or 'cpu'") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{what}: this rank has no GPU; use 'cpu', or leave device_type out (the rank's "
+                         "GPU where it has one, else the CPU)")

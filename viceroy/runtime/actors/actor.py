@@ -64,22 +64,24 @@ def endpoint(*, concurrent: bool = False) -> Callable[[F], F]: ...
 
 
 def endpoint(fn: Callable[..., Any] | None = None, /, *, concurrent: bool = False) -> Any:
-    """Mark an actor method as callable from outside (sync or ``async def``).
+    """Mark an actor method as callable from outside (sync or ``async def``; a static or class
+    method too, above or below its decorator).
 
     By default an actor handles its messages one at a time, in the order sent, async ones too.
     ``@endpoint(concurrent=True)`` on an ``async def`` lets calls start in order but overlap
     while they await.
     """
 
-    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(f):
+    def mark(f: Any) -> Any:
+        fn = f.__func__ if isinstance(f, staticmethod | classmethod) else f  # the mark goes on the function
+        if not callable(fn):
             raise TypeError(f"@endpoint decorates a method, got {type(f).__name__}")
-        if concurrent and not inspect.iscoroutinefunction(f):
+        if concurrent and not inspect.iscoroutinefunction(fn):
             raise TypeError(
-                f"@endpoint(concurrent=True) on {f.__qualname__}: only async def endpoints can "
+                f"@endpoint(concurrent=True) on {fn.__qualname__}: only async def endpoints can "
                 "overlap; make it async or drop concurrent=True"
             )
-        setattr(f, _MARK, {"concurrent": concurrent})
+        setattr(fn, _MARK, {"concurrent": concurrent})
         return f
 
     return mark(fn) if fn is not None else mark
@@ -106,16 +108,18 @@ def endpoints_of(cls: type) -> dict[str, EndpointSpec]:
     found: dict[str, EndpointSpec] = {}
     for klass in reversed(cls.__mro__):
         for name, attr in vars(klass).items():
-            opts = getattr(attr, _MARK, None)
+            fn = attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr
+            opts = getattr(fn, _MARK, None)
             if opts is None:
                 found.pop(name, None)  # overridden without @endpoint: no longer an endpoint
                 continue
             found[name] = EndpointSpec(
                 name=name,
                 qualname=f"{cls.__name__}.{name}",
-                signature=_readable(inspect.signature(attr)),  # without self
+                # without self (or cls); a static method has neither
+                signature=_readable(inspect.signature(fn), drop_first=not isinstance(attr, staticmethod)),
                 concurrent=bool(opts["concurrent"]),
-                is_async=inspect.iscoroutinefunction(attr),
+                is_async=inspect.iscoroutinefunction(fn),
             )
     return found
 

@@ -223,18 +223,16 @@ class ActorHost:
             _interrupted(call_id)
 
     def _construct(self, call_id: int, signed: list[Any], data: list[Any]) -> None:
-        output.begin(call_id)
-        try:
-            cls, args, kwargs = serialize.loads(signed[0], data)
-            _restore_filenames(cls, self.files)
-            self.instance = cls(*args, **kwargs)
-        except BaseException as exc:
-            self._close()
-            output.end(_rank._send_output)
-            _error(call_id, *format_user_traceback(exc))
-            return
-        output.end(_rank._send_output)
-        _reply(call_id, None)
+        with self._call(call_id, False):  # a call as an endpoint's: its collectives are watched too
+            try:
+                cls, args, kwargs = serialize.loads(signed[0], data)
+                _restore_filenames(cls, self.files)
+                self.instance = cls(*args, **kwargs)
+            except BaseException as exc:
+                self._close()
+                self._end(call_id, None, False, exc=exc)
+                return
+            self._end(call_id, None, False)
 
     @contextlib.contextmanager
     def _call(self, call_id: int, oneway: bool, task: asyncio.Future[Any] | None = None) -> Iterator[None]:

@@ -23,7 +23,7 @@ from viceroy.runtime.actors.supervision import ActorFailure, deliver
 from viceroy.runtime.controller import Controller, Event
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
-from viceroy.runtime.shape import Shape, format_rank_set
+from viceroy.runtime.shape import Shape, describe_ranks, format_rank_set
 from viceroy.runtime.values import ValueMesh
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
@@ -74,19 +74,23 @@ class ActorRecord(RecordLifecycle):
             ref.check_usable_on(self.controller, self.shape)
         return [payload], [b.raw() for b in bufs]
 
-    def check_callable(self, shape: Shape) -> None:
+    def check_callable(self, shape: Shape, adverb: str = "call") -> None:
+        """Raise when actors of `shape` are stopped (for choose: when all that run are), naming
+        those that still run."""
         if self.controller.closed:
             raise self.controller.closed_error(f"actor mesh {self.label(shape)}")
         with self._lock:
             stopped = [r for r in shape.ranks if self.status[r] in ("stopped", "stopping")]
             stopping = [r for r in stopped if self.status[r] == "stopping"]
-        if stopped:
+            live = [r for r in shape.ranks if self.status[r] == "live"]
+        if stopped and not (adverb == "choose" and live):  # choose picks among those that run
             state = (f"is stopping (still busy on {format_rank_set(stopping)})" if stopping
                      else "was stopped")
+            others = (f"its actors on {describe_ranks(live)} still run: call them through a slice or select of "
+                      f"it (actors.select({live})), or " if live else "")
             raise RuntimeError(
                 f"actor mesh {self.label(shape)} {state} ({'rank' if len(stopped) == 1 else 'ranks'} "
-                f"{format_rank_set(stopped)}); "
-                f"spawn a new one with mesh.spawn({self.name}, ...)"
+                f"{format_rank_set(stopped)}); {others}spawn a new one with mesh.spawn({self.name}, ...)"
             )
 
     def send(self, shape: Shape, endpoint: str, adverb: str, signed: list[Any], data: list[Any],
@@ -179,7 +183,7 @@ class Registry:
     def invoke(self, info: ActorMeshInfo, shape: Shape, endpoint: str, adverb: str,
                args: tuple[Any, ...], kwargs: dict[str, Any], on_result: OnResult | None = None) -> Future[Any]:
         record = self.control(info)
-        record.check_callable(shape)
+        record.check_callable(shape, adverb)
         fields = plain.inline(args, kwargs) if adverb != "broadcast" else None  # broadcasts batch pickles
         if fields is not None:
             return record.send(shape, endpoint, adverb, [], [], on_result, fields)
@@ -242,7 +246,7 @@ class Registry:
             self._reply(from_rank, req, ("raise", RuntimeError(f"actor mesh {req['name']} is unknown to this mesh")))
             return
         try:
-            record.check_callable(Shape(req["dims"], req["ranks"]))
+            record.check_callable(Shape(req["dims"], req["ranks"]), req["adverb"])
             fut = record.send(Shape(req["dims"], req["ranks"]), req["ep"], req["adverb"], [req["args"]],
                               req["bufs"])
         except Exception as exc:

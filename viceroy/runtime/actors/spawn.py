@@ -34,7 +34,7 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     is kept in ``actors.unhandled`` and printed once.
     """
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
-        raise TypeError(f"spawn takes a subclass of viceroy.Actor, got {cls!r}")
+        raise TypeError(_not_an_actor_class(cls))
     endpoints = endpoints_of(cls)
     clash = sorted(set(endpoints) & _RESERVED)
     if clash:
@@ -68,6 +68,17 @@ def spawn(mesh: Mesh, cls: type[Actor], *args: Any, owner: Any = None, **kwargs:
     return registry.mesh(info, mesh._shape)
 
 
+def _not_an_actor_class(cls: Any) -> str:
+    if isinstance(cls, Actor):
+        name = type(cls).__name__
+        return (f"spawn takes the actor class, not an instance of it: mesh.spawn({name}, *args) makes one per "
+                "rank, with those arguments")
+    if isinstance(cls, type):
+        return (f"spawn takes a subclass of viceroy.Actor; {cls.__name__} is not one: declare it "
+                f"`class {cls.__name__}(vr.Actor)`, its endpoints marked @vr.endpoint")
+    return f"spawn takes a subclass of viceroy.Actor, got {reprlib.repr(cls)} ({type(cls).__name__})"
+
+
 def _owner_clash(cls: type, owner: Any) -> str:
     """What to add to an error when ``owner=`` was given and ``cls.__init__`` takes an `owner`
     too (spawn keeps the keyword for itself); "" otherwise."""
@@ -96,9 +107,10 @@ def _repack(record: ActorRecord, cls: type, args: tuple[Any, ...], kwargs: dict[
     try:
         payload, bufs = serialize.dumps((cls, args, kwargs), seen_refs=refs)
     except Exception:
-        serialize.check_picklable({"the actor class": cls}
-                                  | {f"argument {i}": a for i, a in enumerate(args)}
-                                  | {f"argument {k!r}": v for k, v in kwargs.items()})
+        what = f"spawn {cls.__name__}:"
+        serialize.check_picklable({f"{what} the actor class": cls}
+                                  | {f"{what} argument {i}": a for i, a in enumerate(args)}
+                                  | {f"{what} argument {k!r}": v for k, v in kwargs.items()})
         raise
     for ref in refs:
         ref.check_usable_on(record.controller, record.shape)

@@ -37,9 +37,9 @@ def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
     op: "sum", "avg", "product", "min", "max", "band", "bor", "bxor". Returns `t`.
     """
     _check_op(op)
-    backend, x = _native(t, "all_reduce")
-    if op == "avg":
-        _check_avg(x, "all_reduce")
+    backend, x = _native(t, "all_reduce", writes=True)
+    if op != "sum":
+        _check_op_dtype(x, op, "all_reduce")
     _run(f"all_reduce({op!r})", backend, _group(dims), x, lambda c: c.all_reduce(x, op))
     return t
 
@@ -65,8 +65,8 @@ def reduce_scatter(t: Any, op: str = "sum", dims: Dims = None) -> Any:
     """
     _check_op(op)
     backend, x = _native(t, "reduce_scatter")
-    if op == "avg":
-        _check_avg(x, "reduce_scatter")
+    if op != "sum":
+        _check_op_dtype(x, op, "reduce_scatter")
     group = _group(dims)
     n = group.size
     if not x.shape or x.shape[0] % n:
@@ -88,10 +88,12 @@ def broadcast(t: T, src: int = 0, dims: Dims = None) -> T:
     along the dim for one dim (``broadcast(w, src=0, dims="gpus")``: from gpus=0).
     """
     src = _rank_arg(src, "src", "broadcast", "the sender's position in the group (src=0)")
-    backend, x = _native(t, "broadcast")
+    backend, x = _native(t, "broadcast", writes=True)
     group = _group(dims)
     if not 0 <= src < group.size:
-        raise ValueError(f"src={src} is not a position in {group.label} (0..{group.size - 1})")
+        raise ValueError(f"broadcast: src={src} is not a position in {group.label}, of {group.size} members: src "
+                         f"counts 0..{group.size - 1} along the group (the sender's position in it, its coordinate "
+                         "along the dim for one dim)")
     _run("broadcast", backend, group, x, lambda c: c.broadcast(x, src), agree=f"broadcast(src={src})")
     return t
 
@@ -107,7 +109,7 @@ def send(t: Any, dst: int) -> None:
 def recv(t: T, src: int) -> T:
     """Receive into `t` (in place) what rank `src` sent with ``send``; returns `t`."""
     src = _rank_arg(src, "src", "recv", "the global rank to receive from (src=1)")
-    backend, x = _native(t, "recv")
+    backend, x = _native(t, "recv", writes=True)
     group = _pair(src, "recv")
     _run(f"recv from rank {src}", backend, group, x, lambda c: c.recv(x, group.index(src)), agree="send/recv")
     return t
@@ -120,9 +122,9 @@ def exchange(out: Any, to: int | None, into: Any, frm: int | None, group: Group,
     tensors must be of one kind (both CPU, or both on the GPU)."""
     if out is None and into is None:
         raise ValueError(f"{what}: nothing to send or receive")
-    backend, x = _native(out if out is not None else into, what)
+    backend, x = _native(out if out is not None else into, what, writes=out is None)
     sx = x if out is not None else None
-    rx = x if out is None else (None if into is None else _native(into, what)[1])
+    rx = x if out is None else (None if into is None else _native(into, what, writes=True)[1])
     to_i = None if to is None else group.index(to)
     frm_i = None if frm is None else group.index(frm)
     _run(what, backend, group, x, lambda c: c.exchange(sx, to_i, rx, frm_i), agree=None)
@@ -198,22 +200,32 @@ def _check_op(op: str) -> None:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
 
 
-def _check_avg(x: Any, what: str) -> None:
-    """An average of integers is no integer: refused before anything is sent (the backend would
-    fail part-way, leaving the sum in the tensor and the group's communicator aborted)."""
+def _check_op_dtype(x: Any, op: str, what: str) -> None:
+    """An op the tensor's dtype cannot take, refused before anything is sent (the backend would
+    fail part-way, on some members and not others, leaving the group's communicator aborted):
+    an average of integers is no integer, bitwise ops need integers, complex numbers have no
+    order (and the backends multiply them not)."""
     dtype = x.dtype
     if type(x).__module__.startswith("cupy"):
-        ok = dtype.kind in "fc"
+        floating, complex_ = dtype.kind == "f", dtype.kind == "c"
     else:
-        ok = dtype.is_floating_point or dtype.is_complex
-    if not ok:
-        name = str(dtype).removeprefix("torch.")
+        floating, complex_ = dtype.is_floating_point, dtype.is_complex
+    name = str(dtype).removeprefix("torch.")
+    if op == "avg" and not (floating or complex_):
         raise ValueError(f"{what} 'avg' needs a floating-point tensor; this one is {name}: convert it first "
                          "(t.float()), or use 'sum' and divide")
+    if op in ("band", "bor", "bxor") and (floating or complex_):
+        raise ValueError(f"{what} {op!r} is bitwise: it needs an integer or bool tensor; this one is {name}: "
+                         "use 'min' or 'max' (on 0/1 values, 'min' is an and, 'max' an or), or convert it (t.int())")
+    if complex_ and op not in ("sum", "avg"):
+        raise ValueError(f"{what} {op!r} of a complex tensor: complex numbers are reduced with 'sum' or 'avg' "
+                         f"only; this one is {name}: reduce torch.view_as_real(t) to act on the real and "
+                         "imaginary parts apart")
 
 
-def _native(t: Any, what: str) -> tuple[Backend, Any]:
-    """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views)."""
+def _native(t: Any, what: str, writes: bool = False) -> tuple[Backend, Any]:
+    """The backend for `t`, and `t` as that backend takes it (numpy arrays as torch views).
+    `writes`: the result goes into `t` (a read-only numpy array is refused)."""
     kind = type(t).__module__.partition(".")[0]
     if kind == "torch" and t.device.type == "cpu":  # the common case, first
         if not t.is_contiguous():
@@ -222,9 +234,23 @@ def _native(t: Any, what: str) -> tuple[Backend, Any]:
             raise BackendUnavailable(f"{what}: {_gloo.unavailable()}")
         return _gloo, t
     if kind == "numpy":
+        import numpy as np
         import torch
 
-        t = torch.from_numpy(t)
+        if not isinstance(t, np.ndarray):  # a numpy scalar: nothing to reduce in place
+            raise TypeError(f"{what} takes a torch tensor, a numpy array or a CuPy array; got a numpy "
+                            f"{type(t).__name__}: pass np.array([x])")
+        if writes and not t.flags.writeable:  # torch would write into it all the same
+            raise ValueError(f"{what} writes its result into the array, and this one is read-only (a view of bytes, "
+                             "or writeable=False): pass a writable copy (a.copy())")
+        if not t.flags.c_contiguous:
+            raise ValueError(f"{what} needs a contiguous array: pass np.ascontiguousarray(a) (and copy the result "
+                             "back)")
+        try:
+            t = torch.from_numpy(t)
+        except TypeError:
+            raise TypeError(f"{what} takes numpy arrays of numbers or bools; this one's dtype is {t.dtype}: "
+                            "convert it (a.astype(np.float32))") from None
         kind = "torch"
     if kind == "torch":
         if t.device.type == "meta":

@@ -33,7 +33,7 @@ from viceroy.runtime.collectives.records import read_records
 from viceroy.runtime.collectives.store import StoreGone, rendezvous
 from viceroy.runtime.collectives.waiting import SLICE_S, uninterrupted
 from viceroy.runtime.context import context
-from viceroy.runtime.shape import describe_ranks, format_rank_set
+from viceroy.runtime.shape import describe_ranks
 
 NOTE_AFTER_S = 10.0  # say who is missing when a group takes this long to form
 _CHECKED = "checked"  # a member's mark in the store when its collectives are checked (see checking)
@@ -180,7 +180,7 @@ def _build(what: str, backend: Backend, group: Group, device: int | None, key: K
         with contextlib.suppress(RuntimeError):  # the backend timed out waiting: say for whom
             missing = [r for i, r in enumerate(group.ranks) if not store.check([f"{entry.prefix}/here/{i}"])]
             if missing:
-                cause = f"ranks {format_rank_set(missing)} did not join within {timeout:.0f} s (are they running this code?)"
+                cause = _not_joined(missing, timeout)
         give_up(entry, f"rank {me} could not build its {backend.name} communicator: {cause}")
         raise CollectiveError(f"{what} over {group.label}: {cause}") from None
     entry.comm = helper.comm
@@ -236,9 +236,14 @@ def _wait_for_members(what: str, group: Group, helper: _Helper, store: Any, entr
             raise _group_failed(what, group, f"{call_peers.gone(gone)}, while the others waited for the group "
                                             f"to form.{call_peers.order_hint(gone)}")
         if now - began > timeout:
-            raise _group_failed(what, group, f"ranks {format_rank_set(missing)} did not join within "
-                                            f"{timeout:.0f} s (are they running this code?)")
+            raise _group_failed(what, group, _not_joined(missing, timeout))
         if not noted and now - began > NOTE_AFTER_S and missing:
             noted = True
             print(f"viceroy: rank {context().rank}: {what} over {group.label} is waiting for "
-                  f"ranks {format_rank_set(missing)} to join", file=sys.stderr, flush=True)
+                  f"{describe_ranks(missing)} to join", file=sys.stderr, flush=True)
+
+
+def _not_joined(missing: list[int], timeout: float) -> str:
+    """``rank 3 did not join within 2 s (is it running this code?)``"""
+    they = "is it" if len(missing) == 1 else "are they"
+    return f"{describe_ranks(missing)} did not join within {timeout:.0f} s ({they} running this code?)"

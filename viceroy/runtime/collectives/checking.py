@@ -43,6 +43,8 @@ def check_collectives(on: bool = True) -> None:
     rank's communicators (call it between collectives); their next use rebuilds them. Costs one more small collective per
     operation; ``VICEROY_CHECK_COLLECTIVES=1`` turns it on for a mesh's ranks from the start."""
     global _on
+    if not isinstance(on, bool | int) or on not in (0, 1):  # "off" is a true str
+        raise TypeError(f"check_collectives takes True or False; got {on!r} ({type(on).__name__})")
     was, _on = checking(), bool(on)
     if _on != was:  # its communicators were built with the other setting: rebuild them
         give_up_all(f"rank {context().rank} turned checking of collectives {'on' if _on else 'off'}")
@@ -50,10 +52,14 @@ def check_collectives(on: bool = True) -> None:
 
 def checking() -> bool:
     """Whether collectives are checked on this rank (read when a communicator is built: ranks
-    are forked before the mesh's environment is theirs)."""
+    are forked before the mesh's environment is theirs). ``VICEROY_CHECK_COLLECTIVES`` unset, 0,
+    false, no or off: not checked."""
     if _on is not None:
         return _on
-    return os.environ.get("VICEROY_CHECK_COLLECTIVES", "") not in ("", "0")
+    return os.environ.get("VICEROY_CHECK_COLLECTIVES", "").strip().lower() not in _OFF
+
+
+_OFF = ("", "0", "false", "no", "off")
 
 
 class Signatures:

@@ -7,6 +7,7 @@ writes why first, so the peers that see their connections cut can name the root 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -34,7 +35,15 @@ def set_timeout(seconds: float) -> None:
 def current_timeout() -> float:
     if _timeout is not None:
         return _timeout
-    return float(os.environ.get("VICEROY_COLLECTIVE_TIMEOUT", "600"))
+    value = os.environ.get("VICEROY_COLLECTIVE_TIMEOUT", "600")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:  # "10s"; 0 or less, which would give every group up at once
+        raise ValueError(f"VICEROY_COLLECTIVE_TIMEOUT={value!r} (in the ranks' environment) is no number of "
+                         "seconds > 0: set it to e.g. 600 (the default)")
+    return seconds
 
 
 Key = tuple[str, tuple[int, ...], int | None]

@@ -68,15 +68,18 @@ class GlooPending(Pending):
         return True
 
 
-class PointToPointPending(Pending):
-    """A gloo send or receive. Unlike a collective's, its wait cannot be sliced: a wait that
-    times out ends the operation with that error (gloo's unbound buffers). So a waiter thread
-    waits without a limit, and `wait` watches it in slices; an abort ends the thread's wait."""
+class WaitedPending(Pending):
+    """A gloo operation whose wait cannot be sliced. A send's or a receive's wait that times
+    out ends the operation with that error (gloo's unbound buffers); a reduce_scatter's ignores
+    its time limit (it waits until done or the group's timeout, never coming back to look for
+    a mismatch, a member that finished or an interrupt). So a waiter thread waits without a
+    limit, and `wait` watches it in slices; an abort ends the thread's wait."""
 
-    __slots__ = ("_done", "_error", "_work")
+    __slots__ = ("_after", "_done", "_error", "_work")
 
-    def __init__(self, work: Any) -> None:
+    def __init__(self, work: Any, after: Any = None) -> None:
         self._work = work
+        self._after = after  # as GlooPending's, run by the thread that waits on this
         self._done = threading.Event()
         self._error: BaseException | None = None
         _waiters.put(self)
@@ -95,20 +98,23 @@ class PointToPointPending(Pending):
             return False
         if self._error is not None:
             raise self._error
+        if self._after is not None:
+            self._after()
+            self._after = None
         return True
 
 
 class _Waiters:
-    """Threads that wait on point-to-point operations, kept between them: starting a thread
+    """Threads that wait on `WaitedPending` operations, kept between them: starting a thread
     per operation cost ~100 us, three times a small send itself. A new thread is started only
     when none is idle (every one waits on an operation still in flight)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[PointToPointPending] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[WaitedPending] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
 
-    def put(self, op: PointToPointPending) -> None:
+    def put(self, op: WaitedPending) -> None:
         # Whole or not at all: an interrupt landing between the count and the queue (in
         # Thread.start's wait, say) would leave an operation nobody waits on, or a thread
         # counted busy forever.
@@ -164,7 +170,7 @@ class GlooCommunicator(Communicator):
 
         opts = ReduceScatterOptions()
         opts.reduceOp = self._op(op)
-        return GlooPending(self.pg.reduce_scatter([out], [ins], opts), self._avg(out, op))
+        return WaitedPending(self.pg.reduce_scatter([out], [ins], opts), self._avg(out, op))
 
     def broadcast(self, t: Any, root: int) -> Pending:
         from torch.distributed import BroadcastOptions
@@ -175,10 +181,10 @@ class GlooCommunicator(Communicator):
         return GlooPending(self.pg.broadcast([t], opts))
 
     def send(self, t: Any, peer: int) -> Pending:
-        return PointToPointPending(self.pg.send([t], peer, 0))
+        return WaitedPending(self.pg.send([t], peer, 0))
 
     def recv(self, t: Any, peer: int) -> Pending:
-        return PointToPointPending(self.pg.recv([t], peer, 0))
+        return WaitedPending(self.pg.recv([t], peer, 0))
 
     def barrier(self) -> Pending:
         from torch.distributed import BarrierOptions

@@ -4,6 +4,7 @@ four ranks of this rank's host)."""
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 from collections.abc import Sequence
@@ -71,7 +72,11 @@ def _build(names: tuple[str, ...] | None, rank: int, coords: dict[str, int], dim
         ranks = tuple(range(n)) if view is None else view
         return Group(ranks, f"the whole {'mesh' if view is None else 'view'} (ranks {format_rank_set(ranks)})")
     unknown = [d for d in names if d not in dims]
-    if unknown or len(set(names)) != len(names):
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(dims), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"dims {list(names)}: this mesh has no dim {unknown[0]!r}{hint}; its dims are {list(dims)}")
+    if len(set(names)) != len(names):
         raise ValueError(
             f"dims {list(names)} must name distinct dims of this mesh; its dims are {list(dims)}"
         )

@@ -77,12 +77,15 @@ def reinit_process_group(backend: str | None = None, timeout: float = 300.0) -> 
     ``destroy_process_group(); init_process_group()`` is not enough: the new group would reuse
     the old one's keys in the rendezvous store, and a rank could read a peer's stale address.
     This one meets on keys of its own. Models wrapped in DistributedDataParallel hold the old
-    group: wrap them again. `backend`: the old group's, else torch's default."""
+    group: wrap them again. `backend`: the old group's, else torch's default; one torch cannot
+    make here (a misspelt name, nccl in a CPU build) raises ValueError, the current group kept."""
     import torch.distributed as dist
 
     from viceroy.runtime.collectives.store import rendezvous
 
     install()
+    if backend is not None:
+        _check_backend(backend)  # before the current group is destroyed: a typo keeps it
     if dist.is_initialized():
         backend = backend or dist.get_backend()
         dist.destroy_process_group()
@@ -97,6 +100,26 @@ def reinit_process_group(backend: str | None = None, timeout: float = 300.0) -> 
         world_size=world,
         timeout=timedelta(seconds=timeout),
     )
+
+
+def _check_backend(backend: Any) -> None:
+    """Refuse a backend `init_process_group` could not make: not one of torch's (for each
+    device in ``"cpu:gloo,cuda:nccl"``), or not built into this torch."""
+    import torch.distributed as dist
+
+    what = f"reinit_process_group(backend={backend!r})"
+    if not isinstance(backend, str):
+        raise TypeError(f"{what}: backend is a name, e.g. 'gloo' or 'nccl' (or None: the current group's)")
+    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    for part in backend.split(","):
+        name = part.rpartition(":")[2].strip().lower()
+        if name not in known:
+            raise ValueError(f"{what}: {name!r} is no torch.distributed backend ({', '.join(known)}); the current "
+                             "group is kept")
+        available = getattr(dist, f"is_{name}_available", None)
+        if available is not None and not available():
+            raise ValueError(f"{what}: {name!r} is not available in this torch build; pass 'gloo', or None for the "
+                             "current group's backend; the current group is kept")
 
 
 def abort_torch_groups() -> int:
