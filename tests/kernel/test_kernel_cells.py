@@ -189,6 +189,18 @@ def test_a_mesh_tensor_deleted_in_a_cell_is_gone_from_the_ranks_when_the_cell_en
     ex = mesh_kernel.ok("print([h - n for h, n in zip(held, mesh.run(worker.count).values())])")
     assert ex.stream() == "[1, 1]\n", "one tensor fewer on each rank"
 
+def test_a_tensor_op_that_failed_on_the_ranks_names_the_notebook_cell_that_issued_it(mesh_kernel: Kernel):
+    # It named IPython's file for the cell, /tmp/ipykernel_1234/4025209863.py, which the
+    # notebook shows nowhere; its tracebacks say "Cell In[5], line 4".
+    code = "import torch\nwith mesh.activate():\n    v = torch.arange(4.0)\n    w = v[torch.tensor([7])]"
+    for _ in range(2):  # the same code again is another cell (IPython names both one file)
+        issued = mesh_kernel.ok(code)
+        failed = mesh_kernel.execute("w.fetch()")
+        assert failed.status == "error"
+        n = issued.reply["execution_count"]
+        assert f"__getitem__ (issued at Cell In[{n}], line 4) failed: IndexError" in error_text(failed.errors[0])
+
+
 def test_an_unpicklable_push_is_a_one_line_usage_error(mesh_kernel: Kernel):
     mesh_kernel.ok("import threading\nlock = threading.Lock()")
     failed = mesh_kernel.execute("%mesh push lock")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from viceroy.runtime import file_names
+
 _SESSIONS: dict[int, Any] = {}
 
 
@@ -42,6 +44,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.input_transformers_cleanup.append(transform)
     channel = StateChannel(session)
     channel.register()
+    ipython.events.register("pre_run_cell", session.before_cell)
     ipython.events.register("post_run_cell", session.after_cell)
     session._loaded = True
     session._unload = (transform, channel)
@@ -57,6 +60,9 @@ def unload_ipython_extension(ipython: Any) -> None:
     channel.unregister()
     with contextlib.suppress(ValueError):
         ipython.events.unregister("post_run_cell", session.after_cell)
+    with contextlib.suppress(ValueError):
+        ipython.events.unregister("pre_run_cell", session.before_cell)
+    file_names.name_files(None)
     if transform in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(transform)
     for kind in ("line", "cell"):

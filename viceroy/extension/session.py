@@ -29,6 +29,7 @@ from viceroy.extension.displays import Sink
 from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted_start
 from viceroy.extension.state import MeshState, rank_hosts
+from viceroy.runtime import file_names
 from viceroy.runtime.errors import PreloadWarning
 from viceroy.runtime.shape import describe_ranks
 
@@ -290,6 +291,19 @@ class MeshSession:
         """Run ``code`` on the ranks `opts` select, streaming their output into the cell (see
         `CellRunner.run`)."""
         return self._cells.run(self.require(), code, opts, label, sink)
+
+    def before_cell(self, *_: Any) -> None:
+        """Before every cell (IPython's pre_run_cell): messages name the lines of this shell's
+        cells as its tracebacks do, "Cell In[5], line 4", not by the file IPython compiled them
+        under (/tmp/ipykernel_1234/4025209863.py)."""
+        file_names.name_files(self._cell_name)
+
+    def _cell_name(self, file: str) -> str | None:
+        try:
+            label = self.shell.compile.format_code_name(file)
+        except Exception:  # a shell without IPython's compiler
+            return None
+        return f"{label[0]} {label[1]}" if label else None
 
     def after_cell(self, *_: Any) -> None:
         """After every cell (IPython's post_run_cell): tensor ops and frees the cell queued go to

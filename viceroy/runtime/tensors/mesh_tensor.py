@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from viceroy.runtime.file_names import SHOWN, shown
 from viceroy.runtime.shape import describe_meshes, describe_ranks
 from viceroy.runtime.tensors.refusals import check_needs_no_data, needs_data, repointed
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
@@ -344,7 +345,8 @@ def _skip(name: str) -> bool:
 
 def where() -> tuple[str, int]:
     """The user's line that issued an op (outside torch, viceroy and the standard library):
-    (file, line), looking from the frame that called this one's caller."""
+    (file, line), looking from the frame that called this one's caller; the file as messages
+    name it (`file_names`)."""
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
@@ -352,6 +354,7 @@ def where() -> tuple[str, int]:
         if inside is None:
             inside = _skip(name)
         if not inside:
-            return (name, f.f_lineno)
+            return (SHOWN.get(name) or shown(name), f.f_lineno)
         f = f.f_back  # type: ignore[assignment]
     return ("?", 0)
+
