@@ -201,6 +201,15 @@ def test_a_tensor_op_that_failed_on_the_ranks_names_the_notebook_cell_that_issue
         assert f"__getitem__ (issued at Cell In[{n}], line 4) failed: IndexError" in error_text(failed.errors[0])
 
 
+def test_a_rank_traceback_through_a_function_of_the_notebook_names_its_cell(mesh_kernel: Kernel):
+    # The ranks' frame read File "/tmp/ipykernel_1234/1508945788.py", line 3, in square.
+    defined = mesh_kernel.ok("def square(x):\n    y = x * x\n    return y + undefined_name")
+    failed = mesh_kernel.execute("mesh.run(square, 3)")
+    n = defined.reply["execution_count"]
+    text = error_text(failed.errors[0])
+    assert f"Cell In[{n}], line 3, in square\n" in text and "ipykernel_" not in text, text
+
+
 def test_an_unpicklable_push_is_a_one_line_usage_error(mesh_kernel: Kernel):
     mesh_kernel.ok("import threading\nlock = threading.Lock()")
     failed = mesh_kernel.execute("%mesh push lock")

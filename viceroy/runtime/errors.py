@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from viceroy.runtime.file_names import in_traceback
 from viceroy.runtime.shape import describe_ranks
 
 FailureKind = Literal["error", "died", "interrupted", "timeout", "unavailable"]
@@ -23,6 +24,10 @@ class RankFailure:
     summary: str
     traceback: str = ""
     exc_type: str = ""
+
+    def __post_init__(self) -> None:
+        if self.traceback:  # frames in the controller's notebook cells named as IPython names them
+            object.__setattr__(self, "traceback", in_traceback(self.traceback))
 
     def describe(self) -> str:
         return self.summary + ("\n" + self.traceback.rstrip() if self.traceback else "")

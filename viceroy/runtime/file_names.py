@@ -1,10 +1,11 @@
 """How messages name the files of the user's lines on the controller (where a tensor op was
 issued): as the file's name, unless the notebook side says otherwise. A kernel's cells are
 files such as /tmp/ipykernel_1234/4025209863.py, which the notebook shows nowhere; it names them
-"Cell In[5]", as its tracebacks do (`viceroy.extension`)."""
+"Cell In[5]", as its tracebacks do (`viceroy.extension`), in the ranks' tracebacks too."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 SHOWN: dict[str, str] = {}  # file -> how messages name it (read on every op: a dict lookup)
@@ -26,3 +27,19 @@ def shown(file: str) -> str:
         SHOWN.clear()
     SHOWN[file] = name
     return name
+
+
+_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
+
+
+def in_traceback(text: str) -> str:
+    """`text` with its frames' files named as messages name them: ``File "/tmp/ipykernel_1/2.py",
+    line 3, in f`` -> ``Cell In[5], line 3, in f`` (as IPython shows its cells' frames)."""
+    if _namer is None or 'File "' not in text:
+        return text
+
+    def named(m: re.Match[str]) -> str:
+        name = SHOWN.get(m[1]) or shown(m[1])
+        return m[0] if name == m[1] else f"{name}, line {m[2]}"
+
+    return _FRAME.sub(named, text)
