@@ -209,6 +209,23 @@ def test_a_session_cut_after_its_agent_said_hello_is_not_started_again():
             child.wait(10)
 
 
+def test_a_launch_that_never_logged_in_stays_so_after_its_agent_was_killed():
+    # The watch thread's wait saw "Connection refused" and knew nothing ran there; the lost
+    # host's agent was then killed (its log with it), and the shutdown's own wait read the log
+    # again, found nothing, and ran a second ssh "to end the old agent", which warned that it
+    # and its ranks "may still run there" (a CI run, 2026-12-03).
+    from viceroy.runtime.launcher import start_child_agent
+    from viceroy.runtime.ssh import SshAgent
+
+    refused = "echo 'ssh: connect to host 127.0.0.1 port 9: Connection refused' >&2; exit 255"
+    ended = []
+    agent = SshAgent(lambda: start_child_agent(["sh", "-c", refused], {}, 0), lambda timeout: ended.append(1))
+    assert agent.wait(30) == 255
+    agent.kill()
+    assert agent.wait(30) == 255
+    assert agent.end_remains(5) is None and ended == [], "a second ssh to end what never ran"
+
+
 def test_an_sshd_that_keeps_turning_connections_away_is_explained():
     from viceroy.runtime.ssh import SshHost, SshLauncher
 

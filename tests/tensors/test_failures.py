@@ -224,15 +224,27 @@ def test_a_fetch_of_a_tensor_rank_code_reshaped_says_so_rather_than_return_anoth
 
 
 def test_an_interrupted_batch_names_the_op_it_stopped_at_and_its_line(tmesh):
+    import psutil
+
     with tmesh.activate():
         a = torch.randn(400, 400)
+    a.fetch()  # torch imported and the first batch run on every rank: the next is all the loop's
+    ranks = [psutil.Process(pid) for pid in tmesh.pids().values()]
+    busy = [sum(p.cpu_times()[:2]) for p in ranks]
+    with tmesh.activate():
         for _ in range(2000):
             a = (a @ a).tanh()
         line = _line()
-    tmesh.run("0", block=False)  # the ops go out first: wait until the ranks run them
-    wait_until(lambda: all(s == "running" for s in tmesh.states().values()), 10, "the ranks to run the ops")
+    tmesh.run("0", block=False)  # the ops go out first
+    # Interrupted inside the loop's ops, not while a rank unpacks the batch: wait until each
+    # rank has computed for a while (4,000 ops of about a millisecond each).
+    wait_until(lambda: all(sum(p.cpu_times()[:2]) - b > 0.3 for p, b in zip(ranks, busy, strict=True)), 30,
+               "the ranks to compute the batch")
     tmesh.interrupt()
     with pytest.raises(vr.MeshError) as info:
         a.fetch()
-    assert re.search(rf"^ranks? 0(-1)?: interrupted \(at (matmul|tanh), issued at \S*test_failures.py, line {line}\)",
-                     str(info.value), re.M), info.value
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1], info.value
+    for f in failures.values():
+        assert re.fullmatch(rf"interrupted \(at (matmul|tanh), issued at \S*test_failures.py, line {line}\)",
+                            f.summary), info.value

@@ -70,9 +70,11 @@ class SshAgent(AgentProcess):
 
     def wait(self, timeout: float | None = None) -> int | None:
         code = self._wait(timeout)
-        if self.tries == 1:  # (a retry may follow a reset session)
-            # 126, 127: the host's shell could not run its Python (not executable, not there)
-            self._never_in = code in (126, 127) or (  # read now: the log goes with `kill`
+        if self.tries == 1 and not self._never_in:  # (a retry may follow a reset session)
+            # 126, 127: the host's shell could not run its Python (not executable, not there).
+            # Read at the first wait that sees the exit: the log goes with `kill`, and a later
+            # wait (the shutdown's) must not read its absence as a login.
+            self._never_in = code in (126, 127) or (
                 code == 255 and any(w in self.current.log_tail(10) for w in _NEVER_LOGGED_IN))
         return code
 
