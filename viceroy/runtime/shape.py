@@ -209,7 +209,7 @@ class Shape:
         ranks = list(ranks)
         # numpy or torch integers too, as plain ints (they travel in JSON headers); no bools:
         # a mask (select([True, False])) is not a list of ranks
-        ints = [_int(r) for r in ranks]
+        ints = [as_int(r) for r in ranks]
         wanted = [r for r in ints if r is not None]
         if len(wanted) != len(ranks):
             mask = bool(ranks) and all(type(r).__name__ in ("bool", "bool_") for r in ranks)
@@ -238,7 +238,7 @@ class Shape:
 
     def _check_index(self, name: str, given: object, takes: str = "an int or a slice") -> int:
         size = self._dims[name]
-        i = _int(given)  # numpy or torch integers too
+        i = as_int(given)  # numpy or torch integers too
         if i is None:
             raise TypeError(f"{name}= takes {takes}, got {given!r}")
         j = i + size if i < 0 else i
@@ -383,12 +383,7 @@ class ShapeOps:
         return self._reshaped(self._shape.select(ranks))
 
 
-def _int(v: Any) -> int | None:
-    """`v` as a plain int if it is an integer (numpy's and torch's too), not a bool; else None."""
-    return as_int(v)
-
-
 def _positive_int(v: Any) -> int | None:
     """`v` as an int (numpy's too) if it is a positive integer, not a bool; else None."""
-    n = _int(v)
+    n = as_int(v)
     return n if n is not None and n >= 1 else None

@@ -128,6 +128,37 @@ def _fill(m: mmap.mmap, mv: memoryview) -> None:
     torch.frombuffer(m, dtype=torch.uint8, count=n).copy_(torch.frombuffer(mv, dtype=torch.uint8))
 
 
+class _FreeFiles:
+    """Files no receiver maps any more, kept to be written over: oldest first, at most `keep`
+    bytes of them (the owner's lock held around every use)."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._files: list[tuple[str, int]] = []
+
+    def take(self, n: int) -> str | None:
+        """A free file of exactly `n` bytes, no longer free; None when there is none."""
+        i = next((i for i, (_, size) in enumerate(self._files) if size == n), None)
+        return None if i is None else self._files.pop(i)[0]
+
+    def add(self, path: str, n: int) -> list[str]:
+        """`path` is free; the oldest files beyond `keep` bytes, to drop."""
+        self._files.append((path, n))
+        drop = []
+        while self._files and sum(size for _, size in self._files) > self._keep:
+            drop.append(self._files.pop(0)[0])
+        return drop
+
+    def remove(self, paths: Sequence[str]) -> None:
+        self._files = [(p, size) for p, size in self._files if p not in paths]
+
+    def paths(self) -> list[str]:
+        return [p for p, _ in self._files]
+
+    def nbytes(self) -> int:
+        return sum(size for _, size in self._files)
+
+
 class Segments:
     """A sender's shared-memory files, written over again once their receiver is done with them.
 
@@ -141,8 +172,7 @@ class Segments:
 
     def __init__(self, mesh_token: str, keep_bytes: int = 256 << 20) -> None:
         self._prefix = prefix(mesh_token)
-        self._keep = keep_bytes
-        self._free: list[tuple[str, int]] = []  # oldest first
+        self._free = _FreeFiles(keep_bytes)
         self._lent: set[str] = set()
         self._maps: dict[str, mmap.mmap] = {}
         self._lock = threading.Lock()
@@ -150,8 +180,7 @@ class Segments:
     def write(self, mv: memoryview) -> str:
         n = mv.nbytes
         with self._lock:
-            reuse = next((i for i, (_, size) in enumerate(self._free) if size == n), None)
-            path = self._free.pop(reuse)[0] if reuse is not None else f"{self._prefix}{os.getpid()}-{next(_counter)}"
+            path = self._free.take(n) or f"{self._prefix}{os.getpid()}-{next(_counter)}"
             self._lent.add(path)
             m = self._maps.get(path)
         try:
@@ -181,26 +210,24 @@ class Segments:
                     continue
                 self._lent.discard(p)
                 if p in self._maps:
-                    self._free.append((p, len(self._maps[p])))
-            while self._free and sum(size for _, size in self._free) > self._keep:
-                drop.append(self._free.pop(0)[0])
+                    drop += self._free.add(p, len(self._maps[p]))
         discard([p for p in stale if p.startswith(self._prefix) and os.sep not in p[len(self._prefix):]])
         self._drop(drop)
 
     def free_bytes(self) -> int:
         with self._lock:
-            return sum(size for _, size in self._free)
+            return self._free.nbytes()
 
     def close(self) -> None:
         with self._lock:
-            paths = [p for p, _ in self._free] + list(self._lent)
+            paths = self._free.paths() + list(self._lent)
         self._drop(paths)
 
     def _drop(self, paths: Sequence[str]) -> None:
         with self._lock:
             maps = [self._maps.pop(p) for p in paths if p in self._maps]
             self._lent.difference_update(paths)
-            self._free = [(p, size) for p, size in self._free if p not in paths]
+            self._free.remove(paths)
         for m in maps:
             m.close()
         discard(paths)
@@ -216,8 +243,7 @@ class Lender:
 
     def __init__(self, mesh_token: str, keep_bytes: int = 256 << 20) -> None:
         self._prefix = prefix(mesh_token)
-        self._keep = keep_bytes
-        self._free: list[tuple[str, int]] = []  # oldest first
+        self._free = _FreeFiles(keep_bytes)
         self._holders: dict[str, set[int]] = {}  # lent file -> ranks that may still map it
         self._sizes: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -229,12 +255,12 @@ class Lender:
     def write(self, mv: memoryview, ranks: frozenset[int]) -> str:
         n = mv.nbytes
         with self._lock:
-            reuse = next((i for i, (_, size) in enumerate(self._free) if size == n), None)
-            path = self._free.pop(reuse)[0] if reuse is not None else f"{self._prefix}{os.getpid()}-{next(_counter)}"
+            reused = self._free.take(n)
+            path = reused or f"{self._prefix}{os.getpid()}-{next(_counter)}"
             self._holders[path] = set(ranks)
             self._sizes[path] = n
         try:
-            fd = os.open(path, os.O_WRONLY if reuse is not None else os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            fd = os.open(path, os.O_WRONLY if reused else os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             try:
                 written = 0
                 while written < n:
@@ -266,12 +292,10 @@ class Lender:
 
     def _settle(self) -> list[str]:
         """Under the lock: files no rank holds become free; the free beyond `keep_bytes` go."""
+        drop: list[str] = []
         for p in [p for p, holders in self._holders.items() if not holders]:
             del self._holders[p]
-            self._free.append((p, self._sizes[p]))
-        drop = []
-        while self._free and sum(size for _, size in self._free) > self._keep:
-            drop.append(self._free.pop(0)[0])
+            drop += self._free.add(p, self._sizes[p])
         for p in drop:
             del self._sizes[p]
         return drop
@@ -286,7 +310,7 @@ class Lender:
             for p in paths:
                 self._holders.pop(p, None)
                 self._sizes.pop(p, None)
-            self._free = [(p, size) for p, size in self._free if p not in paths]
+            self._free.remove(paths)
         discard(paths)
 
 
