@@ -179,7 +179,7 @@ class SlurmLauncher(Launcher):
 
     def _wait_for_grant(self, n_nodes: int, wait: int) -> str:
         """The holder's first line ("JOB NODELIST"), or "" if salloc gave up or the wait passed.
-        While the job is pending, Slurm is asked why (`_why_pending`) every POLL_S seconds, then
+        While the job is pending, Slurm is asked why (`why_pending`) every POLL_S seconds, then
         every POLL_LATER_S: a reason it never resolves by itself cancels the job and raises at once
         (slurm_pending.NEVER_GRANTED); otherwise the user is told once what is being waited for."""
         holder = self._holder
