@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 # The CPU wheel of torch lies on disk on machines without a GPU; an open requirement could pull
 # a multi-GB CUDA build, so the pin goes in first.
 TORCH  ?= torch==2.13.0
@@ -49,7 +50,11 @@ lint: $(STAMP) $(FRONTEND)
 	$(BIN)/mypy
 	cd $(LABEXT) && $(JLPM) lint
 
-bench: $(STAMP)  ## ratios against baselines measured in the same run
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)  ## ratios against baselines measured in the same run (ipyparallel installed for bench_kernel)
 	$(BIN)/python bench/bench_runtime.py
 	$(BIN)/python bench/bench_tensors.py
 	$(BIN)/python bench/bench_collectives.py
