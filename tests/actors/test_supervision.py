@@ -227,3 +227,18 @@ def test_restart_says_what_it_respawned_and_refuses_stopped_actors(start_mesh):
     assert workers.failures == {2: "its rank died (SIGKILL)"}  # untouched
     assert workers.slice(gpus=slice(1, 3)).restart() == [2]
     assert workers.slice(gpus=slice(1, 3)).incr.call().get(timeout=10).values() == [6, 6]
+
+
+def test_a_bad_restart_timeout_is_refused_before_the_dead_ranks_are_restarted(start_mesh, capsys):
+    # The dead rank was restarted first, then restart() failed on the deadline's arithmetic.
+    import numpy as np
+
+    mesh = start_mesh(gpus=2)
+    workers = mesh.spawn(Worker, 0, owner=Notebook())
+    kill(mesh, 1)
+    wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
+    with pytest.raises(ValueError, match=r"timeout='x': give a positive, finite number of seconds"):
+        workers.restart(timeout="x")
+    assert mesh.states()[1] == "dead", "the refused restart restarted the rank"
+    assert workers.restart(timeout=np.int64(60)) == [1]  # numpy's seconds are seconds
+    assert workers.incr.call().get(timeout=10).values() == [1, 1]

@@ -388,6 +388,25 @@ def test_numpy_integers_serve_as_counts_and_ranks_and_bools_and_floats_do_not(st
         vr.Mesh.local(gpus=1, echo=False, output_limit=np.float64(64))
 
 
+def test_numpy_and_torch_scalars_serve_as_seconds_and_their_bools_do_not(start_mesh):
+    """A timeout computed with numpy or torch (``np.int64(5)``, ``np.float32(0.5)``, a 0-d tensor)
+    is a number of seconds everywhere one is taken; it was refused as not a number."""
+    import torch
+
+    mesh = start_mesh(gpus=2, startup_timeout=np.int64(60))
+    assert mesh.run("rank", timeout=np.int64(5)).values() == [0, 1]
+    assert mesh.run("rank", timeout=torch.tensor(5.0)).values() == [0, 1]
+    assert mesh.run("rank", block=False).get(timeout=np.float32(10)).values() == [0, 1]
+    assert mesh.stacks(timeout=torch.tensor(3)).values()[0]
+    mesh.restart(timeout=np.float64(60))
+    with pytest.raises(vr.MeshError, match=r"after 0\.5 s"):  # and it is kept: the call stops
+        mesh.run("import time\ntime.sleep(60)", timeout=np.float32(0.5))
+    for bad in (np.True_, torch.tensor(True), np.array([1.0]), torch.tensor([1.0]), np.float32("nan")):
+        with pytest.raises(ValueError, match=r"timeout=.*: give a positive, finite number of seconds"):
+            mesh.run("x = 1", timeout=bad)
+    assert mesh.run("rank", timeout=5).values() == [0, 1]
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"preload": 5}, r"preload=5: give a list of module names"),
     ({"output_limit": -5}, r"output_limit=-5: give a positive whole number of bytes"),

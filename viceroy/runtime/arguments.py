@@ -8,21 +8,39 @@ import math
 import operator
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 # Names Python itself keeps in a namespace (``__builtins__``, ``__name__``, ...): set from the
 # controller, they break the ranks' namespaces (``import`` fails once __builtins__ is None).
 _PYTHONS = "names of the form __x__ belong to Python's own use of the namespace"
 
 
-def check_seconds(value: Any, name: str = "timeout", none: str | None = "no limit") -> None:
-    """`value` must be a positive, finite number of seconds (or None, when `none` says what
-    None means)."""
+@overload
+def check_seconds(value: Any, name: str = ..., *, none: None) -> float: ...
+@overload
+def check_seconds(value: Any, name: str = ..., none: str = ...) -> float | None: ...
+def check_seconds(value: Any, name: str = "timeout", none: str | None = "no limit") -> float | None:
+    """`value` must be a positive, finite number of seconds (numpy's and torch's scalars too; not
+    a bool), or None when `none` says what None means; returned as a plain int or float."""
     if value is None and none is not None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:  # nan too
+        return None
+    seconds = _as_number(value)
+    if seconds is None or not 0 < seconds < math.inf:  # nan too
         also = f", or None for {none}" if none is not None else ""
         raise ValueError(f"{name}={value!r}: give a positive, finite number of seconds{also}")
+    return seconds
+
+
+def _as_number(value: Any) -> float | None:
+    """`value` as a plain int or float if it is a real number (numpy's and torch's scalars too),
+    not a bool (numpy's and torch's neither); else None."""
+    n = as_int(value)
+    if n is not None or _is_bool(value):
+        return n
+    dtype = str(getattr(value, "dtype", ""))
+    if isinstance(value, float) or ("float" in dtype and tuple(getattr(value, "shape", (0,))) == ()):
+        return float(value)  # np.float32, a 0-d torch tensor: not float's subclasses
+    return None
 
 
 def check_count(value: Any, name: str, what: str) -> int:
@@ -37,12 +55,16 @@ def check_count(value: Any, name: str, what: str) -> int:
 def as_int(value: Any) -> int | None:
     """`value` as a plain int if it is an integer (numpy's and torch's too), not a bool
     (numpy's and torch's neither); else None."""
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+    if _is_bool(value):
         return None
     try:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
 def check_flag(value: Any, name: str) -> None:

@@ -188,7 +188,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
         rank answers (for streaming adverbs). `died_hint`: what a MeshError for a rank death
         says to do, where restarting the ranks is not the whole answer (actors)."""
-        check_seconds(timeout)
+        timeout = check_seconds(timeout)  # a plain number: it goes into messages
         with self._lock:
             self._check_open()
             call_id = next(self._ids)
@@ -276,7 +276,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
     def query(self, op: str, ranks: Sequence[int], timeout: float = 3.0) -> dict[Any, Any]:
         """Ask live ranks something answered by their IO thread (works while they are busy).
         Replies are keyed by rank; for "stats" the agents answer too, keyed ("agent", host)."""
-        check_seconds(timeout, none=None)
+        timeout = check_seconds(timeout, none=None)
         with self._lock:
             self._check_open()
             live = [r for r in ranks if self._state[r] != "dead"]

@@ -36,7 +36,7 @@ class Future(Generic[T]):
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value; raise the call's error (a `MeshError` for mesh calls)."""
-        check_seconds(timeout, none="waiting as long as it takes")
+        timeout = check_seconds(timeout, none="waiting as long as it takes")
         try:
             exc = self._cf.exception(timeout)
         except concurrent.futures.TimeoutError:

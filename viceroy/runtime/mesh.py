@@ -263,7 +263,7 @@ class Mesh(MeshStarts, ShapeOps):
         """Respawn ranks: only the dead ones with failed_only=True (the others keep their
         state), else all of this mesh's ranks (their state is lost)."""
         arguments.check_flag(failed_only, "failed_only")
-        arguments.check_seconds(timeout, none=None)
+        timeout = arguments.check_seconds(timeout, none=None)
         states = self._controller.states()
         ranks = [r for r in self._shape.ranks if not failed_only or states[r] == "dead"]
         self._controller.restart(ranks, timeout)

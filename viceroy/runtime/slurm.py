@@ -92,7 +92,7 @@ class SlurmLauncher(Launcher):
     def __post_init__(self) -> None:
         check_python(self.python, "the nodes'")
         self.agents_per_node = check_count(self.agents_per_node, "agents_per_node", "agents (mesh hosts) per node")
-        check_seconds(self.allocation_timeout, "allocation_timeout", none=None)
+        self.allocation_timeout = check_seconds(self.allocation_timeout, "allocation_timeout", none=None)
         self.srun_options = check_argv(self.srun_options, "srun_options", "srun", "-p gpu -t 60")
         self.salloc_options = check_argv(self.salloc_options, "salloc_options", "salloc", "-p gpu -t 60")
         self.job_id: str | None = None

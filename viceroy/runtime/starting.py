@@ -103,7 +103,7 @@ class MeshStarts:
             raise ValueError("give the mesh's dims, e.g. Mesh.local(gpus=4) or Mesh.local(dp=2, tp=2)")
         shape = Shape(dims)  # validates names and sizes
         output_limit = check_count(output_limit, "output_limit", "bytes per rank per call")
-        check_seconds(startup_timeout, "startup_timeout", none=None)
+        startup_timeout = check_seconds(startup_timeout, "startup_timeout", none=None)
         check_flag(echo, "echo")
         if launcher is not None and not isinstance(launcher, Launcher):
             raise TypeError(f"launcher={launcher!r}: give a Launcher object, or start through Mesh.ssh, Mesh.slurm "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from viceroy.runtime.actors.stopping import Stopping
 from viceroy.runtime.actors.supervision import ActorFailure, deliver
+from viceroy.runtime.arguments import check_seconds
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, describe_ranks
@@ -79,6 +80,7 @@ class RecordLifecycle(Stopping):
     def restart(self, shape: Shape, timeout: float) -> list[int]:
         """Respawn the failed actors of `shape`; -> their ranks. Raises (restarting nothing)
         when some of them were stopped: a stop is final."""
+        timeout = check_seconds(timeout, none=None)  # before a dead rank is restarted
         if self.controller.closed:
             raise self.controller.closed_error(f"actor mesh {self.label(shape)}")
         with self._lock:

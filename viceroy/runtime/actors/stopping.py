@@ -59,7 +59,7 @@ class Stopping:
         A ``__cleanup__`` that raised raises a MeshError naming its ranks, with the traceback
         (the actors are stopped all the same; one that raises after stop() returned is
         printed). Dead ranks are no error. An interrupt while waiting leaves the stop going on."""
-        check_seconds(timeout, none="waiting as long as it takes")  # before the stop is sent
+        timeout = check_seconds(timeout, none="waiting as long as it takes")  # before the stop is sent
         waits = self.send_stop(shape)
         _wait(waits, None if timeout is None else time.monotonic() + timeout)
         self.settle(waits, shape, f"stop() of actor mesh {self.label(shape)}: not stopped yet on {{ranks}} after "
