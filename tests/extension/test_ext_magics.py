@@ -150,6 +150,33 @@ def test_values_that_cannot_travel_are_one_line_usage_errors_and_gather_is_named
     assert "failed on 2 of 2 ranks" in failed.value._render_traceback_()[0]  # type: ignore[attr-defined]
 
 
+def test_reading_a_name_the_ranks_lack_does_not_mark_them_failed(shell: InteractiveShell):
+    # A typo in `%mesh pull nosuch` showed the ranks in "error" (NameError) in %mesh status and
+    # the widget, as if they had failed; through the Python API too.
+    import viceroy as vr
+    from tests.conftest import wait_until
+    from viceroy.extension.magics import MeshMagics
+
+    shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    session = current_session(shell)
+    shell.run_cell_magic("mesh", "", "if rank == 1:\n    half = 1")
+    with pytest.raises(UsageError, match=r"^%mesh pull: ranks 0-1 have no variable 'nosuch'$"):
+        shell.run_line_magic("mesh", "pull nosuch")
+    with pytest.raises(UsageError, match=r"^%mesh gather: rank 0 has no variable 'half'$"):
+        shell.run_line_magic("mesh", "gather half")
+    with pytest.raises(vr.MeshError, match=r"^pull nosuch failed on 2 of 2 ranks\nranks 0-1: NameError: name 'nosuch' "
+                                          r"is not defined$") as e:
+        session.require().pull("nosuch")
+    assert e.value.failures[0].exc_type == "NameError" and e.value.partial == {}
+    wait_until(lambda: all(r["state"] != "running" for r in session.state.snapshot()["ranks"]), 5,
+               "the reads to end in the mesh state")
+    ranks = session.state.snapshot()["ranks"]
+    assert [(r["state"], r["error"]) for r in ranks] == [("done", None), ("done", None)]
+    status = shell.magics_manager.registry[MeshMagics.__name__].status_text()
+    assert status == "mesh gpus=2: ranks 0-1 idle"  # was "ranks 0-1 error (NameError: name 'nosuch' ...)"
+    assert session.require().slice(gpus=1).pull("half").values() == [1]
+
+
 def test_a_mesh_that_cannot_start_is_one_usage_error_naming_the_ranks(shell: InteractiveShell, monkeypatch, tmp_path):
     # It was a traceback through the magic, the session and the launcher to the error.
     (tmp_path / "ranks_exit.py").write_text(  # preloaded by the fork server: its ranks exit at once

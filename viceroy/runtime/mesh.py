@@ -5,7 +5,6 @@ processes."""
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import linecache
 import os
@@ -16,9 +15,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from viceroy.runtime import arguments, serialize
+from viceroy.runtime import arguments, reading, serialize
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
-from viceroy.runtime.errors import MeshError
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.future import Future
 from viceroy.runtime.handles import Ref
@@ -200,14 +198,7 @@ class Mesh(MeshStarts, ShapeOps):
         # A lookup has nothing long-running to stop, so every rank answers for itself: a name
         # missing on all ranks is reported by all of them, not by whichever failed first.
         _check_names(what, [name])
-        try:
-            return self.run(name, label=f"{what} {name}", fail_fast=False)
-        except MeshError as e:
-            # The ranks ran `name` alone: the one frame of a NameError's traceback is ours, not
-            # the user's code; "NameError: name 'x' is not defined" says it all.
-            failures = {r: dataclasses.replace(f, traceback="") if f.exc_type == "NameError" else f
-                        for r, f in e.failures.items()}
-            raise MeshError(e.what, failures, e.partial, e.hint, e.total) from None
+        return reading.found(self.run(reading.value_of, name, label=f"{what} {name}", fail_fast=False), name, what)
 
     def scatter(self, name: str, values: Any) -> None:
         """Give each rank its own part, bound to `name`. `values` is a sequence with one item per
