@@ -100,6 +100,31 @@ def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pyte
         session.close()
 
 
+def test_a_backend_given_through_env_is_checked_like_backend(shell: InteractiveShell):
+    # --env VICEROY_BACKEND=mpi (or Gloo) was accepted and ignored: collectives followed the
+    # tensor; =nccl skipped --backend nccl's check that every rank has a GPU.
+    from viceroy.runtime.devices import visible_gpus
+
+    shell.run_line_magic("mesh", "up gpus=1 --preload none")
+    session = current_session(shell)
+    first = session.mesh
+    for line, message in [
+        ("up gpus=2 --preload none --env VICEROY_BACKEND=Gloo",
+         r"^%mesh up: --env VICEROY_BACKEND=Gloo names no backend; choose one with --backend gloo or --backend nccl "
+         r"\(or leave both out: collectives follow the tensor\)$"),
+        ("up gpus=2 --preload none --backend gloo --env VICEROY_BACKEND=nccl",
+         r"^%mesh up: --backend gloo and --env VICEROY_BACKEND=nccl disagree; give --backend alone$"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            shell.run_line_magic("mesh", line)
+        assert session.mesh is first, "the refused options left the running mesh up"
+    shell.run_line_magic("mesh", "up gpus=2 --preload none --env VICEROY_BACKEND=gloo")
+    assert session.require().run("import os\nos.environ['VICEROY_BACKEND']").values() == ["gloo"] * 2
+    if not visible_gpus():
+        with pytest.raises(UsageError, match=r"^%mesh up --backend nccl: ranks 0-1 have no GPU"):
+            shell.run_line_magic("mesh", "up gpus=2 --preload none --env VICEROY_BACKEND=nccl")
+
+
 def test_down_turns_auto_mode_off_and_says_so(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):
     session = current_session(shell)
     shell.run_line_magic("mesh", "up gpus=2 --preload none")

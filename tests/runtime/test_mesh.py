@@ -411,6 +411,9 @@ def test_numpy_and_torch_scalars_serve_as_seconds_and_their_bools_do_not(start_m
     ({"preload": 5}, r"preload=5: give a list of module names"),
     ({"output_limit": -5}, r"output_limit=-5: give a positive whole number of bytes"),
     ({"startup_timeout": -1}, r"startup_timeout=-1: give a positive, finite number of seconds"),
+    # It was ignored: collectives followed the tensor as if it were not there.
+    ({"env": {"VICEROY_BACKEND": "Gloo"}}, r"env: VICEROY_BACKEND='Gloo' names no backend: give 'gloo' \(GPU tensors "
+                                           r"through gloo too\) or 'nccl' .*; %mesh up takes it as --backend gloo\|nccl$"),
 ])
 def test_bad_start_options_are_refused_before_any_process_starts(bad, message):
     with pytest.raises((ValueError, TypeError), match=message):

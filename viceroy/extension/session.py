@@ -30,6 +30,7 @@ from viceroy.extension.echo import ApiEcho
 from viceroy.extension.errors import interrupted_start
 from viceroy.extension.state import MeshState, rank_hosts
 from viceroy.runtime import file_names
+from viceroy.runtime.collectives.backend import BACKEND_ENV, BACKENDS
 from viceroy.runtime.errors import PreloadWarning
 from viceroy.runtime.shape import describe_ranks
 
@@ -57,7 +58,21 @@ def _init_torch_distributed() -> None:
 
     install_torch_hooks()
     if not dist.is_initialized():
-        dist.init_process_group(backend="gloo" if os.environ.get("VICEROY_BACKEND") == "gloo" else None)
+        dist.init_process_group(backend="gloo" if os.environ.get(BACKEND_ENV) == "gloo" else None)
+
+
+def _chosen_backend(backend: str | None, env: dict[str, str] | None) -> str | None:
+    """``--backend``, or the same given as ``--env VICEROY_BACKEND=...`` (checked alike, GPUs
+    and all); given both ways, they must agree."""
+    given = (env or {}).get(BACKEND_ENV)
+    if given is None:
+        return backend
+    if given not in BACKENDS:  # the ranks would ignore it and follow the tensor, silently
+        raise UsageError(f"%mesh up: --env {BACKEND_ENV}={given} names no backend; choose one with --backend gloo "
+                         "or --backend nccl (or leave both out: collectives follow the tensor)")
+    if backend is not None and backend != given:
+        raise UsageError(f"%mesh up: --backend {backend} and --env {BACKEND_ENV}={given} disagree; give --backend alone")
+    return given
 
 
 def _rank_gpu() -> int | None:
@@ -118,6 +133,7 @@ class MeshSession:
         import viceroy as vr
 
         launcher_kwargs = launching.check_launcher_options(launcher, dims, hostfile, listen, key_file, launcher_options)
+        backend = _chosen_backend(backend, env)
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -132,7 +148,7 @@ class MeshSession:
             kwargs["env"] = dict(env or {})
         if backend is not None:
             # Collectives follow the tensor (CPU: gloo, CUDA: nccl); this forces one.
-            kwargs["env"]["VICEROY_BACKEND"] = backend
+            kwargs["env"][BACKEND_ENV] = backend
         if self.mesh is not None:
             old = describe_dims(self.mesh.dims)
             self.down()

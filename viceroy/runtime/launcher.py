@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from viceroy.runtime import remains
+from viceroy.runtime.collectives.backend import check_backend_env
 from viceroy.runtime.procs import end_descendants
 
 
@@ -106,6 +107,7 @@ def check_env(env: Mapping[str, Any] | None) -> None:
                             f"holds, e.g. env={{{name!r}: {str(value)!r}}}")
         if "\0" in value:
             raise ValueError(f"env: the value of {name} holds a NUL character")
+    check_backend_env(env)
 
 
 def users_master_addr(config: dict[str, Any]) -> bool:

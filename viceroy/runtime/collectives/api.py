@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from viceroy.runtime.collectives import communicators
-from viceroy.runtime.collectives.backend import OPS, Backend, Communicator, Pending
+from viceroy.runtime.collectives.backend import BACKEND_ENV, OPS, Backend, Communicator, Pending
 from viceroy.runtime.collectives.errors import BackendUnavailable
 from viceroy.runtime.collectives.gloo import GlooBackend
 from viceroy.runtime.collectives.groups import Dims, Group, group_for, pair_group
@@ -256,7 +256,7 @@ def _native(t: Any, what: str, writes: bool = False) -> tuple[Backend, Any]:
         if t.device.type == "meta":
             raise ValueError(f"{what} needs a tensor with data; this one is on the meta device (a shape and a "
                              "dtype only): make it on the CPU or the rank's GPU")
-        if t.device.type == "cpu" or os.environ.get("VICEROY_BACKEND") == "gloo":
+        if t.device.type == "cpu" or os.environ.get(BACKEND_ENV) == "gloo":
             backend: Backend = _gloo
         else:
             backend = _nccl

@@ -9,9 +9,26 @@ rank and, through the broken connections, on its peers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+
+# The ranks' environment variable that chooses a backend for every device (%mesh up --backend):
+# "gloo" sends GPU tensors through gloo too; "nccl" is the default (gloo for CPU tensors, nccl
+# for GPU ones), with the extension's check that every rank has a GPU.
+BACKEND_ENV = "VICEROY_BACKEND"
+BACKENDS = ("gloo", "nccl")
+
+
+def check_backend_env(env: Any) -> None:
+    """Refuse a `BACKEND_ENV` in `env` (a mesh's added environment) that names no backend: the
+    ranks would ignore it and follow the tensor, silently."""
+    value = env.get(BACKEND_ENV) if isinstance(env, Mapping) else None
+    if value is not None and value not in BACKENDS:
+        raise ValueError(f"env: {BACKEND_ENV}={value!r} names no backend: give 'gloo' (GPU tensors through gloo "
+                         "too) or 'nccl' (the default: gloo for CPU tensors, nccl for GPU ones), or leave it out; "
+                         "%mesh up takes it as --backend gloo|nccl")
 
 
 class Pending(ABC):
