@@ -230,10 +230,18 @@ def test_reduce_and_assemble_check_their_dims_before_sending(t, mesh):
                                             r"concatenated along \(dims=\{'gpus': 0\}\); got "
                                             + re.escape(repr(bad)) + r"\. The mesh's dims are gpus"):
             vr.assemble(t, dims=bad)
+    # One check with the ranks' all_reduce (it said "use 'product'", which the ranks then refused
+    # after the reduce was sent: the backends multiply no complex numbers).
     for op in ("min", "max"):
-        with pytest.raises(ValueError, match=rf"reduce '{op}' needs an order, and complex numbers have none: reduce "
-                                             r"c.abs\(\) or c.real instead, or use 'sum', 'avg' or 'product'"):
+        with pytest.raises(ValueError, match=rf"^reduce '{op}' of a complex tensor: complex numbers are reduced with "
+                                             r"'sum' or 'avg' only; this one is complex64: reduce t\.abs\(\) or "
+                                             r"t\.real instead \(complex numbers have no order\)$"):
             reduce(c, op)
+    with pytest.raises(ValueError, match=r"^reduce 'product' of a complex tensor: complex numbers are reduced with "
+                                         r"'sum' or 'avg' only; this one is complex64: reduce torch\.view_as_real\(t\)"):
+        reduce(c, "product")
+    with pytest.raises(ValueError, match=r"^reduce: op must be one of sum, avg, product, min, max; got 'band'$"):
+        reduce(t, "band")
     with pytest.raises(ValueError, match=r"reduce: dims=\[\] names no dim, so nothing would be reduced: name the "
                                          r"dims to reduce over \(dims='gpus'\), or leave dims out for the whole mesh"):
         reduce(t, dims=[])

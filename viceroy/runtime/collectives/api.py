@@ -14,7 +14,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from viceroy.runtime.collectives import communicators
-from viceroy.runtime.collectives.backend import BACKEND_ENV, OPS, Backend, Communicator, Pending
+from viceroy.runtime.collectives.backend import (
+    BACKEND_ENV,
+    Backend,
+    Communicator,
+    Pending,
+    check_op,
+)
 from viceroy.runtime.collectives.errors import BackendUnavailable
 from viceroy.runtime.collectives.gloo import GlooBackend
 from viceroy.runtime.collectives.groups import Dims, Group, group_for, pair_group
@@ -36,10 +42,8 @@ def all_reduce(t: T, op: str = "sum", dims: Dims = None) -> T:
 
     op: "sum", "avg", "product", "min", "max", "band", "bor", "bxor". Returns `t`.
     """
-    _check_op(op)
     backend, x = _native(t, "all_reduce", writes=True)
-    if op != "sum":
-        _check_op_dtype(x, op, "all_reduce")
+    check_op(op, x.dtype, "all_reduce")
     _run(f"all_reduce({op!r})", backend, _group(dims), x, lambda c: c.all_reduce(x, op))
     return t
 
@@ -63,10 +67,8 @@ def reduce_scatter(t: Any, op: str = "sum", dims: Dims = None) -> Any:
 
     >>> vr.reduce_scatter(torch.arange(4.) + rank)   # on gpus=4, rank 1 gets tensor([10.])
     """
-    _check_op(op)
     backend, x = _native(t, "reduce_scatter")
-    if op != "sum":
-        _check_op_dtype(x, op, "reduce_scatter")
+    check_op(op, x.dtype, "reduce_scatter")
     group = _group(dims)
     n = group.size
     if not x.shape or x.shape[0] % n:
@@ -193,34 +195,6 @@ def _pair(peer: int, what: str) -> Group:
             f"{'to' if what == 'send' else 'from'} one of those ranks, or run the call on a view (or the "
             "mesh) that includes both")
     return pair_group(me, peer)
-
-
-def _check_op(op: str) -> None:
-    if op not in OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
-
-
-def _check_op_dtype(x: Any, op: str, what: str) -> None:
-    """An op the tensor's dtype cannot take, refused before anything is sent (the backend would
-    fail part-way, on some members and not others, leaving the group's communicator aborted):
-    an average of integers is no integer, bitwise ops need integers, complex numbers have no
-    order (and the backends multiply them not)."""
-    dtype = x.dtype
-    if type(x).__module__.startswith("cupy"):
-        floating, complex_ = dtype.kind == "f", dtype.kind == "c"
-    else:
-        floating, complex_ = dtype.is_floating_point, dtype.is_complex
-    name = str(dtype).removeprefix("torch.")
-    if op == "avg" and not (floating or complex_):
-        raise ValueError(f"{what} 'avg' needs a floating-point tensor; this one is {name}: convert it first "
-                         "(t.float()), or use 'sum' and divide")
-    if op in ("band", "bor", "bxor") and (floating or complex_):
-        raise ValueError(f"{what} {op!r} is bitwise: it needs an integer or bool tensor; this one is {name}: "
-                         "use 'min' or 'max' (on 0/1 values, 'min' is an and, 'max' an or), or convert it (t.int())")
-    if complex_ and op not in ("sum", "avg"):
-        raise ValueError(f"{what} {op!r} of a complex tensor: complex numbers are reduced with 'sum' or 'avg' "
-                         f"only; this one is {name}: reduce torch.view_as_real(t) to act on the real and "
-                         "imaginary parts apart")
 
 
 def _native(t: Any, what: str, writes: bool = False) -> tuple[Backend, Any]:

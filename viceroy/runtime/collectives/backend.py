@@ -14,6 +14,35 @@ from typing import Any
 
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
+
+def check_op(op: str, dtype: Any, what: str, ops: tuple[str, ...] = OPS) -> None:
+    """Refuse an `op` not among `ops`, or one a tensor of `dtype` (torch's, CuPy's or numpy's)
+    cannot take, before anything is sent: the backend would fail part-way, on some members and
+    not others, leaving the group's communicator aborted. An average of integers is no integer,
+    bitwise ops need integers, complex numbers have no order (and the backends multiply them
+    not). `what` names the call ("all_reduce", "reduce"). Used on the ranks by the collectives
+    and on the controller by vr.reduce, which has only the tensor's dtype there."""
+    if op not in ops:
+        raise ValueError(f"{what}: op must be one of {', '.join(ops)}; got {op!r}")
+    if op == "sum":
+        return
+    if hasattr(dtype, "is_floating_point"):  # torch's
+        floating, complex_ = dtype.is_floating_point, dtype.is_complex
+    else:
+        floating, complex_ = dtype.kind == "f", dtype.kind == "c"
+    name = str(dtype).removeprefix("torch.")
+    if op == "avg" and not (floating or complex_):
+        raise ValueError(f"{what} 'avg' needs a floating-point tensor; this one is {name}: convert it first "
+                         "(t.float()), or use 'sum' and divide")
+    if op in ("band", "bor", "bxor") and (floating or complex_):
+        raise ValueError(f"{what} {op!r} is bitwise: it needs an integer or bool tensor; this one is {name}: "
+                         "use 'min' or 'max' (on 0/1 values, 'min' is an and, 'max' an or), or convert it (t.int())")
+    if complex_ and op not in ("sum", "avg"):
+        instead = ("reduce t.abs() or t.real instead (complex numbers have no order)" if op in ("min", "max")
+                   else "reduce torch.view_as_real(t) to act on the real and imaginary parts apart")
+        raise ValueError(f"{what} {op!r} of a complex tensor: complex numbers are reduced with 'sum' or 'avg' "
+                         f"only; this one is {name}: {instead}")
+
 # The ranks' environment variable that chooses a backend for every device (%mesh up --backend):
 # "gloo" sends GPU tensors through gloo too; "nccl" is the default (gloo for CPU tensors, nccl
 # for GPU ones), with the extension's check that every rank has a GPU.

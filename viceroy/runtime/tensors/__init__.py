@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from viceroy.runtime.arguments import as_int
+from viceroy.runtime.collectives.backend import check_op
 from viceroy.runtime.tensors import rank_ops, worker
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor
 
 __all__ = ["MeshTensor", "assemble", "inspect", "reduce"]
 
-_OPS = ("sum", "avg", "product", "min", "max")
+_OPS = ("sum", "avg", "product", "min", "max")  # (the collectives take bitwise ones too)
 
 
 def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) -> MeshTensor:
@@ -34,18 +35,11 @@ def reduce(t: MeshTensor, op: str = "sum", dims: str | list[str] | None = None) 
     On the ranks' own tensors (rank code), use ``vr.all_reduce`` instead.
     """
     _check_mesh_tensor(t, "reduce")
-    if op not in _OPS:
-        raise ValueError(f"reduce op must be one of {', '.join(_OPS)}; got {op!r}")
     import torch
 
     with torch._C.DisableTorchFunctionSubclass():
         dtype = t.dtype
-    if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"reduce 'avg' needs a floating-point tensor; this one is "
-                         f"{str(dtype).removeprefix('torch.')}: convert it first (t.float()), or use 'sum'")
-    if op in ("min", "max") and dtype.is_complex:
-        raise ValueError(f"reduce {op!r} needs an order, and complex numbers have none: reduce c.abs() or c.real "
-                         "instead, or use 'sum', 'avg' or 'product'")
+    check_op(op, dtype, "reduce", _OPS)  # as the ranks' all_reduce would, before anything is sent
     mesh = t._engine.mesh
     names = _reduce_dims(dims, list(mesh.dims))
     # Each rank's group: the ranks of this view that share its coordinates on the other dims.
