@@ -2,6 +2,7 @@
 have made; those fail naming the op that failed first and its line (worker.apply_batch)."""
 
 import inspect as pyinspect
+import os
 import re
 import time
 
@@ -221,6 +222,56 @@ def test_a_fetch_of_a_tensor_rank_code_reshaped_says_so_rather_than_return_anoth
     tmesh.run("t.data = t.data.long()", t=e)
     with pytest.raises(vr.MeshError, match=r"rank 0: this tensor is int64\[2\] here, but float32\[2\] on the controller"):
         e.fetch(gpus=0)
+
+
+class _Unpacked(float):
+    """A number that, unpickled on a rank, calls `fn(*args)` there (while the rank unpacks its
+    batch of ops, before any op runs)."""
+
+    def __new__(cls, value: float, fn: object, args: tuple) -> "_Unpacked":
+        x = super().__new__(cls, value)
+        x.call = (fn, args)
+        return x
+
+    def __reduce__(self) -> tuple:
+        return self.call
+
+
+def test_an_interrupt_while_a_rank_unpacks_a_batch_names_the_op_about_to_run(tmesh, tmp_path):
+    # It said a bare "interrupted", or where in torch's unpickling code the interrupt hit.
+    import tempfile
+
+    from viceroy.runtime.tensors import worker
+
+    with tmesh.activate():
+        a = torch.ones(3)
+        e = a * 3
+    e.fetch()
+    held = tmesh.run(worker.count).values()
+    del e  # its free goes with the next batch, and applies though none of its ops runs
+    arrived, fifo = tmp_path / "arrived", tmp_path / "fifo"
+    arrived.mkdir()
+    os.mkfifo(fifo)
+    # Each rank, unpacking the batch, makes a file in `arrived`, then blocks opening `fifo` (no
+    # writer ever comes) until it is interrupted.
+    with tmesh.activate():
+        b = torch.mul(a, _Unpacked(2.0, tempfile.mkstemp, (None, None, str(arrived))))
+        line = _line()
+        c = b + _Unpacked(1.0, open, (str(fifo),))
+    tmesh.run("0", block=False)  # the ops go out first
+    wait_until(lambda: len(os.listdir(arrived)) == 2, 30, "both ranks to unpack the batch")
+    tmesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        c.fetch()
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1], info.value
+    for f in failures.values():
+        assert re.fullmatch(rf"interrupted \(at mul, issued at \S*test_failures.py, line {line}, before it began: "
+                            r"the rank was still unpacking its batch of ops\)", f.summary), info.value
+    assert tmesh.run(worker.count).values() == [n - 1 for n in held]
+    with tmesh.activate():
+        d = a + 1
+    assert d.fetch().values()[0].tolist() == [2.0, 2.0, 2.0], "the ranks take the next batch"
 
 
 def test_an_interrupted_batch_names_the_op_it_stopped_at_and_its_line(tmesh):

@@ -322,8 +322,10 @@ class Engine:
                         self._sent_modes = None if dtype is torch.float32 and grad else op[1]
                         break
             last = n == len(chunks) - 1  # frees go last: after every op that uses them
+            # What an interrupt names while the ranks unpack the batch (before its first op runs).
+            first = next(((worker._name(op[0]), *op[5]) for op in chunk if op[0] is not _MODES), None)
             fut = self.mesh._run(worker.apply_batch, worker.pack_ops(chunk), frees if last else [], start, talks,
-                                block=False, label="tensor ops", fail_fast=False)
+                                 first, block=False, label="tensor ops", fail_fast=False)
             if fut.done() and unsent.refused(fut.exception(0)):
                 lost = unsent.not_sent(self, chunk, frees if last else [], fut.exception(0))
                 if lost is not None:

@@ -77,7 +77,7 @@ def pack_ops(ops: list[Op]) -> bytes | list[Op]:
 
 
 def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bool] | None = None,
-                stop_on_failure: bool = False) -> None:
+                stop_on_failure: bool = False, first_op: tuple[str, str, int] | None = None) -> None:
     """Run one batch of ops on this rank, in order. What happens when an op fails:
 
     - An op that raises has *failed*. What it should have produced has no value on this rank
@@ -95,7 +95,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
       raise with the failure too, never an old value. Freeing the tensor (dropping the
       MeshTensor) forgets the failure.
     - Interrupted part-way (Ctrl-C, or fail-fast after another rank failed), the op running and
-      the ops not yet run are marked as interrupted.
+      the ops not yet run are marked as interrupted; the interrupt names the op running and its
+      line (`first_op`, sent apart, while a long batch is still unpacked: see `_unpacked`).
     - `stop_on_failure` (batches of collectives): the batch stops at its first failure and
       marks the ops after it as not run, so that this rank never joins a later collective that
       its peers, still waiting in the failed one, would pair with the wrong one.
@@ -104,12 +105,10 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
     issued (None: torch's defaults, float32 with grad enabled); `_modes` ops in the batch change
     them as the controller's did. The rank's own modes are put back after the batch.
     """
-    import pickle
-
     import torch
     from torch.utils import _pytree as pytree
 
-    ops: list[Op] = pickle.loads(packed) if isinstance(packed, bytes) else packed
+    ops = _unpacked(packed, frees, first_op)
 
     tab = table()
     failed = failures()
@@ -205,6 +204,22 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
             msg += f"\n({n_failed - 1} more op{'s' if n_failed > 2 else ''} of this batch failed or did not run; " \
                    "every op that did not depend on a failed one ran)"
         raise OpFailed(msg) from cause
+
+
+def _unpacked(packed: bytes | list[Op], frees: list[int], first_op: tuple[str, str, int] | None) -> list[Op]:
+    """The batch's ops. Interrupted meanwhile, before any op ran: its frees are applied, its
+    tensors do not exist here, and the interrupt names `first_op` (name, file, line)."""
+    import pickle
+
+    try:
+        return pickle.loads(packed) if isinstance(packed, bytes) else packed
+    except KeyboardInterrupt as exc:
+        heap.freed(_free(table(), failures(), frees))  # as after the batch (they were for its ops)
+        if first_op is None or exc.args:
+            raise
+        # A fresh one: the frames it hit in (torch's unpickling code) are not where the user was.
+        raise KeyboardInterrupt("{}, issued at {}, line {}, before it began: the rank was still unpacking its "
+                                "batch of ops".format(*first_op)) from None
 
 
 def _modes(dtype: Any, grad: bool) -> None:
