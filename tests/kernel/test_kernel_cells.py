@@ -210,6 +210,38 @@ def test_a_rank_traceback_through_a_function_of_the_notebook_names_its_cell(mesh
     assert f"Cell In[{n}], line 3, in square\n" in text and "ipykernel_" not in text, text
 
 
+def test_a_failing_mesh_cell_names_its_notebook_cell_and_line(mesh_kernel: Kernel):
+    # The ranks' frame read File "<%%mesh cell 7>", line 2: a number the notebook shows nowhere,
+    # and a line counted from below the %%mesh line.
+    ex = mesh_kernel.execute("%%mesh --no-fail-fast\nx = 1\n1 / (rank - rank)")
+    n = ex.reply["execution_count"]
+    text = error_text(ex.errors[0])
+    assert f"Cell In[{n}], line 3, in <module>\n" in text and "mesh cell" not in text, text
+    # a function a %%mesh cell defined, failing when a later one calls it: both cells named
+    defined = mesh_kernel.ok("%%mesh\n\ndef halve(v):\n    return v / 0")
+    called = mesh_kernel.execute("%%mesh\nhalve(rank)")
+    d, c = defined.reply["execution_count"], called.reply["execution_count"]
+    text = error_text(called.errors[0])
+    assert f"Cell In[{c}], line 2, in <module>\n" in text, text
+    assert f"Cell In[{d}], line 4, in halve\n" in text and "return v / 0" in text, text
+    # a syntax error names the notebook's line too
+    bad = mesh_kernel.execute("%%mesh\nx = 1\ny = (")
+    assert "line 3" in error_text(bad.errors[0]), error_text(bad.errors[0])
+
+
+def test_auto_mode_and_a_one_line_px_name_the_cell_with_the_notebooks_lines(mesh_kernel: Kernel):
+    mesh_kernel.ok("%mesh auto on")
+    try:
+        ex = mesh_kernel.execute("y = 2\nraise KeyError(rank)")  # no %%mesh line in the cell
+    finally:
+        mesh_kernel.ok("%mesh auto off")
+    n = ex.reply["execution_count"]
+    assert f"Cell In[{n}], line 2, in <module>\n" in error_text(ex.errors[0]), error_text(ex.errors[0])
+    ex = mesh_kernel.execute("%px raise KeyError(rank)")
+    n = ex.reply["execution_count"]
+    assert f"Cell In[{n}], line 1, in <module>\n" in error_text(ex.errors[0]), error_text(ex.errors[0])
+
+
 def test_an_unpicklable_push_is_a_one_line_usage_error(mesh_kernel: Kernel):
     mesh_kernel.ok("import threading\nlock = threading.Lock()")
     failed = mesh_kernel.execute("%mesh push lock")

@@ -264,6 +264,26 @@ def test_stacks_answer_while_ranks_are_busy(start_mesh):
         fut.get()
 
 
+def test_code_a_notebook_cell_names_is_named_so_in_stacks_tracebacks_and_syntax_errors(start_mesh):
+    from viceroy.runtime.file_names import CellCode
+
+    mesh = start_mesh(gpus=2)
+    # as the kernel sends a %%mesh cell's body: a blank line for the %%mesh line above it
+    code = CellCode("\ndef deep():\n    import time\n    time.sleep(5)\ndeep()", "Cell In[7]")
+    fut = mesh.run(code, block=False)
+    wait_running(mesh, "in deep")
+    stack = mesh.stacks().item(gpus=0)
+    assert "Cell In[7], line 5, in <module>" in stack and "Cell In[7], line 4, in deep" in stack, stack
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError) as failed:
+        fut.get()
+    assert "interrupted (at Cell In[7], line 4: time.sleep(5))" in str(failed.value), str(failed.value)
+    with pytest.raises(SyntaxError) as bad:
+        mesh.run(CellCode("\nx = (", "Cell In[8]"))
+    assert (bad.value.filename, bad.value.lineno) == ("Cell In[8]", 2)
+    assert mesh.run("x = 3\nx").values() == [3, 3]  # plain code strings are named as before
+
+
 def test_shutdown_is_fast_and_final(start_mesh):
     mesh = start_mesh(gpus=4)
     pids = list(mesh.pids().values())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from viceroy.extension.args import RunOptions
+from viceroy.extension.cell_code import cell_code
 from viceroy.extension.displays import CellSink, Sink
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
 from viceroy.extension.inbox import Inbox
@@ -141,9 +142,10 @@ class CellRunner:
 
     def _submit(self, view: Mesh, code: str, opts: RunOptions, label: str) -> Any:
         """Send the cell's call; its future. Mistakes found before sending are one error."""
+        sent = cell_code(self.shell, code, label)  # named and numbered as the notebook shows it
         try:
             return view.run(
-                code,
+                sent,
                 block=False,
                 timeout=opts.timeout,
                 fail_fast=opts.fail_fast,
@@ -151,7 +153,7 @@ class CellRunner:
                 **self._handles_used_by(code),
             )
         except SyntaxError as e:
-            raise syntax_error(e, hint=ipython_syntax_hint(code, e)) from None
+            raise syntax_error(e, hint=ipython_syntax_hint(sent, e)) from None
         except ValueError as e:  # a handle from another mesh, or from one shut down
             raise UsageError(str(e)) from None
 

@@ -18,6 +18,7 @@ import numpy as np
 from viceroy.runtime import arguments, reading, serialize
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
 from viceroy.runtime.execution import check_syntax
+from viceroy.runtime.file_names import in_traceback
 from viceroy.runtime.future import Future
 from viceroy.runtime.handles import Ref
 from viceroy.runtime.shape import Shape, ShapeOps, describe_ranks, format_rank_set
@@ -135,8 +136,10 @@ class Mesh(MeshStarts, ShapeOps):
                 )
             n = _cell_number(code)
             # One name per distinct code: tracebacks and stacks read lines by it (linecache), so
-            # two cells under one name would show one cell's lines for the other's frames.
-            filename = f"<mesh-cell-{n}>" if label is None else f"<{label} cell {n}>"
+            # two cells under one name would show one cell's lines for the other's frames. A
+            # notebook's cell names its code itself (file_names.CellCode: "Cell In[5]").
+            filename = getattr(code, "filename", None) or (f"<mesh-cell-{n}>" if label is None else f"<{label} cell {n}>")
+            code = str(code)
             check_syntax(code, filename)
             extra: dict[str, Any] = {"code": code, "filename": filename}
             signed: list[Any] = []
@@ -292,7 +295,11 @@ class Mesh(MeshStarts, ShapeOps):
     def stacks(self, timeout: float = 3.0) -> ValueMesh[str]:
         """Each rank's Python stacks, also while it is busy (dead or silent ranks: a note)."""
         replies = self._controller.query("stacks", self._shape.ranks, timeout)
-        return ValueMesh(self._shape, {r: replies.get(r, "(no answer: the rank is dead or unresponsive)") for r in self._shape.ranks})
+        return ValueMesh(self._shape, {
+            # frames of a notebook's cells named as the notebook shows them (file_names)
+            r: in_traceback(replies[r]) if isinstance(replies.get(r), str) else "(no answer: the rank is dead or unresponsive)"
+            for r in self._shape.ranks
+        })
 
     def stats(self, timeout: float = 3.0) -> dict[str, Any]:
         """Transport counters and the ranks' resource use. ``dropped`` is the number of messages
