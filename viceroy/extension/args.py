@@ -44,7 +44,6 @@ RUN_OPTIONS_HELP = (
 )
 # Longer waits overflow the millisecond timeouts the transport polls with (~24 days).
 MAX_TIMEOUT_S = 1_000_000
-_NAME = re.compile(r"^[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,7 +73,7 @@ def parse_where(text: str) -> tuple[str, int | slice]:
     """``gpus=0:2`` -> ``("gpus", slice(0, 2))``; ``gpus=1`` -> ``("gpus", 1)``."""
     dim, eq, sel = text.partition("=")
     dim, sel = dim.strip(), sel.strip()
-    if not eq or not _NAME.match(dim) or not sel:
+    if not eq or not dim.isidentifier() or not sel:
         raise UsageError(
             f"--where takes DIM=INDEX or DIM=START:STOP (e.g. --where gpus=0:2), got {text!r}"
         )
@@ -236,7 +235,7 @@ def parse_dims(tokens: list[str], prog: str = "%mesh up") -> dict[str, int]:
     dims: dict[str, int] = {}
     for tok in tokens:
         name, eq, size = tok.partition("=")
-        if not eq or not _NAME.match(name):
+        if not eq or not name.isidentifier():  # as Mesh.local takes them: gpus, größe, ñ
             raise UsageError(f"{prog}: dims are NAME=SIZE, e.g. `%mesh up gpus=4`; got {tok!r}")
         try:
             n = int(size)
