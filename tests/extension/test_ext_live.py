@@ -134,6 +134,30 @@ def test_a_flood_is_cut_with_a_pointer_to_the_logs():
     assert "%mesh logs" in sink.text("stderr")
 
 
+def test_past_the_line_cap_a_cell_still_says_what_the_ranks_dropped_and_which_died():
+    # A flood past the cell's cap hid the ranks' own notices in the count of lines not shown:
+    # the cell said "N more lines not shown; `%mesh logs RANK` shows ...", never that the ranks
+    # had dropped far more (in no log either), nor that a rank exited.
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink, max_lines=10)
+    for r in (0, 1):
+        live.handle(out(r, "".join(f"line {r} {i}\n" for i in range(100))), now=0)
+        live.handle(out(r, f"[viceroy] rank {r}: output of this call passed the limit of 100 bytes; the rest "
+                           "is dropped\n", stream="stderr"), now=0)
+    live.handle({"type": "rank_exit", "rank": 1, "reason": "SIGKILL"}, now=0)
+    live.handle(out(0, "[viceroy] rank 0: 5000 more bytes of output dropped\n", stream="stderr"), now=0)
+    live.close()
+    assert sink.text().count("\n") == 10
+    err = sink.text("stderr").splitlines()
+    assert err == [
+        "[0] [viceroy] rank 0: output of this call passed the limit of 100 bytes; the rest is dropped",
+        "[1] [viceroy] rank 1: output of this call passed the limit of 100 bytes; the rest is dropped",
+        "[1] rank exited (SIGKILL)",
+        "[0] [viceroy] rank 0: 5000 more bytes of output dropped",
+        "[viceroy] 190 more lines not shown; `%mesh logs RANK` shows a rank's recent output",
+    ]
+
+
 def test_call_finished_is_noticed():
     live = LiveOutput([0], call_id=1, sink=FakeSink())
     live.handle({"type": "call_finished", "call": 2, "ok": True}, now=0)
