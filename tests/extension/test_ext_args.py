@@ -129,6 +129,8 @@ def test_up_parses_dims_and_options():
     assert parse_command("up gpus=2 --preload torch,numpy").preload == ["torch", "numpy"]
     env = parse_command("up gpus=2 --env NCCL_DEBUG=INFO --env OPTS=a=b --env EMPTY=").env
     assert env == {"NCCL_DEBUG": "INFO", "OPTS": "a=b", "EMPTY": ""}
+    assert parse_command("up gpus=2 --output-limit 4096").output_limit == 4096
+    assert parse_command("up gpus=2").output_limit is None
 
 
 @pytest.mark.parametrize(

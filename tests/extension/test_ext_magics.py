@@ -66,6 +66,23 @@ def test_up_sets_environment_variables_on_every_rank():
         session.close()
 
 
+def test_up_takes_the_output_limit_the_notice_tells_a_notebook_to_raise(shell: InteractiveShell):
+    # A rank's notice said "raise it with Mesh.local(output_limit=...)", which a notebook's
+    # %mesh up had no way to: it now takes --output-limit, and the notice names it.
+    shell.run_line_magic("mesh", "up gpus=1 --preload none --output-limit 100")
+    try:
+        mesh = current_session(shell).mesh
+        assert mesh is not None
+        mesh.run("for i in range(50): print('line', i)")
+        notice = next(ln for ln in mesh.logs(0).splitlines() if "passed the limit" in ln)
+        assert notice.startswith("[viceroy] rank 0: output of this call passed the limit of 100 bytes")
+        assert "%mesh up ... --output-limit BYTES" in notice
+    finally:
+        shell.run_line_magic("mesh", "down")
+    with pytest.raises(UsageError, match=r"^%mesh up: --output-limit takes a positive number of bytes .*, got 0;"):
+        shell.run_line_magic("mesh", "up gpus=1 --output-limit 0")
+
+
 def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_device():
     # It ran init_process_group() with torch's default, nccl for CUDA tensors where there are GPUs.
     from viceroy.extension.session import MeshSession

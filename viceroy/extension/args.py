@@ -218,6 +218,7 @@ class Command:
     torch_dist: bool = False
     preload: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)  # NAME=VALUE for every rank
+    output_limit: int | None = None  # bytes of output per rank per call (runtime default if None)
     failed_only: bool = False
     rank: int | None = None
     tail: int = 200
@@ -282,7 +283,8 @@ def parse_command(line: str) -> Command:
             "usage: %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] "
             "[--listen ADDR] [--key-file FILE] [--identity KEYFILE] [--ssh-port N] [--ssh-options=\"...\"] "
             "[--salloc-options=\"...\"] [--srun-options=\"...\"] [--agents-per-node N] "
-            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]...",
+            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]... "
+            "[--output-limit BYTES]",
         )
         p.add_argument("--launcher", default="local", choices=["local", "ssh", "slurm", "attach"])
         p.add_argument("--hostfile")
@@ -294,6 +296,7 @@ def parse_command(line: str) -> Command:
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
         p.add_argument("--env", action="append", default=[])
+        p.add_argument("--output-limit", type=int)
         p.add_argument("dims", nargs="*")
         ns = _parse(p, tokens)
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
@@ -311,6 +314,9 @@ def parse_command(line: str) -> Command:
             if not eq or not _ENV_NAME.match(name):
                 raise UsageError(f"{prog}: --env takes NAME=VALUE (one variable each), e.g. --env NCCL_DEBUG=INFO; got {item!r}")
             cmd.env[name] = value
+        if ns.output_limit is not None and ns.output_limit < 1:
+            p.error(f"--output-limit takes a positive number of bytes (per rank, per call), got {ns.output_limit}")
+        cmd.output_limit = ns.output_limit
         cmd.dims = parse_dims(ns.dims, prog)
     elif word == "sync":
         p = _Parser(prog, "usage: %mesh sync [DIR] [--to PATH] [--dry-run] (copies DIR, default the "

@@ -105,12 +105,14 @@ class MeshSession:
         key_file: str | None = None,
         env: dict[str, str] | None = None,
         launcher_options: dict[str, Any] | None = None,
+        output_limit: int | None = None,
     ) -> Mesh:
         """Start a mesh with these dims, local or through `launcher` (stopping the previous
         one), and bind ``mesh``.
 
         ``preload``: modules the ranks import once before starting (runtime default if None).
         ``env``: environment variables for every rank.
+        ``output_limit``: bytes of output each rank forwards per call (runtime default if None).
         ``launcher_options``: ``{"--identity": "KEYFILE", ...}`` (see `launching.LAUNCHER_OPTIONS`).
         Every option is checked before the running mesh is stopped: a typo leaves it up
         (``backend="nccl"`` is checked by the new ranks: any without a GPU stop it).
@@ -128,6 +130,8 @@ class MeshSession:
         kwargs: dict[str, Any] = {"echo": False, **dims}
         if preload is not None:
             kwargs["preload"] = preload
+        if output_limit is not None:
+            kwargs["output_limit"] = output_limit
         if env or backend is not None:
             kwargs["env"] = dict(env or {})
         if backend is not None:
