@@ -44,6 +44,40 @@ def test_auto_mode_turns_plain_cells_into_mesh_cells(shell: InteractiveShell):
     assert shell.transform_cell("x = rank\n") == "x = rank\n"
 
 
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        # IPython said "Line magic function `%%mesh` not found": as if Viceroy were not loaded
+        ("# train\n%%mesh\nprint(rank)\n", "%%mesh must be the cell's first line (here a comment comes before it, "
+         "so IPython reads it as a line magic it does not know): move %%mesh to the top; comments go below it"),
+        ("\n# a\n\n%%px --ranks 0\nx = 1\n", "%%px must be the cell's first line"),
+        # IPython said "Did you mean the line magic %mesh (single %)?", which runs no code
+        ("%%mesh print(rank)", "%%mesh: the cell has no code below its first line; the ranks run the lines under "
+         "%%mesh, whose own line takes only options (--where, --ranks, --no-fail-fast, --timeout). For one line of "
+         "code: %px CODE"),
+        ("%%px\n", "%%px: the cell has no code below its first line"),
+    ],
+)
+def test_a_misplaced_or_empty_cell_magic_says_where_the_code_goes(shell: InteractiveShell, cell: str, message: str,
+                                                                  capsys: pytest.CaptureFixture[str]):
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_before_exec, UsageError)
+    assert str(result.error_before_exec).startswith(message)
+    assert "\n" not in str(result.error_before_exec)
+    assert capsys.readouterr().err.startswith(f"UsageError: {message}")
+
+
+def test_cells_that_only_look_like_misplaced_magics_run(shell: InteractiveShell):
+    assert shell.run_cell("s = \"\"\"\n%%mesh\n\"\"\"\n").success
+    assert shell.user_ns["s"] == "\n%%mesh\n"
+    assert shell.run_cell("%%mesh?\n").success  # help on the magic
+    shell.run_line_magic("unload_ext", "viceroy")
+    try:  # unloading takes the check away with the magics
+        assert all(getattr(t, "__name__", "") != "check_magic_line" for t in shell.input_transformers_cleanup)
+    finally:
+        shell.run_line_magic("load_ext", "viceroy")
+
+
 def test_reload_ext_keeps_the_magics_working(shell: InteractiveShell):
     first = current_session(shell)
     shell.run_line_magic("reload_ext", "viceroy")
