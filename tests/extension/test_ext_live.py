@@ -105,6 +105,21 @@ def test_displays_are_tagged_with_their_rank():
     assert data["text/plain"] == "[1] <Figure>" and data["image/png"] == "AAAA"
 
 
+def test_a_flushed_unfinished_line_shows_at_once_and_ends_as_a_line():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    for r in (0, 1):
+        live.handle(out(r, "epoch 1 ..."), now=0.0)
+    live.tick(0.3)
+    assert sink.progress_updates[-1] == "[0-1] epoch 1 ...", "shown while the ranks still work"
+    assert sink.writes == []
+    for r in (0, 1):
+        live.handle(out(r, " done\n"), now=2.0)
+    live.close()
+    assert sink.text() == "[0-1] epoch 1 ... done\n"
+    assert sink.progress_updates[-1] == "", "the block is left empty once the line ended"
+
+
 def test_progress_updates_are_throttled_and_end_on_the_final_state():
     sink = FakeSink()
     live = LiveOutput([0], call_id=1, sink=sink)
