@@ -129,14 +129,18 @@ def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_dev
         session.close()
 
 
-def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str]):
+def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch):
     # It was accepted and did nothing: CPU tensors went through gloo all the same.
-    from viceroy.runtime.devices import visible_gpus
+    from viceroy.runtime import devices
 
-    if visible_gpus():
+    if devices.visible_gpus():
         pytest.skip("the ranks here have GPUs")
     from viceroy.extension.session import MeshSession
 
+    # As for ranks on other hosts: the controller's machine may have a GPU, the ranks' none
+    # (the local agent, another process, still sees none).
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
     session = MeshSession(None)
     try:
         with pytest.raises(UsageError) as info:
@@ -147,6 +151,28 @@ def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pyte
             "tensors, where every rank has a GPU), or pass --backend gloo")
         assert session.mesh is None
         assert "stopped the previous mesh" not in capsys.readouterr().out
+    finally:
+        session.close()
+
+
+def test_backend_nccl_on_a_machine_without_a_gpu_is_refused_before_the_running_mesh_stops():
+    # The running mesh (its ranks' state) was stopped first, then the new one refused.
+    from viceroy.extension.session import MeshSession
+    from viceroy.runtime.devices import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has GPUs")
+    session = MeshSession(None)
+    try:
+        mesh = session.up({"gpus": 1}, preload=[])
+        mesh.run("state = 42")
+        with pytest.raises(UsageError) as info:
+            session.up({"gpus": 2}, backend="nccl", preload=[])
+        assert str(info.value) == (
+            "%mesh up --backend nccl: this machine has no GPU, and nccl moves GPU tensors only; nothing was "
+            "started; the mesh up (gpus=1) keeps running. Leave --backend out: collectives follow the tensor "
+            "(gloo for CPU tensors; nccl for GPU tensors, where every rank has a GPU), or pass --backend gloo")
+        assert session.mesh is mesh and mesh.run("state").values() == [42]
     finally:
         session.close()
 
