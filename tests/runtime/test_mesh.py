@@ -102,6 +102,17 @@ def test_ranks_read_no_stdin_and_input_says_what_to_do_instead(start_mesh):
     assert "%mesh push" in text
 
 
+def test_a_debugger_on_a_rank_says_why_it_quit(start_mesh):
+    # breakpoint() failed the call with a bare "bdb.BdbQuit" (and bdb's frames).
+    mesh = start_mesh(gpus=1)
+    for code in ("x = 1\nbreakpoint()\nx", "import pdb\npdb.set_trace()"):
+        with pytest.raises(vr.MeshError) as info:
+            mesh.run(code)
+        assert ("rank 0: bdb.BdbQuit: the debugger (breakpoint(), pdb.set_trace()) quit at once: ranks have no "
+                "terminal to read its commands from. Print what you need") in str(info.value)
+    assert mesh.run("'still up'").values() == ["still up"]
+
+
 def test_rank_environment_names_rank_local_rank_world_and_rendezvous(start_mesh):
     mesh = start_mesh(hosts=2, gpus=2)
     env = mesh.run("import os\n(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])")
