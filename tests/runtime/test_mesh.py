@@ -225,6 +225,22 @@ def test_async_code_runs_on_ranks(start_mesh):
     assert mesh.run(code).values() == [0, 2]
 
 
+def test_an_async_cell_that_raises_shows_the_users_frames_only(start_mesh):
+    # The traceback began in asyncio's run_until_complete (base_events.py), where the runtime
+    # runs an async cell: plumbing, not the user's code.
+    mesh = start_mesh(gpus=1)
+    code = "import asyncio\nasync def boom():\n    await asyncio.sleep(0.01)\n    raise KeyError(rank)\nawait boom()"
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code)
+    failure = info.value.failures[0]
+    frames = [ln.strip() for ln in failure.traceback.splitlines() if ln.strip().startswith("File ")]
+    assert [f.split(", ")[-1] for f in frames] == ["in <module>", "in boom"], failure.traceback
+    # the user's own asyncio.run keeps its frames
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("import asyncio\nasync def f():\n    1 / 0\nasyncio.run(f())")
+    assert "run_until_complete" in info.value.failures[0].traceback
+
+
 def test_output_is_echoed_and_kept_per_rank(start_mesh, capfd):
     mesh = start_mesh(gpus=2, echo=True)
     mesh.run("print('hello from', rank)\nimport os\nos.write(1, b'raw fd write\\n')")
