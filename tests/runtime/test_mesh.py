@@ -33,6 +33,21 @@ def test_namespaces_persist_and_predefine_rank_coords_mesh(start_mesh):
     assert mesh.run("mesh").values() == [{"hosts": 1, "gpus": 2}] * 2
 
 
+def test_the_ranks_mesh_is_its_dims_and_says_so_when_used_as_the_controllers(start_mesh):
+    # `mesh.run(...)` in rank code (a %%mesh cell, auto mode) failed with "'dict' object has no
+    # attribute 'run'", which does not say what `mesh` is there.
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("mesh.run('1')", fail_fast=False)  # every rank's own error
+    assert ("ranks 0-1: AttributeError: on a rank, `mesh` is the dims of the mesh running this code "
+            "({'gpus': 2}), a dict with no 'run'; mesh.run(...) is the controller's: call it in a cell without "
+            "%%mesh (in auto mode, after %mesh auto off)") in str(info.value)
+    # still a dict in every other way, on a view too
+    assert mesh.run("mesh == {'gpus': 2}, mesh['gpus'], list(mesh), hasattr(mesh, 'run')").values() == [
+        (True, 2, ["gpus"], False)] * 2
+    assert mesh.split(gpus=("dp", "tp"), tp=2).run("import json\njson.dumps(mesh)").values() == ['{"dp": 1, "tp": 2}'] * 2
+
+
 def test_functions_closures_and_context_travel_by_value(start_mesh):
     mesh = start_mesh(dp=2, tp=2)
     factor = 3
