@@ -128,6 +128,17 @@ def test_a_debugger_on_a_rank_says_why_it_quit(start_mesh):
     assert mesh.run("'still up'").values() == ["still up"]
 
 
+def test_a_task_started_without_an_await_says_how_to_start_it(start_mesh):
+    # asyncio.create_task() in a cell without `await` (it works in a notebook, whose loop always
+    # runs) failed with Python's bare "no running event loop".
+    mesh = start_mesh(gpus=1)
+    code = "import asyncio\nasync def tick():\n    await asyncio.sleep(0)\ntask = asyncio.create_task(tick())"
+    with pytest.raises(vr.MeshError, match=r"rank 0: RuntimeError: no running event loop: a rank's event loop runs "
+                                           r"only while a cell awaits .* give this code an `await`"):
+        mesh.run(code)
+    assert mesh.run(code + "\nawait asyncio.sleep(0)\nawait task\ntask.done()").values() == [True]
+
+
 def test_rank_environment_names_rank_local_rank_world_and_rendezvous(start_mesh):
     mesh = start_mesh(hosts=2, gpus=2)
     env = mesh.run("import os\n(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])")
