@@ -27,6 +27,16 @@ def test_bad_where_says_the_expected_form(bad: str):
         parse_where(bad)
 
 
+def test_dims_may_have_any_python_name():
+    # `%mesh up ñ=2` was refused ("dims are NAME=SIZE") while `größe=2` and Mesh.local(ñ=2) worked:
+    # the name had to start with an ASCII letter
+    assert parse_command("up ñ=2 größe=2").dims == {"ñ": 2, "größe": 2}
+    assert parse_where("ñ=0:1") == ("ñ", slice(0, 1))
+    assert parse_run_options("--where ñ=1").where == {"ñ": 1}
+    with pytest.raises(UsageError, match="NAME=SIZE"):
+        parse_command("up 1ñ=2")
+
+
 def test_ranks_take_lists_and_ranges():
     assert parse_ranks("0,3,5-7") == [0, 3, 5, 6, 7]
     with pytest.raises(UsageError, match="0-2,5"):
@@ -119,6 +129,8 @@ def test_up_parses_dims_and_options():
     assert parse_command("up gpus=2 --preload torch,numpy").preload == ["torch", "numpy"]
     env = parse_command("up gpus=2 --env NCCL_DEBUG=INFO --env OPTS=a=b --env EMPTY=").env
     assert env == {"NCCL_DEBUG": "INFO", "OPTS": "a=b", "EMPTY": ""}
+    assert parse_command("up gpus=2 --output-limit 4096").output_limit == 4096
+    assert parse_command("up gpus=2").output_limit is None
 
 
 @pytest.mark.parametrize(

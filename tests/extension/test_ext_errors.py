@@ -79,6 +79,12 @@ def test_shell_escapes_and_magics_in_rank_code_get_a_hint():
     for asked in ("os?", "?os", "os.path.join??", "x = 1\n  np.zeros ?"):
         assert hint(asked).startswith("?/?? help is IPython syntax"), asked
     assert hint("x = 1 +") == "" and hint("a = 5 % 3\nb = (") == ""  # plain mistakes: no hint
+    # The magic's options a line too low (`%%mesh` alone, then `--ranks 0`) were a bare SyntaxError.
+    assert hint("--ranks 0\nprint(rank)") == (
+        "--ranks is an option of the magic: it goes on the %%mesh (or %%px) line itself, e.g. "
+        "`%%mesh --ranks 0`; the cell's body is the code the ranks run")
+    assert hint("x = 1\n  --where gpus=0:2 --timeout 30").startswith("--where is an option of the magic")
+    assert hint("x = 1 +\n--ranks 0") == ""  # the error is elsewhere
     try:
         compile("!nvidia-smi", "<%%mesh>", "exec")
     except SyntaxError as e:

@@ -105,6 +105,21 @@ def test_displays_are_tagged_with_their_rank():
     assert data["text/plain"] == "[1] <Figure>" and data["image/png"] == "AAAA"
 
 
+def test_a_flushed_unfinished_line_shows_at_once_and_ends_as_a_line():
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink)
+    for r in (0, 1):
+        live.handle(out(r, "epoch 1 ..."), now=0.0)
+    live.tick(0.3)
+    assert sink.progress_updates[-1] == "[0-1] epoch 1 ...", "shown while the ranks still work"
+    assert sink.writes == []
+    for r in (0, 1):
+        live.handle(out(r, " done\n"), now=2.0)
+    live.close()
+    assert sink.text() == "[0-1] epoch 1 ... done\n"
+    assert sink.progress_updates[-1] == "", "the block is left empty once the line ended"
+
+
 def test_progress_updates_are_throttled_and_end_on_the_final_state():
     sink = FakeSink()
     live = LiveOutput([0], call_id=1, sink=sink)
@@ -132,6 +147,30 @@ def test_a_flood_is_cut_with_a_pointer_to_the_logs():
     assert sink.text().count("\n") == 10
     assert "990 more lines not shown" in sink.text("stderr")
     assert "%mesh logs" in sink.text("stderr")
+
+
+def test_past_the_line_cap_a_cell_still_says_what_the_ranks_dropped_and_which_died():
+    # A flood past the cell's cap hid the ranks' own notices in the count of lines not shown:
+    # the cell said "N more lines not shown; `%mesh logs RANK` shows ...", never that the ranks
+    # had dropped far more (in no log either), nor that a rank exited.
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink, max_lines=10)
+    for r in (0, 1):
+        live.handle(out(r, "".join(f"line {r} {i}\n" for i in range(100))), now=0)
+        live.handle(out(r, f"[viceroy] rank {r}: output of this call passed the limit of 100 bytes; the rest "
+                           "is dropped\n", stream="stderr"), now=0)
+    live.handle({"type": "rank_exit", "rank": 1, "reason": "SIGKILL"}, now=0)
+    live.handle(out(0, "[viceroy] rank 0: 5000 more bytes of output dropped\n", stream="stderr"), now=0)
+    live.close()
+    assert sink.text().count("\n") == 10
+    err = sink.text("stderr").splitlines()
+    assert err == [
+        "[0] [viceroy] rank 0: output of this call passed the limit of 100 bytes; the rest is dropped",
+        "[1] [viceroy] rank 1: output of this call passed the limit of 100 bytes; the rest is dropped",
+        "[1] rank exited (SIGKILL)",
+        "[0] [viceroy] rank 0: 5000 more bytes of output dropped",
+        "[viceroy] 190 more lines not shown; `%mesh logs RANK` shows a rank's recent output",
+    ]
 
 
 def test_call_finished_is_noticed():

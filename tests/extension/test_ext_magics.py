@@ -44,6 +44,40 @@ def test_auto_mode_turns_plain_cells_into_mesh_cells(shell: InteractiveShell):
     assert shell.transform_cell("x = rank\n") == "x = rank\n"
 
 
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        # IPython said "Line magic function `%%mesh` not found": as if Viceroy were not loaded
+        ("# train\n%%mesh\nprint(rank)\n", "%%mesh must be the cell's first line (here a comment comes before it, "
+         "so IPython reads it as a line magic it does not know): move %%mesh to the top; comments go below it"),
+        ("\n# a\n\n%%px --ranks 0\nx = 1\n", "%%px must be the cell's first line"),
+        # IPython said "Did you mean the line magic %mesh (single %)?", which runs no code
+        ("%%mesh print(rank)", "%%mesh: the cell has no code below its first line; the ranks run the lines under "
+         "%%mesh, whose own line takes only options (--where, --ranks, --no-fail-fast, --timeout). For one line of "
+         "code: %px CODE"),
+        ("%%px\n", "%%px: the cell has no code below its first line"),
+    ],
+)
+def test_a_misplaced_or_empty_cell_magic_says_where_the_code_goes(shell: InteractiveShell, cell: str, message: str,
+                                                                  capsys: pytest.CaptureFixture[str]):
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_before_exec, UsageError)
+    assert str(result.error_before_exec).startswith(message)
+    assert "\n" not in str(result.error_before_exec)
+    assert capsys.readouterr().err.startswith(f"UsageError: {message}")
+
+
+def test_cells_that_only_look_like_misplaced_magics_run(shell: InteractiveShell):
+    assert shell.run_cell("s = \"\"\"\n%%mesh\n\"\"\"\n").success
+    assert shell.user_ns["s"] == "\n%%mesh\n"
+    assert shell.run_cell("%%mesh?\n").success  # help on the magic
+    shell.run_line_magic("unload_ext", "viceroy")
+    try:  # unloading takes the check away with the magics
+        assert all(getattr(t, "__name__", "") != "check_magic_line" for t in shell.input_transformers_cleanup)
+    finally:
+        shell.run_line_magic("load_ext", "viceroy")
+
+
 def test_reload_ext_keeps_the_magics_working(shell: InteractiveShell):
     first = current_session(shell)
     shell.run_line_magic("reload_ext", "viceroy")
@@ -66,6 +100,23 @@ def test_up_sets_environment_variables_on_every_rank():
         session.close()
 
 
+def test_up_takes_the_output_limit_the_notice_tells_a_notebook_to_raise(shell: InteractiveShell):
+    # A rank's notice said "raise it with Mesh.local(output_limit=...)", which a notebook's
+    # %mesh up had no way to: it now takes --output-limit, and the notice names it.
+    shell.run_line_magic("mesh", "up gpus=1 --preload none --output-limit 100")
+    try:
+        mesh = current_session(shell).mesh
+        assert mesh is not None
+        mesh.run("for i in range(50): print('line', i)")
+        notice = next(ln for ln in mesh.logs(0).splitlines() if "passed the limit" in ln)
+        assert notice.startswith("[viceroy] rank 0: output of this call passed the limit of 100 bytes")
+        assert "%mesh up ... --output-limit BYTES" in notice
+    finally:
+        shell.run_line_magic("mesh", "down")
+    with pytest.raises(UsageError, match=r"^%mesh up: --output-limit takes a positive number of bytes .*, got 0;"):
+        shell.run_line_magic("mesh", "up gpus=1 --output-limit 0")
+
+
 def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_device():
     # It ran init_process_group() with torch's default, nccl for CUDA tensors where there are GPUs.
     from viceroy.extension.session import MeshSession
@@ -78,14 +129,18 @@ def test_torch_dist_with_backend_gloo_makes_the_default_group_gloo_for_every_dev
         session.close()
 
 
-def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str]):
+def test_backend_nccl_on_ranks_without_a_gpu_is_refused_naming_them(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch):
     # It was accepted and did nothing: CPU tensors went through gloo all the same.
-    from viceroy.runtime.devices import visible_gpus
+    from viceroy.runtime import devices
 
-    if visible_gpus():
+    if devices.visible_gpus():
         pytest.skip("the ranks here have GPUs")
     from viceroy.extension.session import MeshSession
 
+    # As for ranks on other hosts: the controller's machine may have a GPU, the ranks' none
+    # (the local agent, another process, still sees none).
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
     session = MeshSession(None)
     try:
         with pytest.raises(UsageError) as info:
@@ -121,8 +176,30 @@ def test_a_backend_given_through_env_is_checked_like_backend(shell: InteractiveS
     shell.run_line_magic("mesh", "up gpus=2 --preload none --env VICEROY_BACKEND=gloo")
     assert session.require().run("import os\nos.environ['VICEROY_BACKEND']").values() == ["gloo"] * 2
     if not visible_gpus():
-        with pytest.raises(UsageError, match=r"^%mesh up --backend nccl: ranks 0-1 have no GPU"):
+        with pytest.raises(UsageError, match=r"^%mesh up --backend nccl: this machine has no GPU"):
             shell.run_line_magic("mesh", "up gpus=2 --preload none --env VICEROY_BACKEND=nccl")
+
+
+def test_backend_nccl_on_a_machine_without_a_gpu_is_refused_before_the_running_mesh_stops():
+    # The running mesh (its ranks' state) was stopped first, then the new one refused.
+    from viceroy.extension.session import MeshSession
+    from viceroy.runtime.devices import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has GPUs")
+    session = MeshSession(None)
+    try:
+        mesh = session.up({"gpus": 1}, preload=[])
+        mesh.run("state = 42")
+        with pytest.raises(UsageError) as info:
+            session.up({"gpus": 2}, backend="nccl", preload=[])
+        assert str(info.value) == (
+            "%mesh up --backend nccl: this machine has no GPU, and nccl moves GPU tensors only; nothing was "
+            "started; the mesh up (gpus=1) keeps running. Leave --backend out: collectives follow the tensor "
+            "(gloo for CPU tensors; nccl for GPU tensors, where every rank has a GPU), or pass --backend gloo")
+        assert session.mesh is mesh and mesh.run("state").values() == [42]
+    finally:
+        session.close()
 
 
 def test_down_turns_auto_mode_off_and_says_so(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):

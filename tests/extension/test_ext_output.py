@@ -36,6 +36,22 @@ def test_chunks_are_reassembled_into_lines_per_rank_and_stream():
     ]
 
 
+def test_a_line_still_being_written_is_live_until_it_ends():
+    # print("epoch 1 ...", end="", flush=True) showed nothing until its newline came (a
+    # terminal, and a stock kernel, show it at once)
+    s = RankStreams()
+    fed = s.feed(0, "stdout", "epoch 1 ...")
+    assert fed.lines == [] and fed.progress == {"stdout": ["epoch 1 ..."]}
+    assert s.feed(0, "stdout", "..").progress == {"stdout": ["epoch 1 ....."]}
+    fed = s.feed(0, "stdout", " done\nnext")
+    assert fed.lines == [("stdout", "epoch 1 ..... done")] and fed.progress == {"stdout": ["next"]}
+    assert s.feed(0, "stdout", "\n").progress == {"stdout": []}
+    long = "w" * 5000  # a long one shows its end
+    assert s.feed(1, "stdout", long).progress == {"stdout": ["…" + "w" * 1000]}
+    assert [(r, fed.lines, fed.progress) for r, fed in s.flush().items()] == [
+        (0, [], {}), (1, [("stdout", long)], {"stdout": []})]
+
+
 def test_carriage_returns_make_progress_not_lines():
     s = RankStreams()
     fed = s.feed(0, "stderr", "\r 10%|#   |")

@@ -33,6 +33,21 @@ def test_namespaces_persist_and_predefine_rank_coords_mesh(start_mesh):
     assert mesh.run("mesh").values() == [{"hosts": 1, "gpus": 2}] * 2
 
 
+def test_the_ranks_mesh_is_its_dims_and_says_so_when_used_as_the_controllers(start_mesh):
+    # `mesh.run(...)` in rank code (a %%mesh cell, auto mode) failed with "'dict' object has no
+    # attribute 'run'", which does not say what `mesh` is there.
+    mesh = start_mesh(gpus=2)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("mesh.run('1')", fail_fast=False)  # every rank's own error
+    assert ("ranks 0-1: AttributeError: on a rank, `mesh` is the dims of the mesh running this code "
+            "({'gpus': 2}), a dict with no 'run'; mesh.run(...) is the controller's: call it in a cell without "
+            "%%mesh (in auto mode, after %mesh auto off)") in str(info.value)
+    # still a dict in every other way, on a view too
+    assert mesh.run("mesh == {'gpus': 2}, mesh['gpus'], list(mesh), hasattr(mesh, 'run')").values() == [
+        (True, 2, ["gpus"], False)] * 2
+    assert mesh.split(gpus=("dp", "tp"), tp=2).run("import json\njson.dumps(mesh)").values() == ['{"dp": 1, "tp": 2}'] * 2
+
+
 def test_functions_closures_and_context_travel_by_value(start_mesh):
     mesh = start_mesh(dp=2, tp=2)
     factor = 3
@@ -100,6 +115,28 @@ def test_ranks_read_no_stdin_and_input_says_what_to_do_instead(start_mesh):
     text = str(info.value)
     assert "ranks 0-2: EOFError: input() on a rank: ranks have no terminal" in text, text
     assert "%mesh push" in text
+
+
+def test_a_debugger_on_a_rank_says_why_it_quit(start_mesh):
+    # breakpoint() failed the call with a bare "bdb.BdbQuit" (and bdb's frames).
+    mesh = start_mesh(gpus=1)
+    for code in ("x = 1\nbreakpoint()\nx", "import pdb\npdb.set_trace()"):
+        with pytest.raises(vr.MeshError) as info:
+            mesh.run(code)
+        assert ("rank 0: bdb.BdbQuit: the debugger (breakpoint(), pdb.set_trace()) quit at once: ranks have no "
+                "terminal to read its commands from. Print what you need") in str(info.value)
+    assert mesh.run("'still up'").values() == ["still up"]
+
+
+def test_a_task_started_without_an_await_says_how_to_start_it(start_mesh):
+    # asyncio.create_task() in a cell without `await` (it works in a notebook, whose loop always
+    # runs) failed with Python's bare "no running event loop".
+    mesh = start_mesh(gpus=1)
+    code = "import asyncio\nasync def tick():\n    await asyncio.sleep(0)\ntask = asyncio.create_task(tick())"
+    with pytest.raises(vr.MeshError, match=r"rank 0: RuntimeError: no running event loop: a rank's event loop runs "
+                                           r"only while a cell awaits .* give this code an `await`"):
+        mesh.run(code)
+    assert mesh.run(code + "\nawait asyncio.sleep(0)\nawait task\ntask.done()").values() == [True]
 
 
 def test_rank_environment_names_rank_local_rank_world_and_rendezvous(start_mesh):
@@ -212,6 +249,22 @@ def test_async_code_runs_on_ranks(start_mesh):
     mesh = start_mesh(gpus=2)
     code = "import asyncio\nawait asyncio.sleep(0.01)\nrank * 2"
     assert mesh.run(code).values() == [0, 2]
+
+
+def test_an_async_cell_that_raises_shows_the_users_frames_only(start_mesh):
+    # The traceback began in asyncio's run_until_complete (base_events.py), where the runtime
+    # runs an async cell: plumbing, not the user's code.
+    mesh = start_mesh(gpus=1)
+    code = "import asyncio\nasync def boom():\n    await asyncio.sleep(0.01)\n    raise KeyError(rank)\nawait boom()"
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run(code)
+    failure = info.value.failures[0]
+    frames = [ln.strip() for ln in failure.traceback.splitlines() if ln.strip().startswith("File ")]
+    assert [f.split(", ")[-1] for f in frames] == ["in <module>", "in boom"], failure.traceback
+    # the user's own asyncio.run keeps its frames
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("import asyncio\nasync def f():\n    1 / 0\nasyncio.run(f())")
+    assert "run_until_complete" in info.value.failures[0].traceback
 
 
 def test_output_is_echoed_and_kept_per_rank(start_mesh, capfd):

@@ -47,6 +47,20 @@ def test_repr_names_groups_by_coordinates_over_several_dims():
     assert text.splitlines()[1:] == ["  dp=0, tp=0: 'a'", "  dp=0, tp=1; dp=1: 'b'"]
 
 
+def test_a_selection_names_the_ranks_its_positions_hold():
+    # `%%mesh --ranks 1,3` (mesh.select([1, 3])) showed "ranks=0: 10" for rank 1's value: its dim
+    # is named "ranks", but counts positions in the selection.
+    s = Shape({"gpus": 4}).select([1, 3])
+    assert repr(ValueMesh(s, {1: 10, 3: 30})).splitlines() == [
+        "ValueMesh(ranks=2):", "  ranks=0 (rank 1): 10", "  ranks=1 (rank 3): 30"]
+    s = Shape({"gpus": 4}).select([3, 1, 2])
+    assert repr(ValueMesh(s, {3: "a", 1: "a", 2: "b"})).splitlines()[1:] == [
+        "  ranks=0-1 (ranks 1,3): 'a'", "  ranks=2 (rank 2): 'b'"]
+    assert repr(ValueMesh(s, {3: 0, 1: 0, 2: 0})) == "ValueMesh(ranks=3): all 0"
+    s = Shape({"gpus": 4}).select([0, 1])  # positions are the ranks: nothing to add
+    assert repr(ValueMesh(s, {0: 5, 1: 6})).splitlines()[1:] == ["  ranks=0: 5", "  ranks=1: 6"]
+
+
 def test_repr_lists_distinct_values_by_coordinate():
     text = repr(vm({"gpus": 2}, [0, 10]))
     assert "gpus=0: 0" in text and "gpus=1: 10" in text

@@ -33,6 +33,7 @@ def current_session(shell: Any) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics, the auto-mode transformer and the ``viceroy.mesh`` comm target."""
+    from viceroy.extension.cell_magic_lines import check_magic_line
     from viceroy.extension.comm import StateChannel
     from viceroy.extension.magics import MeshMagics, auto_transformer
 
@@ -41,7 +42,7 @@ def load_ipython_extension(ipython: Any) -> None:
         return
     ipython.register_magics(MeshMagics(ipython, session))
     transform = auto_transformer(session)
-    ipython.input_transformers_cleanup.append(transform)
+    ipython.input_transformers_cleanup.extend([check_magic_line, transform])  # before auto mode adds %%mesh
     channel = StateChannel(session)
     channel.register()
     ipython.events.register("pre_run_cell", session.before_cell)
@@ -52,6 +53,8 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Stop the mesh and remove what `load_ipython_extension` added."""
+    from viceroy.extension.cell_magic_lines import check_magic_line
+
     session = _SESSIONS.pop(id(ipython), None)
     if session is None:
         return
@@ -63,8 +66,9 @@ def unload_ipython_extension(ipython: Any) -> None:
     with contextlib.suppress(ValueError):
         ipython.events.unregister("pre_run_cell", session.before_cell)
     file_names.name_files(None)
-    if transform in ipython.input_transformers_cleanup:
-        ipython.input_transformers_cleanup.remove(transform)
+    for t in (transform, check_magic_line):
+        if t in ipython.input_transformers_cleanup:
+            ipython.input_transformers_cleanup.remove(t)
     for kind in ("line", "cell"):
         for name in ("mesh", "px", "autopx"):
             ipython.magics_manager.magics[kind].pop(name, None)

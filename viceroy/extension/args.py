@@ -44,7 +44,6 @@ RUN_OPTIONS_HELP = (
 )
 # Longer waits overflow the millisecond timeouts the transport polls with (~24 days).
 MAX_TIMEOUT_S = 1_000_000
-_NAME = re.compile(r"^[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,7 +73,7 @@ def parse_where(text: str) -> tuple[str, int | slice]:
     """``gpus=0:2`` -> ``("gpus", slice(0, 2))``; ``gpus=1`` -> ``("gpus", 1)``."""
     dim, eq, sel = text.partition("=")
     dim, sel = dim.strip(), sel.strip()
-    if not eq or not _NAME.match(dim) or not sel:
+    if not eq or not dim.isidentifier() or not sel:
         raise UsageError(
             f"--where takes DIM=INDEX or DIM=START:STOP (e.g. --where gpus=0:2), got {text!r}"
         )
@@ -219,6 +218,7 @@ class Command:
     torch_dist: bool = False
     preload: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)  # NAME=VALUE for every rank
+    output_limit: int | None = None  # bytes of output per rank per call (runtime default if None)
     failed_only: bool = False
     rank: int | None = None
     tail: int = 200
@@ -236,7 +236,7 @@ def parse_dims(tokens: list[str], prog: str = "%mesh up") -> dict[str, int]:
     dims: dict[str, int] = {}
     for tok in tokens:
         name, eq, size = tok.partition("=")
-        if not eq or not _NAME.match(name):
+        if not eq or not name.isidentifier():  # as Mesh.local takes them: gpus, größe, ñ
             raise UsageError(f"{prog}: dims are NAME=SIZE, e.g. `%mesh up gpus=4`; got {tok!r}")
         try:
             n = int(size)
@@ -283,7 +283,8 @@ def parse_command(line: str) -> Command:
             "usage: %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] "
             "[--listen ADDR] [--key-file FILE] [--identity KEYFILE] [--ssh-port N] [--ssh-options=\"...\"] "
             "[--salloc-options=\"...\"] [--srun-options=\"...\"] [--agents-per-node N] "
-            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]...",
+            "[--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none] [--env NAME=VALUE]... "
+            "[--output-limit BYTES]",
         )
         p.add_argument("--launcher", default="local", choices=["local", "ssh", "slurm", "attach"])
         p.add_argument("--hostfile")
@@ -295,6 +296,7 @@ def parse_command(line: str) -> Command:
         p.add_argument("--backend", choices=["gloo", "nccl"])
         p.add_argument("--preload")
         p.add_argument("--env", action="append", default=[])
+        p.add_argument("--output-limit", type=int)
         p.add_argument("dims", nargs="*")
         ns = _parse(p, tokens)
         cmd.launcher, cmd.backend = ns.launcher, ns.backend
@@ -312,6 +314,9 @@ def parse_command(line: str) -> Command:
             if not eq or not _ENV_NAME.match(name):
                 raise UsageError(f"{prog}: --env takes NAME=VALUE (one variable each), e.g. --env NCCL_DEBUG=INFO; got {item!r}")
             cmd.env[name] = value
+        if ns.output_limit is not None and ns.output_limit < 1:
+            p.error(f"--output-limit takes a positive number of bytes (per rank, per call), got {ns.output_limit}")
+        cmd.output_limit = ns.output_limit
         cmd.dims = parse_dims(ns.dims, prog)
     elif word == "sync":
         p = _Parser(prog, "usage: %mesh sync [DIR] [--to PATH] [--dry-run] (copies DIR, default the "

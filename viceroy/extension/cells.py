@@ -263,12 +263,18 @@ class CellRunner:
 
 _IPYTHON_SYNTAX = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*=\s*)?(!|%)")
 _HELP_SYNTAX = re.compile(r"^\s*(?:\?{1,2}\s*[A-Za-z_][\w.]*|[A-Za-z_][\w.]*\s*\?{1,2})\s*$")  # os? ?os obj.f??
+_OPTION_LINE = re.compile(r"^\s*--(?:where|ranks|timeout|no-fail-fast)\b")  # %%mesh's options, a line too low
 
 
 def ipython_syntax_hint(code: str, err: SyntaxError) -> str:
     """Why a cell the ranks cannot parse may have looked fine: IPython syntax (``!cmd``,
-    ``x = !cmd``, ``%magic``, ``obj?``) is the controller's; ranks run plain Python. "" if none is used."""
+    ``x = !cmd``, ``%magic``, ``obj?``) is the controller's; ranks run plain Python; or the
+    magic's options were put in the cell's body. "" if none is used."""
     lines = code.splitlines()
+    if err.lineno is not None and 0 < err.lineno <= len(lines) and _OPTION_LINE.match(lines[err.lineno - 1]):
+        option = lines[err.lineno - 1].strip()
+        return (f"{option.split()[0]} is an option of the magic: it goes on the %%mesh (or %%px) line itself, "
+                f"e.g. `%%mesh {option}`; the cell's body is the code the ranks run")
     suspects = [i for i, line in enumerate(lines, 1) if _IPYTHON_SYNTAX.match(line) or _HELP_SYNTAX.match(line)]
     if not suspects or (err.lineno is not None and err.lineno not in suspects):
         return ""

@@ -23,6 +23,8 @@ from viceroy.extension.terminal import Fed, RankStreams
 
 PROGRESS_INTERVAL = 0.2  # seconds between progress block updates
 MAX_LINES = 5000  # per cell; beyond this lines are counted, not shown (logs keep them)
+# A rank's own notices (output dropped past its limit) start so; they are shown past MAX_LINES.
+NOTICE = "[viceroy] rank "
 GROUP_WINDOW = 0.15  # seconds a line waits for the same line from other ranks
 
 
@@ -135,7 +137,7 @@ class LiveOutput:
             self._grouper.add(ev["rank"], "display", "", now, payload=payload)
         elif kind == "rank_exit":
             self._flush_lines()
-            self._emit("stderr", f"[{ev['rank']}] rank exited ({ev.get('reason', 'unknown')})")
+            self._emit("stderr", f"[{ev['rank']}] rank exited ({ev.get('reason', 'unknown')})", ours=True)
         elif kind == "rank_done":
             self._grouper.rank_done(ev["rank"])
         elif kind == "ranks_done":
@@ -213,7 +215,8 @@ class LiveOutput:
                 else:
                     self._displays.clear(rank, bool(event.get("wait")))
             else:
-                self._emit(g.stream, format_line(g))
+                ours = g.stream == "stderr" and g.text.startswith(NOTICE)
+                self._emit(g.stream, format_line(g), ours=ours)
             if g is self._block_after:
                 self._block_after = None
                 self._block.place()
@@ -223,7 +226,13 @@ class LiveOutput:
         self._write("stderr", text)
         self._write_held()
 
-    def _emit(self, stream: str, line: str) -> None:
+    def _emit(self, stream: str, line: str, ours: bool = False) -> None:
+        """Write a line, unless the cell has shown `max_lines`: then count it. Lines of `ours`
+        (a rank exited; a rank dropped output past its limit) are always written: the count
+        of lines not shown must not hide that they are not in the logs either."""
+        if ours:
+            self._write(stream, line + "\n")
+            return
         if self._shown >= self.max_lines:
             self._hidden += 1
             return

@@ -2,6 +2,7 @@
 
 %mesh up gpus=4            start a local mesh (any NAME=SIZE dims); binds `mesh`
     [--preload MOD,MOD|none] [--backend gloo|nccl] [--torch-dist] [--env NAME=VALUE]...
+    [--output-limit BYTES]
 %%mesh [--where gpus=0:2] [--ranks 0,3] [--no-fail-fast] [--timeout S]
                            run the cell on the ranks, output streamed live
 %mesh status | down | restart [--failed] | interrupt | logs RANK | stacks
@@ -31,6 +32,7 @@ HELP = """\
 %mesh up DIM=SIZE... [--launcher local|ssh|slurm|attach] [--hostfile FILE] [--listen ADDR]
     [--key-file FILE] [--backend gloo|nccl] [--torch-dist] [--preload MOD,MOD|none]
     [--env NAME=VALUE]...          start a mesh (gpus=4, hosts=2 gpus=8, dp=2 tp=2); binds `mesh`
+    [--output-limit BYTES]         output shown per rank per call (default 1 MiB; the rest dropped)
     ssh:   [--identity KEYFILE] [--ssh-port N] [--ssh-options="-o ProxyJump=gw ..."]
     slurm: [--salloc-options="-p gpu -t 60 --gpus-per-node=8"] [--srun-options="..."]
            [--agents-per-node N]   (outside an allocation, salloc is asked for nodes and tasks only)
@@ -141,6 +143,7 @@ class MeshMagics(Magics):
             key_file=cmd.key_file,
             torch_dist=cmd.torch_dist,
             env=cmd.env,
+            output_limit=cmd.output_limit,
             launcher_options=cmd.launcher_options,
         )
         print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")

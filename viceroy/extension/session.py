@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 AUTO_MESH_ENV = "VICEROY_MESH"  # e.g. "gpus=4": start this mesh on first use, if none is up
 NO_MESH = "no mesh is up: start one with `%mesh up gpus=4` (any NAME=SIZE dims)"
 AUTO_HINT = "; auto mode is on, so this cell was sent to the ranks (`%mesh auto off` runs cells here again)"
+NCCL_HINT = ("Leave --backend out: collectives follow the tensor (gloo for CPU tensors; nccl for GPU tensors, "
+             "where every rank has a GPU), or pass --backend gloo")
 
 
 def describe_dims(dims: dict[str, int]) -> str:
@@ -120,20 +122,29 @@ class MeshSession:
         key_file: str | None = None,
         env: dict[str, str] | None = None,
         launcher_options: dict[str, Any] | None = None,
+        output_limit: int | None = None,
     ) -> Mesh:
         """Start a mesh with these dims, local or through `launcher` (stopping the previous
         one), and bind ``mesh``.
 
         ``preload``: modules the ranks import once before starting (runtime default if None).
         ``env``: environment variables for every rank.
+        ``output_limit``: bytes of output each rank forwards per call (runtime default if None).
         ``launcher_options``: ``{"--identity": "KEYFILE", ...}`` (see `launching.LAUNCHER_OPTIONS`).
         Every option is checked before the running mesh is stopped: a typo leaves it up
-        (``backend="nccl"`` is checked by the new ranks: any without a GPU stop it).
+        (``backend="nccl"``: a local mesh's GPUs are this machine's, checked here; other hosts'
+        ranks check theirs, and any without a GPU stop the new mesh).
         """
         import viceroy as vr
+        from viceroy.runtime.devices import visible_gpus
+
+        backend = _chosen_backend(backend, env)
+        if backend == "nccl" and launcher == "local" and not visible_gpus():  # as the local agent will find
+            keeps = f"; the mesh up ({describe_dims(self.mesh.dims)}) keeps running" if self.mesh is not None else ""
+            raise UsageError(f"%mesh up --backend nccl: this machine has no GPU, and nccl moves GPU tensors only; "
+                             f"nothing was started{keeps}. {NCCL_HINT}")
 
         launcher_kwargs = launching.check_launcher_options(launcher, dims, hostfile, listen, key_file, launcher_options)
-        backend = _chosen_backend(backend, env)
         params = inspect.signature(vr.Mesh.local).parameters
         reserved = sorted(d for d in dims if d in params)
         if reserved:
@@ -144,6 +155,8 @@ class MeshSession:
         kwargs: dict[str, Any] = {"echo": False, **dims}
         if preload is not None:
             kwargs["preload"] = preload
+        if output_limit is not None:
+            kwargs["output_limit"] = output_limit
         if env or backend is not None:
             kwargs["env"] = dict(env or {})
         if backend is not None:
@@ -188,8 +201,7 @@ class MeshSession:
             have = "has" if len(without) == 1 else "have"
             raise UsageError(
                 f"%mesh up --backend nccl: {describe_ranks(without)} {have} no GPU, and nccl moves GPU tensors "
-                "only; the mesh was stopped. Leave --backend out: collectives follow the tensor (gloo for CPU "
-                "tensors; nccl for GPU tensors, where every rank has a GPU), or pass --backend gloo")
+                f"only; the mesh was stopped. {NCCL_HINT}")
 
     def sync(self, src: str, dest: str | None, dry_run: bool) -> list[Synced]:
         """``%mesh sync``: copy a directory to every host of the ssh mesh that is up."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 # A line longer than this without a newline is shown in pieces of about this size (each a
 # line), not buffered forever; the newline that ends it adds no empty line.
 MAX_PARTIAL = 64_000
+LIVE_TAIL = 1000  # of a line still being written, the progress block shows this much, its end
 
 
 def terminal_line(text: str) -> str:
@@ -188,11 +189,13 @@ class _Screen:
             self.cut = None
 
     def live(self) -> list[str]:
-        """The rows a progress block shows: bars (drawn rows), and ended rows still in reach."""
+        """The rows a progress block shows: bars (drawn rows), ended rows still in reach, and
+        the text of a line not ended yet (``print("epoch 1 ...", end="", flush=True)``, which a
+        terminal shows at once; its last LIVE_TAIL characters)."""
         return [
-            r.text
+            r.text if r.drawn or i < self.cur or len(r.text) <= LIVE_TAIL else "…" + r.text[-LIVE_TAIL:]
             for i, r in enumerate(self.rows)
-            if (r.drawn or i < self.cur) and _SGR.sub("", r.text).strip()
+            if (r.drawn or i <= self.cur) and _SGR.sub("", r.text).strip()
         ]
 
     def flush(self, out: list[str]) -> None:

@@ -95,10 +95,26 @@ def set_thread_view(view: Context | None) -> None:
 _provided: dict[str, Any] = {}  # "coords"/"mesh" -> the object the runtime put under that name
 
 
+class MeshDims(dict[str, int]):
+    """A rank's ``mesh``: the dims of the mesh (or view) running its code, ``{"gpus": 4}``. A
+    dict, not the controller's Mesh, and its missing attributes say so: ``mesh.run(...)`` in
+    rank code (a %%mesh cell, auto mode) was "'dict' object has no attribute 'run'"."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"on a rank, `mesh` is the dims of the mesh running this code ({dict(self)}), a dict with no {name!r}; "
+            f"mesh.{name}(...) is the controller's: call it in a cell without %%mesh (in auto mode, after "
+            "%mesh auto off)")
+
+
 def provide(ns: dict[str, Any], coords: dict[str, int], dims: dict[str, int]) -> None:
     """Put this rank's ``coords`` and ``mesh`` (its dims) in the namespace: names the user's
     code reads, and may rebind (``mesh = init_device_mesh(...)``), which then stay the user's."""
-    for name, value in (("coords", coords), ("mesh", dims)):
+    for name, value in (("coords", coords), ("mesh", MeshDims(dims))):
         ns[name] = _provided[name] = value
 
 
@@ -114,7 +130,7 @@ def calling_view(names: list[str], sizes: list[int], runs: list[list[int]]) -> I
     saved = {n: ns[n] for n in ours}
     before = getattr(_in_call, "view", None)
     _in_call.view = view
-    for n, value in (("coords", dict(view.coords)), ("mesh", dict(view.dims))):
+    for n, value in (("coords", dict(view.coords)), ("mesh", MeshDims(view.dims))):
         if n in ours:
             ns[n] = _provided[n] = value
     try:

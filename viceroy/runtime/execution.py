@@ -18,6 +18,9 @@ from types import CodeType, CoroutineType, FrameType
 from typing import Any
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+# The event loop's entry, where the runtime runs an async cell (`_await_if_needed`): plumbing
+# between the runtime's frames and the user's, left out as the runtime's are.
+_LOOP_ENTRY = (asyncio.base_events.__file__, "run_until_complete")
 _TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 
 
@@ -216,9 +219,10 @@ def format_user_traceback(exc: BaseException) -> tuple[str, str, str]:
     stack: traceback.TracebackException | None = te
     while stack is not None and id(stack) not in seen:
         seen.add(id(stack))
-        stack.stack = traceback.StackSummary.from_list(
-            [f for f in stack.stack if not f.filename.startswith(_RUNTIME_DIR)]
-        )
+        frames = [f for f in stack.stack if not f.filename.startswith(_RUNTIME_DIR)]
+        if frames and (frames[0].filename, frames[0].name) == _LOOP_ENTRY:
+            del frames[0]
+        stack.stack = traceback.StackSummary.from_list(frames)
         stack = stack.__cause__ or stack.__context__
     text = _OWN_MODULE.sub(r"\1", "".join(te.format()))
     return type(exc).__name__, _OWN_MODULE.sub(r"\1", _summary(te, exc)), text

@@ -332,7 +332,8 @@ class OutputCapture:
         if first_dropped:  # once, also when what came before filled the limit to the byte
             self._notice(
                 f"output of this call passed the limit of {self._limit} bytes; the rest is "
-                "dropped (raise it with Mesh.local(output_limit=...), or write to a file)"
+                "dropped (raise it with Mesh.local(..., output_limit=BYTES) or %mesh up ... --output-limit BYTES, "
+                "or write to a file)"
             )
 
     def _sent_on(self, stream: str, data: bytes, call: int | None) -> None:

@@ -315,12 +315,21 @@ def _described(exc: BaseException) -> tuple[str, str, str]:
 
 
 def _explained(exc: BaseException) -> str | None:
-    """A better summary for errors we know the cause of: ``exit()`` in rank code, a stock
-    torch.distributed group whose connections were cut to release a blocked collective."""
+    """A better summary for errors we know the cause of: ``exit()`` in rank code, a task
+    started with no loop running, a debugger with no terminal, a stock torch.distributed group whose connections were cut to release a
+    blocked collective."""
     if isinstance(exc, SystemExit):
         code = "" if exc.code is None else repr(exc.code)
         return (f"SystemExit: exit({code}) ends only the call on a rank: the rank stays up, its state "
                 "kept; to end the ranks, shut the mesh down (mesh.shutdown(), %mesh down)")
+    if type(exc) is RuntimeError and str(exc) == "no running event loop":  # create_task in a sync cell
+        return ("RuntimeError: no running event loop: a rank's event loop runs only while a cell awaits (a "
+                "notebook's own loop always runs): give this code an `await` (e.g. `await asyncio.sleep(0)`); the "
+                "tasks it starts stay on the rank's loop and run on while later cells await")
+    if type(exc).__name__ == "BdbQuit" and type(exc).__module__ == "bdb":
+        return ("bdb.BdbQuit: the debugger (breakpoint(), pdb.set_trace()) quit at once: ranks have no terminal "
+                "to read its commands from. Print what you need to see, or see where ranks are with %mesh stacks "
+                "(mesh.stacks()); to step through the code, run it on the controller")
     if "torch.distributed" not in sys.modules:
         return None
     from viceroy.runtime.collectives.stock import explain

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from viceroy.runtime.shape import Shape, ShapeOps, format_rank_set
+from viceroy.runtime.shape import Shape, ShapeOps, describe_ranks, format_rank_set
 
 T = TypeVar("T")
 
@@ -99,14 +99,23 @@ class ValueMesh(ShapeOps, Generic[T]):
         dims = list(self._shape.dims)
         coords = list(self._shape.coords())
         if len(keyed) == len(self):
-            for c, key in zip(coords, keys, strict=True):
-                lines.append(f"  {_fmt_coords(c, dims)}: {texts[key]}")
+            for pos, (c, key) in enumerate(zip(coords, keys, strict=True)):
+                lines.append(f"  {_fmt_coords(c, dims)}{self._which_ranks([pos])}: {texts[key]}")
         else:
             sizes = self._shape.dims
             for key, positions in keyed.items():
                 label = "; ".join(_group_labels([coords[p] for p in positions], dims, sizes))
-                lines.append(f"  {label}: {texts[key]}")
+                lines.append(f"  {label}{self._which_ranks(positions)}: {texts[key]}")
         return "\n".join(lines)
+
+    def _which_ranks(self, positions: list[int]) -> str:
+        """`` (rank 3)`` after a label of a selection (``mesh.select([1, 3])``, ``%%mesh --ranks
+        1,3``), whose one dim is named "ranks" but counts the positions in it: ``ranks=1`` read
+        alone is rank 1. "" for any other label."""
+        ranks = self._shape.ranks
+        if list(self._shape.dims) != ["ranks"] or list(ranks) == list(range(len(ranks))):
+            return ""
+        return f" ({describe_ranks([ranks[p] for p in positions])})"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
