@@ -123,6 +123,37 @@ def test_a_line_the_options_cannot_be_read_from_is_one_usage_error(line: str):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(("line", "ranks"), [
+    ("--targets 1", [1]), ("--targets=0:2", [0, 1]), ("-t ::2", [0, 2]), ("--targets [1,3]", [1, 3]),
+    ("-t (0,3)", [0, 3]), ("--targets all", None), ("--targets 2 --block --stream", [2]),
+])
+def test_px_takes_ipyparallels_targets_and_its_default_flags(line: str, ranks: list[int] | None):
+    assert parse_run_options(line, "%%px", [0, 1, 2, 3]).ranks == ranks
+    opts, code = split_line_code(f"{line} print(rank)", "%px", [0, 1, 2, 3])
+    assert (opts.ranks, code) == (ranks, "print(rank)")
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("--noblock", r"^%%px: ipyparallel's --noblock has no counterpart here: a cell waits for its ranks .*block=False"),
+    ("--local", r"^%%px: ipyparallel's --local has no counterpart here: the cell runs on the ranks only"),
+    ("--group-outputs=engine", r"^%%px: ipyparallel's --group-outputs has no counterpart here: identical lines"),
+    ("--targets x", r"^%%px: --targets x: give a rank \(3\), ranks \(0,2 or \[0,2\]\), a slice"),
+    ("--targets 1,9", r"^%%px: --targets 1,9: rank\(s\) 9 not in this mesh \(its ranks are 0-3\)$"),
+    ("--targets 5:", r"^%%px: --targets 5: picks none of the mesh's 4 ranks$"),
+    ("--targets", r"^%%px: --targets needs the engines to run on"),
+])
+def test_ipyparallel_options_without_a_counterpart_say_what_to_do(line: str, message: str):
+    with pytest.raises(UsageError, match=message):
+        parse_run_options(line, "%%px", [0, 1, 2, 3])
+
+
+def test_mesh_cells_point_ipyparallels_options_to_their_own():
+    with pytest.raises(UsageError, match=r"^%%mesh: --targets is ipyparallel's; here choose ranks with --ranks"):
+        parse_run_options("--targets 0", "%%mesh", [0, 1])
+    with pytest.raises(UsageError, match=r"^%%mesh: --block is ipyparallel's; a %%mesh cell does it anyway"):
+        parse_run_options("--block", "%%mesh", [0, 1])
+
+
 def test_up_parses_dims_and_options():
     cmd = parse_command("up hosts=2 gpus=4 --preload none")
     assert cmd.name == "up" and cmd.dims == {"hosts": 2, "gpus": 4} and cmd.preload == []

@@ -105,6 +105,9 @@ def test_where_and_ranks_select_the_ranks_that_run(mesh_kernel: Kernel):
     assert mesh_kernel.ok("%%mesh --where gpus=1\nprint('here')").stream() == "[1] here\n"
     assert mesh_kernel.ok("%%mesh --ranks 0\nprint('here')").stream() == "[0] here\n"
     assert mesh_kernel.ok("%px print('px', rank)").stream() == "[0] px 0\n[1] px 1\n"
+    # ipyparallel's own option names, for its habits
+    assert mesh_kernel.ok("%%px --targets 1 --block\nprint('here')").stream() == "[1] here\n"
+    assert mesh_kernel.ok("%px -t ::2 print('even')").stream() == "[0] even\n"
 
 
 def test_a_syntax_error_is_reported_before_anything_runs(mesh_kernel: Kernel):

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from IPython.core.error import UsageError
 
 from viceroy.extension.assignments import parse_assignments
+from viceroy.extension.ipp_options import translate
 from viceroy.extension.rank_lists import parse_ranks
 
 COMMANDS = (
@@ -148,6 +149,7 @@ def parse_run_options(line: str, prog: str = "%%mesh", mesh_ranks: Sequence[int]
     tokens = _split(line, prog)
     if any(t in ("-h", "--help") for t in tokens):
         raise UsageError(f"{prog} [--where DIM=A:B] [--ranks 0,3] [--no-fail-fast] [--timeout S]")
+    tokens = translate(tokens, prog, mesh_ranks)  # ipyparallel's --targets and friends
     p = _run_parser(prog)
     try:
         ns, extra = p.parse_known_args(tokens)
@@ -169,12 +171,12 @@ def split_line_code(line: str, prog: str = "%px", mesh_ranks: Sequence[int] | No
     ends the options: ``%px --ranks 0 -- --x`` runs ``--x``."""
     rest = line.lstrip()
     opt_text = []
-    takes_value = {"--where", "--ranks", "--timeout"}
-    while rest.startswith("--"):
-        if rest == "--" or rest[2].isspace():  # `--`: what follows is code
+    takes_value = {"--where", "--ranks", "--timeout", "--targets", "-t"}
+    while rest.startswith("--") or re.match(r"-t(\s|=)", rest):
+        if rest == "--" or rest[:3] == "-- " or (rest.startswith("--") and rest[2].isspace()):  # `--`: code follows
             rest = rest[2:].lstrip()
             break
-        m = re.match(r"(--[\w-]+)(=\S+)?(?:\s+|$)", rest)
+        m = re.match(r"(--[\w-]+|-t)(=\S+)?(?:\s+|$)", rest)
         if m is None:
             word = rest.split(None, 1)[0]
             raise UsageError(
