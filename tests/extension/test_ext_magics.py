@@ -204,7 +204,10 @@ def test_backend_nccl_on_a_machine_without_a_gpu_is_refused_before_the_running_m
 
 def test_down_turns_auto_mode_off_and_says_so(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]):
     session = current_session(shell)
+    shell.run_line_magic("mesh", "up gpus=1 --preload none")
+    assert capsys.readouterr().out.startswith("mesh up: gpus=1 (1 rank); `mesh` is bound to it\n")  # was "(1 ranks)"
     shell.run_line_magic("mesh", "up gpus=2 --preload none")
+    assert "mesh up: gpus=2 (2 ranks); `mesh` is bound to it\n" in capsys.readouterr().out
     shell.run_line_magic("mesh", "auto on")
     capsys.readouterr()
     shell.run_line_magic("mesh", "down")

@@ -146,7 +146,8 @@ class MeshMagics(Magics):
             output_limit=cmd.output_limit,
             launcher_options=cmd.launcher_options,
         )
-        print(f"mesh up: {describe_dims(mesh.dims)} ({mesh.size()} ranks); `mesh` is bound to it")
+        n = mesh.size()
+        print(f"mesh up: {describe_dims(mesh.dims)} ({n} rank{'s' if n != 1 else ''}); `mesh` is bound to it")
         self.show_view()
 
     def _cmd_help(self, cmd: Command) -> None:
