@@ -128,6 +128,18 @@ def test_a_debugger_on_a_rank_says_why_it_quit(start_mesh):
     assert mesh.run("'still up'").values() == ["still up"]
 
 
+def test_a_password_prompt_on_a_rank_says_how_to_pass_the_secret_in(start_mesh):
+    # getpass.getpass() (huggingface_hub.login(), wandb.login()) failed with a bare EOFError.
+    mesh = start_mesh(gpus=1)
+    with pytest.raises(vr.MeshError) as info:
+        mesh.run("import getpass\ntoken = getpass.getpass('token: ')")
+    assert ("rank 0: EOFError: getpass() on a rank: ranks have no terminal to read a password from. Pass the "
+            "secret in instead") in str(info.value), str(info.value)
+    with pytest.raises(vr.MeshError) as info:  # any other EOFError keeps its own words
+        mesh.run("raise EOFError('the file ended')")
+    assert "rank 0: EOFError: the file ended" in str(info.value)
+
+
 def test_a_task_started_without_an_await_says_how_to_start_it(start_mesh):
     # asyncio.create_task() in a cell without `await` (it works in a notebook, whose loop always
     # runs) failed with Python's bare "no running event loop".

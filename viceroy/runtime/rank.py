@@ -316,7 +316,7 @@ def _described(exc: BaseException) -> tuple[str, str, str]:
 
 def _explained(exc: BaseException) -> str | None:
     """A better summary for errors we know the cause of: ``exit()`` in rank code, a task
-    started with no loop running, a debugger with no terminal, a stock torch.distributed group whose connections were cut to release a
+    started with no loop running, a debugger or a password prompt with no terminal, a stock torch.distributed group whose connections were cut to release a
     blocked collective."""
     if isinstance(exc, SystemExit):
         code = "" if exc.code is None else repr(exc.code)
@@ -330,11 +330,25 @@ def _explained(exc: BaseException) -> str | None:
         return ("bdb.BdbQuit: the debugger (breakpoint(), pdb.set_trace()) quit at once: ranks have no terminal "
                 "to read its commands from. Print what you need to see, or see where ranks are with %mesh stacks "
                 "(mesh.stacks()); to step through the code, run it on the controller")
+    if isinstance(exc, EOFError) and _raised_in(exc, "getpass.py"):
+        return ("EOFError: getpass() on a rank: ranks have no terminal to read a password from. Pass the secret in "
+                "instead: an environment variable on every rank (%mesh up --env HF_TOKEN=...), %mesh push token=..., "
+                "or a file the ranks read")
     if "torch.distributed" not in sys.modules:
         return None
     from viceroy.runtime.collectives.stock import explain
 
     return explain(exc)
+
+
+def _raised_in(exc: BaseException, file: str) -> bool:
+    """Whether a frame of `exc`'s traceback is in a file named `file` (a library's module)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if os.path.basename(tb.tb_frame.f_code.co_filename) == file:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _all_stacks(main_ident: int, main_busy: bool, awaiting: list[Any]) -> str:
