@@ -1,5 +1,5 @@
 """Shared test rules: every test leaves no process, and no file of ours in the temp directory,
-behind."""
+behind. The temp directory is this session's own (see `session_temp_dir`)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ import viceroy as vr
 # handler: give it back (children exec'd from here get the default again too).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# The temp directory every test run on this machine shares (/tmp), as it was before this run took
+# one of its own (`session_temp_dir`).
+SHARED_TEMP = tempfile.gettempdir()
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
@@ -80,10 +85,31 @@ def remove_files(paths: list[str]) -> None:
 
 
 def viceroy_temp_files() -> set[str]:
-    """Socket directories and logs of ours in the temp directory (``viceroy-*``), less the
-    network-namespace locks the netns tests keep on purpose."""
-    found = glob.glob(os.path.join(tempfile.gettempdir(), "viceroy-*"))
-    return {p for p in found if not os.path.basename(p).startswith("viceroy-netns-")}
+    """Socket directories and logs of ours (``viceroy-*``) in the temp directory: this session's
+    own, so another session's meshes (and the netns tests' lock, kept in /tmp for all of them)
+    are not in it."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "viceroy-*")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A temp directory of this session's own, for it and for every process it starts (TMPDIR;
+    the test sshd sets it for its logins too): the sockets and logs of its meshes go there, and
+    the leak checks look there only. Test runs side by side on one machine (two worktrees, a
+    loop beside a run) shared /tmp: each took the files of the other's live meshes for its own
+    test's leak, failed that test, and removed them, socket directories included, under a mesh
+    that was still running or starting."""
+    path = str(tmp_path_factory.mktemp("tmp"))
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = path
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = saved_dir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,9 @@ def start_sshd(tmp_path: Path, address: str, port: int, prefix: list[str] | None
         f"Port {port}\nListenAddress {address}\nHostKey {host_key}\n"
         f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\nLogLevel ERROR\n"
-        "AcceptEnv none\n" + extra
+        # Logins get the session's temp directory, as local agents do: what an agent started
+        # over ssh leaves in it is found by the leak checks, and no other test run sees it.
+        f"AcceptEnv none\nSetEnv TMPDIR={tempfile.gettempdir()}\n" + extra
     )
     proc = subprocess.Popen([*(prefix or []), SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
     try:

@@ -9,11 +9,13 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -376,3 +378,34 @@ def test_an_address_attach_cannot_listen_on_is_told_apart_from_a_port_in_use(tmp
         with pytest.raises(OSError, match=rf"^cannot listen on {listen} for agents: Address already in use.*; another "
                                           "process listens there: pick another port$"):
             vr.Mesh.attach(hosts=1, gpus=1, listen=listen, key_file=str(tmp_path / "mesh.key"), preload=[], echo=False)
+
+
+def test_an_agent_reading_the_key_file_while_the_controller_writes_it_never_finds_it_empty(tmp_path, monkeypatch):
+    """The file was created empty, then written: an agent started beside the controller (on a
+    shared filesystem, or this suite's silent agent) read '' and failed ('is 0 bytes')."""
+    from viceroy.runtime import mesh_key
+
+    path = str(tmp_path / "mesh.key")
+    read_meanwhile: list[object] = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kw: Any) -> Any:
+        f = real_fdopen(fd, *args, **kw)
+        write = f.write
+
+        def write_then_look(text: str) -> int:  # an agent reading the file as the key goes in
+            if os.path.exists(path):
+                try:
+                    read_meanwhile.append(mesh_key.read_key(path))
+                except ValueError as e:
+                    read_meanwhile.append(e)
+            return write(text)
+
+        f.write = write_then_look
+        return f
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    key, _ = mesh_key.key_for_controller(path, 7777)
+    monkeypatch.undo()
+    assert read_meanwhile == [] and mesh_key.read_key(path) == key
+    assert os.listdir(tmp_path) == ["mesh.key"] and stat.S_IMODE(os.stat(path).st_mode) == 0o600

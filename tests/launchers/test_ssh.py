@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import psutil
 import pytest
 
 import viceroy as vr
-from tests.conftest import live_pids, remove_files, wait_until
+from tests.conftest import live_pids, remove_files, viceroy_temp_files, wait_until
 from tests.launchers.conftest import SSH_OPTS
 
 
@@ -42,6 +43,19 @@ def test_a_mesh_over_ssh_runs_like_a_local_one(sshd):
     finally:
         mesh.shutdown()
     wait_until(lambda: not live_pids(remote), 5, "the remote agents and ranks to exit")
+
+
+def test_agents_over_ssh_keep_their_files_in_the_runs_temp_directory(sshd):
+    """The test sshd gives its logins this run's TMPDIR, as local agents inherit it: the leak
+    checks see what an agent over ssh leaves, and no other run on the machine does."""
+    mesh = _ssh_mesh(sshd, gpus=1)
+    try:
+        rundirs = {os.path.dirname(info["endpoints"][0].removeprefix("ipc://"))
+                   for info in mesh._controller.agent_info.values()}
+        assert len(rundirs) == 2 and {os.path.dirname(d) for d in rundirs} == {tempfile.gettempdir()}
+        assert rundirs <= viceroy_temp_files()
+    finally:
+        mesh.shutdown()
 
 
 def test_the_key_never_appears_on_a_command_line(sshd):

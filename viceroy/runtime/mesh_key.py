@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import tempfile
 
 KEY_ENV = "VICEROY_MESH_KEY"
 
@@ -58,11 +59,15 @@ def key_for_controller(path: str | None, port: int) -> tuple[bytes, str | None]:
     if os.path.exists(path):
         return read_key(path), path
     key = secrets.token_bytes(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:  # written aside (mode 0600), then linked in whole: an agent never reads it empty
+        fd, aside = tempfile.mkstemp(prefix=".viceroy-key-", dir=os.path.dirname(path) or ".")
     except FileNotFoundError:
         raise FileNotFoundError(f"key_file={path!r}: there is no directory {os.path.dirname(path) or '.'} to create "
                                 "it in (a missing key file is created, mode 0600)") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex() + "\n")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex() + "\n")
+        os.link(aside, path)  # never over a key another controller wrote meanwhile (FileExistsError)
+    finally:
+        os.unlink(aside)
     return key, path
