@@ -40,6 +40,7 @@ COMMANDS = (
     "sync",
 )
 HELP_WORDS = {"help", "-h", "--help"}
+RUN_OPTIONS = ("--where", "--ranks", "--no-fail-fast", "--timeout")  # of %%mesh / %%px / %px
 RUN_OPTIONS_HELP = (
     "options: --where DIM=A:B (repeatable), --ranks 0,3, --no-fail-fast, --timeout SECONDS"
 )

@@ -15,8 +15,10 @@ import re
 
 from IPython.core.error import UsageError
 
+from viceroy.extension.args import RUN_OPTIONS
+
 _MAGIC = re.compile(r"\s*%%(mesh|px)(?![\w?])(.*)")
-OPTIONS = "--where, --ranks, --no-fail-fast, --timeout"
+OPTIONS = ", ".join(RUN_OPTIONS)
 
 
 def check_magic_line(lines: list[str]) -> list[str]:

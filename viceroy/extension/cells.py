@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from viceroy.extension.args import RunOptions
+from viceroy.extension.args import RUN_OPTIONS, RunOptions
 from viceroy.extension.cell_code import cell_code
 from viceroy.extension.displays import CellSink, Sink
 from viceroy.extension.errors import interrupted, render_mesh_error, syntax_error
@@ -263,7 +263,7 @@ class CellRunner:
 
 _IPYTHON_SYNTAX = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*=\s*)?(!|%)")
 _HELP_SYNTAX = re.compile(r"^\s*(?:\?{1,2}\s*[A-Za-z_][\w.]*|[A-Za-z_][\w.]*\s*\?{1,2})\s*$")  # os? ?os obj.f??
-_OPTION_LINE = re.compile(r"^\s*--(?:where|ranks|timeout|no-fail-fast)\b")  # %%mesh's options, a line too low
+_OPTION_LINE = re.compile(rf"^\s*(?:{'|'.join(RUN_OPTIONS)})\b")  # %%mesh's options, a line too low
 
 
 def ipython_syntax_hint(code: str, err: SyntaxError) -> str:

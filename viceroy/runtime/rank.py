@@ -343,12 +343,7 @@ def _explained(exc: BaseException) -> str | None:
 
 def _raised_in(exc: BaseException, file: str) -> bool:
     """Whether a frame of `exc`'s traceback is in a file named `file` (a library's module)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if os.path.basename(tb.tb_frame.f_code.co_filename) == file:
-            return True
-        tb = tb.tb_next
-    return False
+    return any(os.path.basename(f.f_code.co_filename) == file for f, _ in traceback.walk_tb(exc.__traceback__))
 
 
 def _all_stacks(main_ident: int, main_busy: bool, awaiting: list[Any]) -> str:
