@@ -47,12 +47,12 @@ def test_matplotlib_figures_on_a_rank_are_published_as_png():
         import matplotlib.pyplot as plt
         plt.plot([1, 2, 3])
         plt.show()
-        print(sent[0][0], sorted(sent[0][1]["data"]), len(plt.get_fignums()))
+        print(sent[0][0], sorted(sent[0][1]["data"]), len(plt.get_fignums()), sent[0][1].get("end_of_call"))
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "display ['image/png', 'text/plain'] 0"
+    assert out.stdout.strip() == "display ['image/png', 'text/plain'] 0 None", "shown where show() was called"
 
 
 def test_figures_a_call_leaves_open_are_shown_and_closed_at_its_end():
@@ -71,7 +71,7 @@ def test_figures_a_call_leaves_open_are_shown_and_closed_at_its_end():
         display_hook.install()  # again, as after a restart: still one flush per call
         ex = Executor(ns)
         ex.run_code("import matplotlib.pyplot as plt\\nplt.figure()\\n_ = plt.plot([1, 2])", "<mesh-cell-1>")
-        print("cell 1:", len(sent), sorted(sent[0][1]["data"]), len(ns["plt"].get_fignums()))
+        print("cell 1:", len(sent), sorted(sent[0][1]["data"]), len(ns["plt"].get_fignums()), sent[0][1]["end_of_call"])
         ex.run_code("x = 1", "<mesh-cell-2>")
         ex.run_code("plt.show()", "<mesh-cell-3>")
         print("cells 2-3:", len(sent))
@@ -88,7 +88,7 @@ def test_figures_a_call_leaves_open_are_shown_and_closed_at_its_end():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "cell 1: 1 ['image/png', 'text/plain'] 0",
+        "cell 1: 1 ['image/png', 'text/plain'] 0 True",  # marked: the cell shows it at its end, in rank order
         "cells 2-3: 1",
         "function: 2 Figure 0",
         "failed cell: 3 0",

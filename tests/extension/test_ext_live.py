@@ -94,6 +94,31 @@ def test_a_display_keeps_its_place_among_lines_and_is_tagged_with_its_rank():
     assert order == ["[0-1] before\n", "display 0", "display 1"]
 
 
+def figure_at_end(rank: int) -> dict:
+    """A figure a call left open, shown by the rank after the call's code (as inline does)."""
+    bundle = {"data": {"text/plain": f"<Figure {rank}>"}, "metadata": {}, "end_of_call": True}
+    return {"type": "publish", "rank": rank, "call": 1, "kind": "display", "data": bundle}
+
+
+def test_figures_left_open_by_a_call_are_shown_at_its_end_in_rank_order():
+    """Ranks finish (and show their open figures) at different times, so the figures arrive
+    in any order: the cell shows them at its end, rank 0's first. Lines meanwhile are not
+    held back for them."""
+    sink = FakeSink()
+    live = LiveOutput([0, 1], call_id=1, sink=sink, window=0.1)
+    live.handle(figure_at_end(1), now=0)
+    live.handle({"type": "rank_done", "call": 1, "rank": 1, "ok": True}, now=0)
+    live.handle(out(0, "still working\n"), now=0.6)
+    live.tick(now=0.8)
+    assert sink.shown() == ["[0] still working"], "the line is shown live; rank 1's figure waits"
+    live.handle(figure_at_end(0), now=1.0)
+    live.handle(out(0, "a line after its figure\n"), now=1.0)
+    live.close()
+    assert sink.shown() == [
+        "[0] still working", "[0] a line after its figure", "[0] <Figure 0>", "[1] <Figure 1>"
+    ]
+
+
 def test_displays_are_tagged_with_their_rank():
     sink = FakeSink()
     live = LiveOutput([0, 1], call_id=1, sink=sink)

@@ -146,6 +146,20 @@ def test_clear_output_in_a_rank_loop_keeps_one_updated_frame_per_rank(mesh_kerne
     assert not [m for m in ex.outputs if m["msg_type"] == "clear_output"], "other ranks' output stays"
 
 
+def test_figures_left_open_on_several_ranks_are_shown_in_rank_order(mesh_kernel: Kernel):
+    """Rank 0 finishes last, so its figure is the last to arrive: shown first all the same."""
+    pytest.importorskip("matplotlib")
+    ex = mesh_kernel.ok(
+        "%%mesh\nimport time\nimport matplotlib.pyplot as plt\n"
+        "plt.plot([0, rank]); plt.title(f'rank {rank}')\n"
+        "if rank == 0:\n    time.sleep(1)\n    print('rank 0 done')"
+    )
+    figures = [d for d in ex.of_type("display_data") if "image/png" in d["data"]]
+    assert [d["metadata"]["viceroy"]["rank"] for d in figures] == [0, 1]
+    lines = rendered(ex)
+    assert lines.index("[0] rank 0 done") < lines.index("[0] <Figure size 640x480 with 1 Axes>"), lines
+
+
 def test_widgets_from_ranks_are_never_sent_as_widgets(mesh_kernel: Kernel):
     pytest.importorskip("tqdm")
     pytest.importorskip("ipywidgets")

@@ -29,9 +29,12 @@ def publish_bundle(
     metadata: dict[str, Any] | None = None,
     display_id: str | None = None,
     update: bool = False,
+    end_of_call: bool = False,
 ) -> None:
     """Send one MIME bundle to the controller as a display event (with ``display_id``: one
-    that later updates replace; ``update``: replacing the displays with that id)."""
+    that later updates replace; ``update``: replacing the displays with that id;
+    ``end_of_call``: shown after the call's code, as the figures it left open are, which the
+    notebook shows at the cell's end in rank order)."""
     from viceroy import context
 
     event: dict[str, Any] = {"data": data, "metadata": metadata or {}}
@@ -39,6 +42,8 @@ def publish_bundle(
         event["display_id"] = display_id
     if update:
         event["update"] = True
+    if end_of_call:
+        event["end_of_call"] = True
     context().publish("display", event)
 
 

@@ -3,7 +3,8 @@
 `LiveOutput` takes runtime events (on the main thread) and writes to a `Sink` (see
 `displays`: `CellSink` writes into the current notebook cell). `ProgressBlock` keeps the ranks'
 progress bars in one display updated in place; `displays.RankDisplays` keeps each rank's
-displays apart.
+displays apart. Displays a rank makes after the call's code (the figures it left open) are
+shown at the call's end, in rank order.
 
 >>> live = LiveOutput(ranks=[0, 1], call_id=7, sink=CellSink())
 >>> live.handle({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 7}, now=0)
@@ -104,6 +105,7 @@ class LiveOutput:
         self._shown = 0
         self._hidden = 0
         self._held: collections.deque[tuple[str, str]] = collections.deque()  # not yet written
+        self._at_end: list[tuple[int, dict[str, Any]]] = []  # (rank, display) for the call's end
         self._batching = 0  # depth of `batch` blocks: while > 0, lines are held
 
     @contextlib.contextmanager
@@ -132,9 +134,11 @@ class LiveOutput:
         if kind == "output":
             self._output(ev["rank"], ev.get("stream", "stdout"), ev.get("text", ""), now)
         elif kind == "publish" and ev.get("kind") in ("display", "clear_output"):
-            # queued with the rank's lines, so it keeps its place among them
-            payload = (ev["kind"], ev.get("data") or {})
-            self._grouper.add(ev["rank"], "display", "", now, payload=payload)
+            data = ev.get("data") or {}
+            if data.get("end_of_call"):  # shown at the end, in rank order (see `_close`)
+                self._at_end.append((ev["rank"], data))
+            else:  # queued with the rank's lines, so it keeps its place among them
+                self._grouper.add(ev["rank"], "display", "", now, payload=(ev["kind"], data))
         elif kind == "rank_exit":
             self._flush_lines()
             self._emit("stderr", f"[{ev['rank']}] rank exited ({ev.get('reason', 'unknown')})", ours=True)
@@ -190,6 +194,7 @@ class LiveOutput:
             self._take(rank, fed, 0.0)  # unfinished lines too; running bars stay in the block
         self._flush_lines()
         self._block.close()
+        self._show_at_end()
         self._displays.close()
         if self._hidden:
             self._write(
@@ -198,6 +203,16 @@ class LiveOutput:
                 "`%mesh logs RANK` shows a rank's recent output\n",
             )
             self._hidden = 0
+
+    def _show_at_end(self) -> None:
+        """The displays ranks made after the call's code (the figures it left open, as the
+        inline backend shows a cell's): below everything else, in rank order, each rank's in
+        its own order. A rank sends them when it finishes, and ranks finish in any order: the
+        controller, which alone sees them all, orders them, here, and holds nothing else."""
+        shown, self._at_end = sorted(self._at_end, key=lambda item: item[0]), []
+        for rank, event in shown:
+            self._write_held()
+            self._displays.show(rank, event)
 
     # --- writing -----------------------------------------------------------------------------
 

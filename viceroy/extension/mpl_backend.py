@@ -3,6 +3,8 @@
 Selected on ranks by `viceroy.extension.display_hook.install` (``MPLBACKEND``), which also has
 `flush_figures` run after each call, as IPython's inline backend does after each cell: figures
 a cell made and did not show are shown (and closed) at its end, not kept for a later show().
+Those are marked ``end_of_call``: ranks finish at different times, so the controller, which
+alone sees every rank, holds them until the call ends and shows them in rank order.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase
 
 
-def show(close: bool = True, block: Any = None) -> None:
-    """Publish every open figure, then close them (as the inline backend does)."""
+def show(close: bool = True, block: Any = None, end_of_call: bool = False) -> None:
+    """Publish every open figure, then close them (as the inline backend does).
+    ``end_of_call``: the figures a call left open (see `flush_figures`)."""
     import matplotlib.pyplot as plt
     from matplotlib._pylab_helpers import Gcf
 
@@ -31,7 +34,8 @@ def show(close: bool = True, block: Any = None) -> None:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
         publish_bundle(
-            {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": repr(fig)}
+            {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": repr(fig)},
+            end_of_call=end_of_call,
         )
     if close:
         plt.close("all")
@@ -49,4 +53,4 @@ def flush_figures() -> None:
         return
     if matplotlib.get_backend() != f"module://{__name__}":
         return
-    show(close=True)
+    show(close=True, end_of_call=True)
