@@ -120,6 +120,44 @@ def test_stdout_and_stderr_lines_do_not_merge():
     assert [(x.stream, sorted(x.ranks)) for x in g.drain()] == [("stdout", [0]), ("stderr", [1])]
 
 
+def test_log_lines_that_differ_only_in_their_timestamp_are_grouped():
+    """logging's asctime and torch's C++ log prefix (``[W1203 16:06:28.606863991 file:line]``)
+    differ by a few milliseconds from rank to rank: the same record from every rank is still
+    one line, with the time of the rank that wrote it first."""
+    g = LineGrouper(ranks=[0, 1, 2, 3], window=10)
+    for r in (1, 0, 3, 2):
+        g.add(r, "stderr", f"2026-12-03 16:03:22,51{r} WARNING same warning", now=0)
+        g.add(r, "stderr", f"[W1203 16:06:28.60{r}863991 TCPStore.cpp:340] [c10d] retrying", now=0)
+    assert lines_of(g.ready(now=0)) == [
+        "[0-3] 2026-12-03 16:03:22,511 WARNING same warning",
+        "[0-3] [W1203 16:06:28.601863991 TCPStore.cpp:340] [c10d] retrying",
+    ]
+
+
+def test_lines_that_differ_in_anything_but_a_log_timestamp_stay_apart():
+    g = LineGrouper(ranks=[0, 1], window=10)
+    g.add(0, "stderr", "train: 100%|##| 20/20 [00:01<00:00, 48.70it/s]", now=0)
+    g.add(1, "stderr", "train: 100%|##| 20/20 [00:01<00:00, 48.91it/s]", now=0)
+    g.add(0, "stdout", "2026-12-03 16:03:22,510 loss 0.5", now=0)
+    g.add(1, "stdout", "2026-12-03 16:03:22,511 loss 0.6", now=0)
+    g.add(0, "stdout", "finished at 16:03:22", now=0)
+    g.add(1, "stdout", "finished at 16:03:23", now=0)
+    assert [sorted(x.ranks) for x in g.drain()] == [[0], [0], [0], [1], [1], [1]]
+
+
+def test_torch_distributed_rank_prefixes_give_way_to_the_rank_tag():
+    """torch's C++ logs start ``[rankN]:`` once a process group exists: the line is tagged
+    with its rank already, and the same warning from every rank is one line."""
+    g = LineGrouper(ranks=[0, 1], window=10)
+    for r in (0, 1):
+        g.add(r, "stderr", f"[rank{r}]:[W1203 16:06:28.60{r}863991 socket.cpp:752] [c10d] timed out", now=0)
+    g.add(1, "stdout", "[rank0]: a rank naming another keeps what it wrote", now=0)
+    assert lines_of(g.drain()) == [
+        "[0-1] [W1203 16:06:28.600863991 socket.cpp:752] [c10d] timed out",
+        "[1] [rank0]: a rank naming another keeps what it wrote",
+    ]
+
+
 def test_the_progress_block_groups_equal_progress():
     assert format_progress({2: ["10%"], 0: ["50%"], 1: ["50%"]}) == "[0-1] 50%\n[2] 10%"
     assert format_progress({0: ["a", "b"], 1: ["a", "b"], 2: []}) == "[0-1] a\n[0-1] b"

@@ -111,6 +111,26 @@ def test_stacked_tqdm_bars_both_stay_and_leave_no_escapes(mesh_kernel: Kernel):
     assert any("loss-bar" in b and "data-bar" in b for b in blocks), "the live block shows both bars"
 
 
+# --- logs ------------------------------------------------------------------------------------
+
+
+def test_the_same_log_record_from_every_rank_is_one_line(mesh_kernel: Kernel):
+    """Log records carry the time (to the ms, or ns) they were made, which differs from rank to
+    rank; torch's C++ logs also name the rank ("[rank1]:"). Each record is still one line."""
+    ex = mesh_kernel.ok(
+        "%%mesh\nimport logging, os\n"
+        "logging.basicConfig(format='%(asctime)s %(levelname)s %(message)s', force=True)\n"
+        "_ = os.write(2, f'[rank{rank}]:[W1203 16:06:28.60{rank}863991 TCPStore.cpp:340] retrying\\n'.encode())\n"
+        "logging.warning('same warning')"
+    )
+    lines = ex.stream("stderr").splitlines()
+    retrying = [line for line in lines if "retrying" in line]
+    assert len(retrying) == 1, lines
+    assert re.fullmatch(r"\[0-1\] \[W1203 16:06:28\.60[01]863991 TCPStore\.cpp:340\] retrying", retrying[0]), lines
+    warned = [line for line in lines if "same warning" in line]
+    assert len(warned) == 1 and warned[0].startswith("[0-1] 20"), lines
+
+
 # --- displays from ranks ---------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ order.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,9 +36,41 @@ class LineGroup:
     seq: int
     born: float
     payload: object = None  # a display (MIME bundle) from one rank: kept in order, never merged
+    key: str = ""  # what ranks' lines must share to join it (`line_key`)
     prev: LineGroup | None = field(default=None, repr=False)
     next: LineGroup | None = field(default=None, repr=False)
     anchored: set[int] = field(default_factory=set, repr=False)  # ranks whose next line goes after it
+
+
+# A log record's wall-clock time, which differs by milliseconds from rank to rank: a date and
+# a time (logging's asctime, ISO 8601), or glog's "W1203 16:06:28.606863991" (torch's C++ logs).
+# Only a date or fractional seconds make it one: tqdm's "[00:01<00:00]" and a duration differ
+# between ranks for a reason.
+_TIMESTAMP = re.compile(
+    r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?|(?<![^\[\s])[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+"
+)
+KEY_HEAD = 100  # a log prefix's timestamp is looked for in a line's first this many characters
+_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
+
+
+def own_line(rank: int, text: str) -> str:
+    """``text`` as the cell shows it for ``rank``: without the ``[rankN]:`` that torch's C++
+    logs start with once a process group exists, when N is this rank (the tag says so)."""
+    if text.startswith("[rank"):
+        m = _RANK_PREFIX.match(text)
+        if m and int(m.group(1)) == rank:
+            return text[m.end() :]
+    return text
+
+
+def line_key(text: str) -> str:
+    """What the same line from several ranks has in common: the line, but for the timestamp
+    of a log record (see `_TIMESTAMP`), so that one record logged on every rank is one line."""
+    head = text[:KEY_HEAD]
+    if ":" not in head:
+        return text
+    masked = _TIMESTAMP.sub("\x00", head)  # a character no line of text holds
+    return text if masked == head else masked + text[KEY_HEAD:]
 
 
 def format_line(group: LineGroup) -> str:
@@ -47,6 +80,9 @@ def format_line(group: LineGroup) -> str:
 
 class LineGrouper:
     """Groups identical lines from several ranks that arrive within ``window`` seconds.
+
+    Identical but for a log record's timestamp (`line_key`): the group shows the first rank's.
+    A ``[rankN]:`` prefix naming the line's own rank (torch's C++ logs) is dropped (`own_line`).
 
     Pending lines sit on one timeline that every rank walks forward: a rank's next line joins
     an identical line a little ahead of its position, or is inserted at its position. So every
@@ -82,20 +118,23 @@ class LineGrouper:
         """One line from ``rank`` (or, with ``payload``, a display to keep in its place)."""
         self._heard.add(rank)
         at = self._at.get(rank, self._start)
+        key = ""
         if payload is None:
+            text = own_line(rank, text)
+            key = line_key(text)
             g = at.next
             for _ in range(self.LOOKAHEAD):
                 if g is None:
                     break
                 # rank is not in g (g lies past the rank's position)
-                if g.text == text and g.stream == stream and g.payload is None:
+                if g.key == key and g.stream == stream and g.payload is None:
                     g.ranks.add(rank)
                     self._queues.setdefault(rank, collections.deque()).append(g)
                     self._move(rank, at, g)
                     return
                 g = g.next
         self._seq += 1
-        g = LineGroup(stream, text, {rank}, self._seq, now, payload, prev=at, next=at.next)
+        g = LineGroup(stream, text, {rank}, self._seq, now, payload, key, prev=at, next=at.next)
         if at.next is not None:
             at.next.prev = g
         at.next = g
