@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from viceroy.extension.echo import CallCells
 from viceroy.extension.live import LiveOutput
 
 
@@ -441,3 +442,20 @@ def test_a_bar_appears_below_the_lines_its_rank_printed_before_it():
     assert "step 4" in sink.shown()[1], sink.shown()
     live.close()
     assert sink.shown()[0] == "[0-1] before bar", sink.shown()
+
+
+def test_output_between_calls_belongs_to_the_cell_of_the_ranks_latest_call():
+    """What a rank writes while no call runs there (a thread a cell started, printing later)
+    goes to the cell that ran the rank's latest call; calls no rank ran last are forgotten."""
+    cells = CallCells()
+    cells.started({"call": 1, "ranks": [0, 1]}, {"msg_id": "cell-a"})
+    cells.started({"call": 2, "ranks": [1]}, {"msg_id": "cell-b"})
+    assert cells.call_of({"rank": 0, "call": None}) == 1
+    assert cells.call_of({"rank": 1, "call": None}) == 2
+    assert cells.call_of({"rank": 0, "call": 2}) == 2
+    assert cells.call_of({"rank": 5, "call": None}) is None
+    assert cells.cell_of(1) == {"msg_id": "cell-a"}
+    for call in range(3, 200):
+        cells.started({"call": call, "ranks": [1]}, {"msg_id": f"cell-{call}"})
+    assert cells.cell_of(1) == {"msg_id": "cell-a"}, "rank 0 ran it last"
+    assert cells.cell_of(2) is None and len(cells._cell) < 100

@@ -111,6 +111,32 @@ def test_stacked_tqdm_bars_both_stay_and_leave_no_escapes(mesh_kernel: Kernel):
     assert any("loss-bar" in b and "data-bar" in b for b in blocks), "the live block shows both bars"
 
 
+# --- output after its cell ended ----------------------------------------------------------------
+
+
+def test_what_a_ranks_thread_prints_after_its_cell_ended_goes_to_that_cell(mesh_kernel: Kernel, tmp_path):
+    """A thread a %%mesh cell started prints later, while other cells run: into the cell that
+    started it, not whichever cell runs (or ran last) when the line comes."""
+    go = tmp_path / "go"
+    started = mesh_kernel.ok(
+        "%%mesh\nimport os, threading, time\n"
+        "def later():\n"
+        "    deadline = time.monotonic() + 60\n"
+        f"    while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.02)\n"
+        "    print('late line', flush=True)\n"
+        "threading.Thread(target=later, daemon=True).start()\nprint('thread started')"
+    )
+    first_id = started.messages[0][1]["parent_header"]["msg_id"]
+    other = mesh_kernel.ok(f"open({str(go)!r}, 'w').close()\nprint('released')")
+    assert "late line" not in other.stream(), "not in the cell that ran when the line came"
+    late = mesh_kernel.iopub_until(
+        lambda m: m["msg_type"] == "stream" and "late line" in m["content"]["text"], timeout=30, what="the late line"
+    )
+    assert late["parent_header"]["msg_id"] == first_id
+    assert "] late line" in late["content"]["text"]
+
+
 # --- logs ------------------------------------------------------------------------------------
 
 

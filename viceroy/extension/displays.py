@@ -6,9 +6,10 @@ displays only.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -37,17 +38,36 @@ class Sink(Protocol):
 
 
 class CellSink:
-    """Writes into the running notebook cell (stdout/stderr streams, display_data)."""
+    """Writes into the running notebook cell (stdout/stderr streams, display_data), or, given
+    the ``parent`` header of another cell's request, into that cell (ipykernel sends what this
+    thread writes under that header, as the output of that cell, finished or not)."""
 
-    def __init__(self, flush: bool = True) -> None:
+    def __init__(self, flush: bool = True, parent: dict[str, Any] | None = None) -> None:
         self._handle: Any = None
         self._flush = flush  # off the main thread, only buffer: flushing waits on iopub
+        self._parent = parent
+
+    @contextlib.contextmanager
+    def _in_cell(self) -> Iterator[None]:
+        """Output made inside goes to the ``parent`` cell (when there is one, in a kernel)."""
+        if self._parent is None:
+            yield
+            return
+        shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+        targets: list[Any] = [sys.stdout, sys.stderr, getattr(shell, "display_pub", None)]
+        tokens = [(t, t.set_thread_parent(self._parent)) for t in targets if hasattr(t, "set_thread_parent")]
+        try:
+            yield
+        finally:
+            for target, token in reversed(tokens):
+                target.reset_thread_parent(token)
 
     def write(self, stream: str, text: str) -> None:
         out = sys.stderr if stream == "stderr" else sys.stdout
-        out.write(text)
-        if self._flush:
-            out.flush()
+        with self._in_cell():
+            out.write(text)
+            if self._flush:
+                out.flush()
 
     def display(
         self,
@@ -62,19 +82,21 @@ class CellSink:
             sys.stdout.flush()
             sys.stderr.flush()
         transient = {"display_id": display_id} if display_id is not None else None
-        publish_display_data(data=data, metadata=metadata, transient=transient, update=update)
+        with self._in_cell():
+            publish_display_data(data=data, metadata=metadata, transient=transient, update=update)
 
     def progress(self, text: str) -> None:
         from IPython.display import display
 
         bundle = {"text/plain": text} if text else {}
-        if self._handle is None:
-            if self._flush:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            self._handle = display(bundle, raw=True, display_id=True)
-        else:
-            self._handle.update(bundle, raw=True)
+        with self._in_cell():
+            if self._handle is None:
+                if self._flush:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                self._handle = display(bundle, raw=True, display_id=True)
+            else:
+                self._handle.update(bundle, raw=True)
 
 
 def tag_display(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict, dict]:

@@ -7,6 +7,10 @@ streams only buffers (no flush here), and ipykernel flushes them before it shows
 result, so a call's lines come before its value. A small timer thread releases lines whose
 grouping window has passed.
 
+Each call's output goes to the cell that made the call (`CallCells`), even once that cell has
+ended: a ``block=False`` call's, and what a rank writes between calls (a thread a cell started
+there, printing later), which belongs to the cell of the rank's latest call.
+
 >>> echo = ApiEcho()
 >>> echo.put({"type": "call_started", "call": 3, "ranks": [0, 1], "label": ""})
 >>> echo.put({"type": "output", "rank": 0, "stream": "stdout", "text": "hi\\n", "call": 3})
@@ -14,6 +18,7 @@ grouping window has passed.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,13 +30,46 @@ from viceroy.extension.live import LiveOutput
 IDLE_CLOSE_S = 1.0  # a call with no event for this long has its partial lines flushed
 
 
+def current_cell() -> dict[str, Any] | None:
+    """The header of the request (the cell) this thread runs for, in a kernel; else None."""
+    return getattr(sys.stdout, "parent_header", None) or None
+
+
+class CallCells:
+    """Which cell each call's output belongs to: the cell running on the thread that started
+    the call; and, for what a rank writes between calls (no call runs there), the cell of that
+    rank's latest call. Remembers the calls some rank ran last, and a few more."""
+
+    def __init__(self) -> None:
+        self._cell: dict[Any, dict[str, Any] | None] = {}  # call -> its cell's header
+        self._latest: dict[int, Any] = {}  # rank -> its latest call
+
+    def started(self, ev: dict[str, Any], cell: dict[str, Any] | None) -> None:
+        """A ``call_started`` event, on the thread that started the call (in ``cell``)."""
+        self._cell[ev["call"]] = cell
+        for rank in ev.get("ranks") or ():
+            self._latest[rank] = ev["call"]
+        if len(self._cell) > 2 * len(self._latest) + 64:  # forget calls no rank ran last
+            keep = set(self._latest.values())
+            self._cell = {c: h for c, h in self._cell.items() if c in keep}
+
+    def call_of(self, ev: dict[str, Any]) -> Any:
+        """The call an output event belongs to: its own, or its rank's latest (None if none)."""
+        call = ev.get("call")
+        return call if call is not None else self._latest.get(ev.get("rank", -1))
+
+    def cell_of(self, call: Any) -> dict[str, Any] | None:
+        return self._cell.get(call)
+
+
 class ApiEcho:
-    """Renders events of calls not owned by a running ``%%mesh`` cell."""
+    """Renders events of calls not owned by a running ``%%mesh`` cell; an event's ``parent``
+    (a cell's request header) says which cell it goes to (None: the current one)."""
 
     def __init__(
         self,
         all_ranks: Callable[[], Sequence[int]] = list,
-        sink_factory: Callable[[], Sink] = lambda: CellSink(flush=False),
+        sink_factory: Callable[[dict[str, Any] | None], Sink] = lambda parent: CellSink(flush=False, parent=parent),
     ) -> None:
         self._all_ranks = all_ranks
         self._sink_factory = sink_factory
@@ -64,10 +102,10 @@ class ApiEcho:
             self._calls.clear()
         self._wake.set()
 
-    def _live(self, call: Any, ranks: Sequence[int] | None = None) -> LiveOutput:
+    def _live(self, call: Any, ranks: Sequence[int] | None = None, parent: dict[str, Any] | None = None) -> LiveOutput:
         entry = self._calls.get(call)
         if entry is None:
-            live = LiveOutput(list(ranks or self._all_ranks()), call, self._sink_factory())
+            live = LiveOutput(list(ranks or self._all_ranks()), call, self._sink_factory(parent))
             entry = self._calls[call] = [live, 0.0]
         entry[1] = time.monotonic()
         return entry[0]
@@ -75,11 +113,11 @@ class ApiEcho:
     def _handle(self, ev: dict[str, Any], now: float) -> None:
         kind = ev.get("type")
         if kind == "call_started":
-            self._live(ev["call"], ev.get("ranks"))
+            self._live(ev["call"], ev.get("ranks"), ev.get("parent"))
         elif kind in ("output", "publish", "rank_done", "ranks_done") and (
             kind not in ("rank_done", "ranks_done") or ev.get("call") in self._calls
         ):
-            self._live(ev.get("call")).handle(ev, now)
+            self._live(ev.get("call"), parent=ev.get("parent")).handle(ev, now)
         elif kind == "call_finished" and ev.get("call") in self._calls:
             live, _ = self._calls.pop(ev["call"])
             live.close()

@@ -26,7 +26,7 @@ from viceroy.extension import display_hook, launching
 from viceroy.extension.args import RunOptions, parse_dims
 from viceroy.extension.cells import CellRunner
 from viceroy.extension.displays import Sink
-from viceroy.extension.echo import ApiEcho
+from viceroy.extension.echo import ApiEcho, CallCells, current_cell
 from viceroy.extension.errors import interrupted_start
 from viceroy.extension.state import MeshState, rank_hosts
 from viceroy.runtime import file_names
@@ -98,6 +98,8 @@ class MeshSession:
         self._hidden_calls: set[Any] = set()
         self._restarting: frozenset[int] = frozenset()  # ranks our own restart is replacing
         self._echo = ApiEcho(all_ranks=lambda: self.mesh.ranks if self.mesh is not None else [])
+        self._call_cells = CallCells()  # which cell each call's output goes to
+        self._cell_call: Any = None  # the call of the %%mesh cell running (or run last)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -301,15 +303,22 @@ class MeshSession:
             title = self._cells.title_for(threading.get_ident())
             if title is not None:
                 ev = {**ev, "label": title}  # views show the cell, not just "%%mesh"
+                self._cell_call = call
+            if call not in self._hidden_calls:
+                self._call_cells.started(ev, current_cell())
         if call in self._hidden_calls and kind in ("call_started", "rank_done", "ranks_done", "call_finished"):
             if kind == "call_finished":
                 self._hidden_calls.discard(call)
         elif self.state.apply(ev):
             self._notify()
-        if self._cells.active or kind == "rank_exit":
+        if kind in ("output", "publish") and call is None:  # written between calls: see CallCells
+            call = self._call_cells.call_of(ev)
+            ev = {**ev, "call": call}
+        if kind == "rank_exit" or (self._cells.active and call in (None, self._cell_call)):
             self._cells.post(ev)
         elif kind in ("call_started", "output", "publish", "rank_done", "ranks_done", "call_finished"):
-            self._echo.put(ev)  # a call made through the Python API
+            # a call made through the Python API, or one whose cell has ended: into its cell
+            self._echo.put({**ev, "parent": self._call_cells.cell_of(call)})
 
     # --- running a cell (see cells.py) ------------------------------------------------------
 
