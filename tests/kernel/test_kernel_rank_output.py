@@ -137,6 +137,26 @@ def test_what_a_ranks_thread_prints_after_its_cell_ended_goes_to_that_cell(mesh_
     assert "] late line" in late["content"]["text"]
 
 
+def test_a_background_calls_output_goes_to_the_cell_that_made_the_call(mesh_kernel: Kernel, tmp_path):
+    go = tmp_path / "go"
+    on_ranks = (
+        "import os, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "print('background done')"
+    )
+    made = mesh_kernel.ok(f"fut = mesh.run({on_ranks!r}, block=False)")
+    made_id = made.messages[0][1]["parent_header"]["msg_id"]
+    other = mesh_kernel.ok(f"open({str(go)!r}, 'w').close()\nfut.get(timeout=30); None")
+    assert "background done" not in other.stream()
+    done = mesh_kernel.iopub_until(
+        lambda m: m["msg_type"] == "stream" and "background done" in m["content"]["text"], timeout=30,
+        what="the background call's line",
+    )
+    assert done["parent_header"]["msg_id"] == made_id
+
+
 # --- logs ------------------------------------------------------------------------------------
 
 
