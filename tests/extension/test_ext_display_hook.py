@@ -117,6 +117,28 @@ def run_on_a_fake_rank(body: str) -> list[tuple[str, dict]]:
     return [tuple(x) for x in json.loads(out.stdout.splitlines()[-1])]  # type: ignore[misc]
 
 
+def test_display_of_a_figure_on_a_rank_sends_its_image():
+    """The live-plot loop (``clear_output(wait=True); display(fig)``) shows the plot, as the
+    inline backend's formatter does, not only the figure's repr."""
+    pytest.importorskip("matplotlib")
+    sent = run_on_a_fake_rank(
+        """
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+        fig = plt.figure()
+        plt.plot([1, 2])
+        display(fig)
+        plt.close(fig)
+        """
+    )
+    assert len(sent) == 1
+    data = sent[0][1]["data"]
+    assert sorted(data) == ["image/png", "text/plain"]
+    import base64
+
+    assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG")
+
+
 def test_a_display_id_on_a_rank_gives_a_handle_and_updates_are_sent_as_updates():
     sent = run_on_a_fake_rank(
         """

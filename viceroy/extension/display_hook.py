@@ -50,11 +50,20 @@ def publish_bundle(
 def mimebundle(
     obj: Any, include: Any = None, exclude: Any = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """IPython's formatting of ``obj`` (``_repr_html_``, ``_repr_png_``, ...) without a shell."""
+    """IPython's formatting of ``obj`` (``_repr_html_``, ``_repr_png_``, ...) without a shell;
+    a matplotlib figure as its PNG, as the inline backend registers it in a kernel."""
     from IPython.core.formatters import DisplayFormatter
 
-    data, md = DisplayFormatter().format(obj, include=include, exclude=exclude)
+    formatter = DisplayFormatter()
+    formatter.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _figure_png)
+    data, md = formatter.format(obj, include=include, exclude=exclude)
     return data, md
+
+
+def _figure_png(fig: Any) -> str:
+    from viceroy.extension.mpl_backend import figure_png
+
+    return figure_png(fig)
 
 
 def display(

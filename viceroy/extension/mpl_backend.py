@@ -21,6 +21,13 @@ FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase
 
 
+def figure_png(fig: Any) -> str:
+    """``fig`` as a base64 PNG, cropped to what is drawn (as the inline backend shows it)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def show(close: bool = True, block: Any = None, end_of_call: bool = False) -> None:
     """Publish every open figure, then close them (as the inline backend does).
     ``end_of_call``: the figures a call left open (see `flush_figures`)."""
@@ -31,12 +38,7 @@ def show(close: bool = True, block: Any = None, end_of_call: bool = False) -> No
 
     for manager in Gcf.get_all_fig_managers():
         fig = manager.canvas.figure
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-        publish_bundle(
-            {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": repr(fig)},
-            end_of_call=end_of_call,
-        )
+        publish_bundle({"image/png": figure_png(fig), "text/plain": repr(fig)}, end_of_call=end_of_call)
     if close:
         plt.close("all")
 
