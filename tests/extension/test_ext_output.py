@@ -128,9 +128,12 @@ def test_log_lines_that_differ_only_in_their_timestamp_are_grouped():
     for r in (1, 0, 3, 2):
         g.add(r, "stderr", f"2026-12-03 16:03:22,51{r} WARNING same warning", now=0)
         g.add(r, "stderr", f"[W1203 16:06:28.60{r}863991 TCPStore.cpp:340] [c10d] retrying", now=0)
+        # torch.distributed's Python logs: glog's header, with the logging process's id
+        g.add(r, "stderr", f"W1203 16:17:17.98{r}000 2272{r} Cell In[5]:3] dist warn", now=0)
     assert lines_of(g.ready(now=0)) == [
         "[0-3] 2026-12-03 16:03:22,511 WARNING same warning",
         "[0-3] [W1203 16:06:28.601863991 TCPStore.cpp:340] [c10d] retrying",
+        "[0-3] W1203 16:17:17.981000 22721 Cell In[5]:3] dist warn",
     ]
 
 

@@ -43,11 +43,13 @@ class LineGroup:
 
 
 # A log record's wall-clock time, which differs by milliseconds from rank to rank: a date and
-# a time (logging's asctime, ISO 8601), or glog's "W1203 16:06:28.606863991" (torch's C++ logs).
-# Only a date or fractional seconds make it one: tqdm's "[00:01<00:00]" and a duration differ
-# between ranks for a reason.
+# a time (logging's asctime, ISO 8601), or glog's "W1203 16:06:28.606863991" (torch's C++ logs),
+# with the process or thread id glog's header may follow it with (torch.distributed's Python
+# logs: "W1203 16:17:17.979000 22727 file:line]"). Only a date or fractional seconds make it
+# one: tqdm's "[00:01<00:00]" and a duration differ between ranks for a reason.
 _TIMESTAMP = re.compile(
-    r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?|(?<![^\[\s])[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+"
+    r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
+    r"|(?<![^\[\s])[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+(?: +\d+(?= ))?"
 )
 KEY_HEAD = 100  # a log prefix's timestamp is looked for in a line's first this many characters
 _RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
