@@ -43,23 +43,29 @@ class CallCells:
     def __init__(self) -> None:
         self._cell: dict[Any, dict[str, Any] | None] = {}  # call -> its cell's header
         self._latest: dict[int, Any] = {}  # rank -> its latest call
+        self._lock = threading.Lock()  # calls start on any thread; events come on the IO thread
 
     def started(self, ev: dict[str, Any], cell: dict[str, Any] | None) -> None:
         """A ``call_started`` event, on the thread that started the call (in ``cell``)."""
-        self._cell[ev["call"]] = cell
-        for rank in ev.get("ranks") or ():
-            self._latest[rank] = ev["call"]
-        if len(self._cell) > 2 * len(self._latest) + 64:  # forget calls no rank ran last
-            keep = set(self._latest.values())
-            self._cell = {c: h for c, h in self._cell.items() if c in keep}
+        with self._lock:
+            self._cell[ev["call"]] = cell
+            for rank in ev.get("ranks") or ():
+                self._latest[rank] = ev["call"]
+            if len(self._cell) > 2 * len(self._latest) + 64:  # forget calls no rank ran last
+                keep = set(self._latest.values())
+                self._cell = {c: h for c, h in self._cell.items() if c in keep}
 
     def call_of(self, ev: dict[str, Any]) -> Any:
         """The call an output event belongs to: its own, or its rank's latest (None if none)."""
         call = ev.get("call")
-        return call if call is not None else self._latest.get(ev.get("rank", -1))
+        if call is not None:
+            return call
+        with self._lock:
+            return self._latest.get(ev.get("rank", -1))
 
     def cell_of(self, call: Any) -> dict[str, Any] | None:
-        return self._cell.get(call)
+        with self._lock:
+            return self._cell.get(call)
 
 
 class ApiEcho:
