@@ -205,3 +205,39 @@ def test_tqdm_notebook_on_a_rank_draws_the_text_bar():
         """
     )
     assert sent == [], "no widget displayed"
+
+
+def test_a_ranks_figure_shows_its_rank_in_the_image_and_the_figure_is_left_as_it_was():
+    """A front end shows a figure's image, not the text form that names the rank: the image
+    has the rank's [N] drawn in its top left corner; the figure itself gets no label (a
+    savefig on the rank after has none)."""
+    pytest.importorskip("matplotlib")
+    script = textwrap.dedent(
+        """
+        import base64, io
+        import viceroy.runtime.context as ctx
+        sent = []
+        ctx._set_context(ctx.Context(3, {"gpus": 3}, {"gpus": 4}, 3, 4, 3, {},
+                                     lambda kind, data: sent.append((kind, data))))
+        from viceroy.extension import display_hook
+        display_hook.install()
+        import matplotlib.pyplot as plt
+        import matplotlib.image as mpimg
+        fig = plt.figure()
+        plt.plot([1, 2, 3])
+        plt.show(close=False)
+
+        def corner(png):  # the top left 5% of the image: is anything drawn there?
+            img = mpimg.imread(io.BytesIO(png))[..., :3]
+            h, w = img.shape[:2]
+            return bool((img[: h // 20, : w // 20] < 0.9).any())
+
+        shown = base64.b64decode(sent[0][1]["data"]["image/png"])
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        print(corner(shown), corner(buf.getvalue()), len(fig.texts))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "0"]

@@ -99,25 +99,17 @@ class CellSink:
                 self._handle.update(bundle, raw=True)
 
 
-_IMAGES = ("image/png", "image/jpeg", "image/gif")  # base64 forms an <img> can show
-
-
 def tag_display(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict, dict]:
-    """Mark a rank's display with its rank: in its metadata, and in each form a front end may
-    render (it renders the richest: HTML, then markdown, then an image, then text/plain). An
-    image gets an HTML form, the rank's label over the same image, as an image cannot carry a
-    label itself; the image form stays as it was (for other front ends, and nbconvert)."""
+    """Mark a rank's display with its rank: in its metadata, and in the forms a front end may
+    render that can carry a label (it renders the richest: HTML, then markdown, then an image,
+    then text/plain). A matplotlib figure's image has the label drawn in (`mpl_backend`); other
+    images are left as they are (an HTML copy under a label would double each in the notebook)."""
     data = dict(data)
     label = f'<div class="viceroy-rank" style="font-family:monospace;opacity:.7">[{rank}]</div>'
     if "text/plain" in data:
         data["text/plain"] = f"[{rank}] {data['text/plain']}"
     if "text/html" in data:
         data["text/html"] = label + str(data["text/html"])
-    elif (image := next((m for m in _IMAGES if isinstance(data.get(m), str)), None)) is not None:
-        size = metadata.get(image)
-        size = size if isinstance(size, dict) else {}
-        attrs = "".join(f' {k}="{size[k]}"' for k in ("width", "height") if k in size)  # Image(width=...)
-        data["text/html"] = f'{label}<img src="data:{image};base64,{data[image]}"{attrs}/>'
     if "text/markdown" in data:  # (an HTML block ends at the blank line)
         data["text/markdown"] = f"{label}\n\n{data['text/markdown']}"
     return data, {**metadata, "viceroy": {"rank": rank}}

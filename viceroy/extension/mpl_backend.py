@@ -22,9 +22,18 @@ FigureManager = FigureManagerBase
 
 
 def figure_png(fig: Any) -> str:
-    """``fig`` as a base64 PNG, cropped to what is drawn (as the inline backend shows it)."""
+    """``fig`` as a base64 PNG, cropped to what is drawn (as the inline backend shows it), with
+    the rank's ``[N]`` in its top left corner: a front end shows the image, not the text form
+    that names the rank, and four ranks' plots must say whose each is. The label is drawn for
+    this image only (the figure is left as it was: ``savefig`` on the rank has none)."""
+    from viceroy import context
+
+    label = fig.text(0, 1, f"[{context().rank}]", ha="left", va="top", fontsize=8, color="0.45", family="monospace")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
+    try:
+        fig.savefig(buf, format="png", bbox_inches="tight")
+    finally:
+        label.remove()
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
