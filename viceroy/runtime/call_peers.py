@@ -20,13 +20,22 @@ actor's thread (or task, for async endpoints): each runs within its own `CallPee
 context variable, so an actor endpoint's collectives are watched as a cell's are, by the call
 that runs them. Code with no call around it (a thread the user started) is not watched. Stock
 torch.distributed collectives are not counted (they block in C++, where this cannot look).
+
+An actor endpoint called on part of its actor mesh (a slice, `choose`) knows from the start
+which of its actor mesh's ranks the call was not sent to (`outside`): a collective over a group
+with any of them could only wait for its timeout, so it is refused at once (`not_in_call`).
+
+An actor's one-way broadcasts have no answers, so the controller cannot say who finished
+them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
+the ranks that finished it answer through the controller with their counts, as `peers_done`.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from viceroy.runtime.shape import describe_ranks
@@ -34,14 +43,21 @@ from viceroy.runtime.shape import describe_ranks
 _lock = threading.Lock()
 _running: dict[int, CallPeers] = {}  # call id -> its state, for the control thread's word
 
+# A one-way call waiting in a collective this long asks who finished it, and again as often.
+ASK_EVERY_S = 1.0
+
 
 class CallPeers:
     """One call's collectives and what the controller said of its peers."""
 
-    __slots__ = ("call_id", "cancelled", "counts", "current", "done")
+    __slots__ = ("ask", "ask_at", "call_id", "cancelled", "counts", "current", "done", "outside")
 
-    def __init__(self, call_id: int) -> None:
+    def __init__(self, call_id: int, outside: Collection[int] = (),
+                 ask: Callable[[Sequence[int]], None] | None = None) -> None:
         self.call_id = call_id
+        self.outside = outside  # ranks of the actor mesh the call was not sent to
+        self.ask = ask  # one-way calls: asks the members of a group who finished it
+        self.ask_at = time.monotonic() + ASK_EVERY_S if ask is not None else 0.0
         self.counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started in this call, the last one's signature]
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
         self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
@@ -51,11 +67,13 @@ class CallPeers:
 _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("viceroy_call_peers", default=None)
 
 
-def begin_call(call_id: int, told: bool = True) -> contextvars.Token[CallPeers | None]:
+def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
+               ask: Callable[[Sequence[int]], None] | None = None) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
-    pass the token to `end_call`. `told`: the controller may send word of it (not of an
-    actor's one-way broadcasts, which share one id)."""
-    state = CallPeers(call_id)
+    pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
+    of the actor mesh the call was not sent to (see `not_in_call`). `ask(members)`: for a call
+    nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`)."""
+    state = CallPeers(call_id, outside, ask)
     if told:
         with _lock:
             _running[call_id] = state
@@ -127,12 +145,34 @@ def check_cancelled() -> None:
         raise KeyboardInterrupt
 
 
+def not_in_call(members: Sequence[int], sig: str | None) -> str:
+    """Why a collective over `members` cannot end in the current call, or "": some are actors
+    of the called actor mesh that the call was not sent to. Point to point (`sig` "send/recv")
+    is left alone: its peer may run in a call of its own (``a.slice(gpus=1).recv_from.call()``)."""
+    state = _call.get()
+    if state is None or not state.outside or (sig or "").startswith("send/recv"):
+        return ""
+    absent = [r for r in members if r in state.outside]
+    if not absent:
+        return ""
+    called = [r for r in members if r not in state.outside]
+    which = "its actor is" if len(absent) == 1 else "their actors are"
+    return (f"{describe_ranks(absent)} of the group {'is' if len(absent) == 1 else 'are'} not in this call "
+            f"({which} in the actor mesh, but the endpoint was called on part of it), so it would wait for "
+            f"{'it' if len(absent) == 1 else 'them'} until its timeout. Call the endpoint on the whole actor "
+            f"mesh, or run the collective over a group of the called actors only"
+            + (f" ({describe_ranks(called)} here)" if called else ""))
+
+
 def skipped(members: Sequence[int]) -> list[int]:
     """Members of the group of the current call's collective in progress that finished the call
-    without starting it, or died."""
+    without starting it, or died. (A one-way call asks who finished it, now and then.)"""
     state = _call.get()
     if state is None:
         return []
+    if state.ask is not None and (now := time.monotonic()) >= state.ask_at:
+        state.ask_at = now + ASK_EVERY_S
+        state.ask([r for r in members if r not in state.done])
     with _lock:
         if state.current is None or not state.done:
             return []
