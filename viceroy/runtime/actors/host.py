@@ -31,7 +31,7 @@ from typing import Any
 from viceroy.runtime import call_peers, devices, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import output, plain
-from viceroy.runtime.actors.rank_client import resolve_reply
+from viceroy.runtime.actors.rank_client import resolve_reply, running_actor
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
 from viceroy.runtime.shape import expand_runs
 
@@ -305,7 +305,16 @@ class ActorHost:
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
              outside: frozenset[int] | tuple[()]) -> None:
-        """A call handled on the actor's thread: sync, or async awaited to its end."""
+        """A call handled on the actor's thread: sync, or async awaited to its end. Either
+        holds the actor until it returns: it must not wait for a call to this very actor."""
+        holding = running_actor.set((self.id, getattr(fn, "__qualname__", "the endpoint")))
+        try:
+            self._run_holding(call_id, fn, signed, data, oneway, outside)
+        finally:
+            running_actor.reset(holding)
+
+    def _run_holding(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
+                     outside: frozenset[int] | tuple[()]) -> None:
         with self._call(call_id, oneway, None, outside):
             try:
                 args, kwargs = _arguments(signed, data)
