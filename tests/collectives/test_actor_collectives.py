@@ -252,3 +252,39 @@ def test_a_broadcast_whose_actor_raises_or_skips_before_a_collective_releases_th
     else:
         assert culprit not in failures
     assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+class Learner(vr.Actor):
+    @vr.endpoint
+    def train(self) -> list[float]:
+        import torch
+
+        self.w = torch.ones(2)
+        vr.all_reduce(self.w)  # over its own actor mesh: ranks 0-1
+        return self.w.tolist()
+
+    @vr.endpoint
+    def send_weights(self, dst: int) -> None:
+        vr.send(self.w * (vr.context().rank + 1), dst)
+
+
+class Generator(vr.Actor):
+    @vr.endpoint
+    def receive_weights(self, src: int) -> list[float]:
+        import torch
+
+        self.w = vr.recv(torch.zeros(2), src)
+        return self.w.tolist()
+
+
+def test_actors_of_two_actor_meshes_on_separate_slices_exchange_weights_point_to_point(mesh):
+    # The RL loop's weight sync: send/recv refused a peer outside the actor's own slice
+    # ("rank 2 is not in this call ... would wait forever"), though another actor mesh runs there.
+    learners = mesh.slice(gpus=slice(0, 2)).spawn(Learner)
+    generators = mesh.slice(gpus=slice(2, 4)).spawn(Generator)
+    assert learners.train.call().get(timeout=30).values() == [[2.0, 2.0]] * 2
+    for src, dst in ((0, 2), (1, 3)):
+        sent = learners.select([src]).send_weights.call_one(dst)
+        got = generators.select([dst]).receive_weights.call_one(src).get(timeout=30)
+        assert got == [2.0 * (src + 1)] * 2
+        assert sent.get(timeout=30) is None

@@ -50,11 +50,12 @@ ASK_EVERY_S = 1.0
 class CallPeers:
     """One call's collectives and what the controller said of its peers."""
 
-    __slots__ = ("ask", "ask_at", "call_id", "cancelled", "counts", "current", "done", "outside")
+    __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "counts", "current", "done", "outside")
 
     def __init__(self, call_id: int, outside: Collection[int] = (),
-                 ask: Callable[[Sequence[int]], None] | None = None) -> None:
+                 ask: Callable[[Sequence[int]], None] | None = None, actor: bool = False) -> None:
         self.call_id = call_id
+        self.actor = actor  # an actor's endpoint (or constructor): other actor meshes may run beside it
         self.outside = outside  # ranks of the actor mesh the call was not sent to
         self.ask = ask  # one-way calls: asks the members of a group who finished it
         self.ask_at = time.monotonic() + ASK_EVERY_S if ask is not None else 0.0
@@ -68,12 +69,13 @@ _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("vicero
 
 
 def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
-               ask: Callable[[Sequence[int]], None] | None = None) -> contextvars.Token[CallPeers | None]:
+               ask: Callable[[Sequence[int]], None] | None = None, actor: bool = False) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
     pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
     of the actor mesh the call was not sent to (see `not_in_call`). `ask(members)`: for a call
-    nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`)."""
-    state = CallPeers(call_id, outside, ask)
+    nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
+    `actor`: the call is an actor's (see `in_actor`)."""
+    state = CallPeers(call_id, outside, ask, actor)
     if told:
         with _lock:
             _running[call_id] = state
@@ -143,6 +145,13 @@ def check_cancelled() -> None:
     """Raise KeyboardInterrupt when the current call was cancelled (see `cancel`)."""
     if cancelled():
         raise KeyboardInterrupt
+
+
+def in_actor() -> bool:
+    """Whether the current call is an actor's endpoint (or constructor): ranks outside its
+    actor mesh may run actors of other meshes, which it may send to or receive from."""
+    state = _call.get()
+    return state is not None and state.actor
 
 
 def not_in_call(members: Sequence[int], sig: str | None) -> str:

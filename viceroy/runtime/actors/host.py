@@ -290,7 +290,7 @@ class ActorHost:
         output.begin(call_id)
         self.running[call_id] = task
         ask = functools.partial(self._ask, call_id) if call_id < ONEWAY else None
-        peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside, ask=ask)
+        peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside, ask=ask, actor=True)
         try:
             yield
         finally:
