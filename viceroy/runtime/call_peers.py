@@ -53,12 +53,12 @@ class CallPeers:
     __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "counts", "current", "done", "outside")
 
     def __init__(self, call_id: int, outside: Collection[int] = (),
-                 ask: Callable[[Sequence[int]], None] | None = None, actor: bool = False) -> None:
+                 ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False) -> None:
         self.call_id = call_id
         self.actor = actor  # an actor's endpoint (or constructor): other actor meshes may run beside it
         self.outside = outside  # ranks of the actor mesh the call was not sent to
         self.ask = ask  # one-way calls: asks the members of a group who finished it
-        self.ask_at = time.monotonic() + ASK_EVERY_S if ask is not None else 0.0
+        self.ask_at = 0.0  # when to ask next (0: once it has waited ASK_EVERY_S)
         self.counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started in this call, the last one's signature]
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
         self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
@@ -69,11 +69,11 @@ _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("vicero
 
 
 def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
-               ask: Callable[[Sequence[int]], None] | None = None, actor: bool = False) -> contextvars.Token[CallPeers | None]:
+               ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
     pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
-    of the actor mesh the call was not sent to (see `not_in_call`). `ask(members)`: for a call
-    nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
+    of the actor mesh the call was not sent to (see `not_in_call`). `ask(call_id, members)`: for
+    a call nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
     `actor`: the call is an actor's (see `in_actor`)."""
     state = CallPeers(call_id, outside, ask, actor)
     if told:
@@ -180,8 +180,9 @@ def skipped(members: Sequence[int]) -> list[int]:
     if state is None:
         return []
     if state.ask is not None and (now := time.monotonic()) >= state.ask_at:
+        if state.ask_at:
+            state.ask(state.call_id, [r for r in members if r not in state.done])
         state.ask_at = now + ASK_EVERY_S
-        state.ask([r for r in members if r not in state.done])
     with _lock:
         if state.current is None or not state.done:
             return []

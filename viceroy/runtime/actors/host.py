@@ -20,12 +20,13 @@ and the controller passes their word on (kind "ow_peers")."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import inspect
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from viceroy.runtime import call_peers, devices, serialize, shm
@@ -39,7 +40,7 @@ ONEWAY_ERROR = "viceroy.actors.oneway_error"
 OW_WAIT = "viceroy.actors.oneway_wait"  # a rank waits in a collective of a one-way call...
 OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished that call (see the module doc)
 ONEWAY = 0  # the header id of broadcasts: nothing is sent back, unless it fails; ids <= 0 are one-way
-_KEEP_ONEWAY = 4096  # finished one-way calls an actor remembers, for peers that ask
+_KEEP_ONEWAY = 1024  # finished one-way calls with collectives an actor remembers, for peers that ask
 
 _rank: Any = None  # the Rank object, set on the first actor message
 _actors: dict[str, ActorHost] = {}
@@ -128,7 +129,11 @@ class ActorHost:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
         self.cancel_asked: set[int] = set()  # running calls cancelled before they had a task
-        self.oneway_done: dict[int, dict[str, list[Any]]] = {}  # one-way call -> its collectives, latest last
+        # Finished one-way calls, for peers that ask: the collectives of those that started any,
+        # latest last; those that started none are told by `oneway_mark`, the latest finished
+        # (one-way ids decrease in the order sent, and an actor takes its messages in order).
+        self.oneway_counts: collections.OrderedDict[int, dict[str, list[Any]]] = collections.OrderedDict()
+        self.oneway_mark = 0
         self._outside: tuple[Any, frozenset[int]] = ((), frozenset())  # (a call's rank runs, ranks not in it)
         # Named after the actor (not "viceroy-..."): its frames are user code, shown by stacks.
         threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
@@ -148,9 +153,13 @@ class ActorHost:
         """The collectives one-way call `call_id` started here, if it finished (None: not yet,
         or too long ago)."""
         with self.qlock:
-            return self.oneway_done.get(call_id)
+            if (cc := self.oneway_counts.get(call_id)) is not None:
+                return cc
+            if call_id < self.oneway_mark or call_id in self.running:  # not taken yet, or running (concurrent)
+                return None
+            return {}  # taken before the latest finished one, and not running: done, with no collective
 
-    def _ask(self, call_id: int, members: list[int]) -> None:
+    def _ask(self, call_id: int, members: Sequence[int]) -> None:
         """One-way call `call_id` waits in a collective: ask who of `members` finished it."""
         others = [r for r in members if r != _rank.rank]
         if others:
@@ -289,8 +298,8 @@ class ActorHost:
         finished it, and is remembered here when it ends, for peers that ask."""
         output.begin(call_id)
         self.running[call_id] = task
-        ask = functools.partial(self._ask, call_id) if call_id < ONEWAY else None
-        peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside, ask=ask, actor=True)
+        peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside,
+                                      ask=self._ask if call_id < ONEWAY else None, actor=True)
         try:
             yield
         finally:
@@ -298,9 +307,11 @@ class ActorHost:
                 self.running.pop(call_id, None)
                 self.cancel_asked.discard(call_id)
                 if call_id < ONEWAY:
-                    self.oneway_done[call_id] = call_peers.counts()
-                    if len(self.oneway_done) > _KEEP_ONEWAY:
-                        del self.oneway_done[next(iter(self.oneway_done))]
+                    self.oneway_mark = min(self.oneway_mark, call_id)
+                    if cc := call_peers.counts():
+                        self.oneway_counts[call_id] = cc
+                        if len(self.oneway_counts) > _KEEP_ONEWAY:
+                            self.oneway_counts.popitem(last=False)
             call_peers.end_call(peers)
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
