@@ -166,6 +166,24 @@ def test_a_constructor_raising_before_a_collective_releases_the_others_naming_it
     assert mesh.spawn(ReducingInInit, -1).get.call().get(timeout=30).values() == [3.0] * 3
 
 
+def test_restarting_an_actor_whose_constructor_runs_a_collective_fails_at_once_saying_why(torch_mesh):
+    # The respawned constructor waited in the collective for actors that do not run it again,
+    # until the collective's timeout (600 s): restart() hung meanwhile.
+    mesh = torch_mesh(gpus=3)
+    actors = mesh.spawn(ReducingInInit, -1)
+    os.kill(mesh.pids()[1], signal.SIGKILL)
+    wait_until(lambda: 1 in actors.failures, 10, "rank 1's actor to be marked failed")
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        actors.restart(timeout=30)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 10, msg
+    assert "ranks 0,2 of the group are not being restarted" in msg, msg
+    assert "stop the actor mesh and spawn it again" in msg, msg
+    actors.stop()
+    assert mesh.spawn(ReducingInInit, -1).get.call().get(timeout=30).values() == [3.0] * 3
+
+
 class Pair(vr.Actor):
     @vr.endpoint
     def reduce_over(self, dims: str | None = None) -> list[float]:

@@ -50,11 +50,14 @@ ASK_EVERY_S = 1.0
 class CallPeers:
     """One call's collectives and what the controller said of its peers."""
 
-    __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "counts", "current", "done", "outside")
+    __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "constructing", "counts", "current", "done",
+                 "outside")
 
     def __init__(self, call_id: int, outside: Collection[int] = (),
-                 ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False) -> None:
+                 ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
+                 constructing: bool = False) -> None:
         self.call_id = call_id
+        self.constructing = constructing  # an actor's constructor (`outside`: not restarted with it)
         self.actor = actor  # an actor's endpoint (or constructor): other actor meshes may run beside it
         self.outside = outside  # ranks of the actor mesh the call was not sent to
         self.ask = ask  # one-way calls: asks the members of a group who finished it
@@ -69,13 +72,14 @@ _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("vicero
 
 
 def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
-               ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False) -> contextvars.Token[CallPeers | None]:
+               ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
+               constructing: bool = False) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
     pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
     of the actor mesh the call was not sent to (see `not_in_call`). `ask(call_id, members)`: for
     a call nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
-    `actor`: the call is an actor's (see `in_actor`)."""
-    state = CallPeers(call_id, outside, ask, actor)
+    `actor`: the call is an actor's (see `in_actor`); `constructing`: its constructor's."""
+    state = CallPeers(call_id, outside, ask, actor, constructing)
     if told:
         with _lock:
             _running[call_id] = state
@@ -165,10 +169,17 @@ def not_in_call(members: Sequence[int], sig: str | None) -> str:
     if not absent:
         return ""
     called = [r for r in members if r not in state.outside]
-    which = "its actor is" if len(absent) == 1 else "their actors are"
-    return (f"{describe_ranks(absent)} of the group {'is' if len(absent) == 1 else 'are'} not in this call "
+    one = len(absent) == 1
+    which = "its actor is" if one else "their actors are"
+    if state.constructing:  # a restart's respawn: only the failed actors run their constructor again
+        return (f"{describe_ranks(absent)} of the group {'is' if one else 'are'} not being restarted ({which} "
+                f"alive, and do{'es' if one else ''} not run the constructor again), so it would wait for "
+                f"{'it' if one else 'them'} until its timeout. An actor whose constructor runs a collective "
+                "over its actor mesh cannot be restarted alone: stop the actor mesh and spawn it again, or "
+                "move the collective to an endpoint called on the whole actor mesh")
+    return (f"{describe_ranks(absent)} of the group {'is' if one else 'are'} not in this call "
             f"({which} in the actor mesh, but the endpoint was called on part of it), so it would wait for "
-            f"{'it' if len(absent) == 1 else 'them'} until its timeout. Call the endpoint on the whole actor "
+            f"{'it' if one else 'them'} until its timeout. Call the endpoint on the whole actor "
             f"mesh, or run the collective over a group of the called actors only"
             + (f" ({describe_ranks(called)} here)" if called else ""))
 

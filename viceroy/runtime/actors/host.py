@@ -76,7 +76,8 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             with _lock:
                 _actors[header["actor"]] = host
             host.files = header.get("files", {})
-            host.post((call_id, "spawn", None, signed, data, False, ()))
+            # A restart respawns some actors only: the others do not run the constructor.
+            host.post((call_id, "spawn", None, signed, data, False, host.outside(header["ranks"])))
             return
         with _lock:
             host_ = _actors.get(header["actor"])
@@ -251,7 +252,7 @@ class ActorHost:
             if self.stopped:
                 self._refuse((call_id, kind, ep))
             elif kind == "spawn":
-                self._construct(call_id, signed, data)
+                self._construct(call_id, signed, data, outside)
             elif kind == "stop":
                 self.loop.run_until_complete(self._stop(call_id))
             elif kind == "supervise":
@@ -277,8 +278,9 @@ class ActorHost:
         if task.cancelled():  # cancelled before it first ran: `_run` could not answer
             _interrupted(call_id)
 
-    def _construct(self, call_id: int, signed: list[Any], data: list[Any]) -> None:
-        with self._call(call_id, False):  # a call as an endpoint's: its collectives are watched too
+    def _construct(self, call_id: int, signed: list[Any], data: list[Any], outside: frozenset[int] | tuple[()]) -> None:
+        # A call as an endpoint's: its collectives are watched too.
+        with self._call(call_id, False, None, outside, constructing=True):
             try:
                 cls, args, kwargs = serialize.loads(signed[0], data)
                 _restore_filenames(cls, self.files)
@@ -291,7 +293,7 @@ class ActorHost:
 
     @contextlib.contextmanager
     def _call(self, call_id: int, oneway: bool, task: asyncio.Future[Any] | None = None,
-              outside: frozenset[int] | tuple[()] = ()) -> Iterator[None]:
+              outside: frozenset[int] | tuple[()] = (), constructing: bool = False) -> Iterator[None]:
         """One call handled here: its output tagged with it, `cancel` able to find it, and its
         collectives watched as a cell's are (`call_peers`), by this call. `outside`: the ranks
         of the actor mesh it was not sent to. A one-way call (id < 0) asks its peers who
@@ -299,7 +301,8 @@ class ActorHost:
         output.begin(call_id)
         self.running[call_id] = task
         peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside,
-                                      ask=self._ask if call_id < ONEWAY else None, actor=True)
+                                      ask=self._ask if call_id < ONEWAY else None, actor=True,
+                                      constructing=constructing)
         try:
             yield
         finally:
