@@ -194,7 +194,8 @@ class Endpoint:
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Every actor runs it; nothing comes back. Still ordered with the other messages to
         the same actors. A failure goes to the owner's ``__supervise__``, else is kept in
-        ``actors.unhandled`` and printed once."""
+        ``actors.unhandled`` and printed once; so does that of actors waiting in a collective
+        that a peer left (raised or skipped), within about a second."""
         self._send("broadcast", args, kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
