@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_until
+from tests.conftest import wait_running, wait_until
 
 
 class Loader(vr.Actor):
@@ -200,3 +200,91 @@ def test_an_unpicklable_argument_from_an_actor_is_named_as_on_the_controller(sta
     message = str(info.value)
     assert f"TypeError: {named}" in message, message
     assert "cloudpickle" not in message, message
+
+
+class Peer(vr.Actor):
+    """Actors that hold their own actor mesh: ``peers.set_peers.call(peers)``."""
+
+    def __init__(self) -> None:
+        self.peers: vr.ActorMesh | None = None
+
+    @vr.endpoint
+    def set_peers(self, peers: vr.ActorMesh) -> None:
+        self.peers = peers
+
+    @vr.endpoint
+    def pong(self) -> int:
+        return vr.context().rank
+
+    @vr.endpoint
+    def nap(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
+
+    @vr.endpoint
+    def ping_all(self) -> list[int]:
+        assert self.peers is not None
+        return self.peers.pong.call().get(timeout=10).values()
+
+    @vr.endpoint
+    def ping_self(self) -> int:
+        assert self.peers is not None
+        return self.peers.slice(gpus=vr.context().rank).pong.call_one().get(timeout=10)
+
+    @vr.endpoint
+    async def ping_all_async(self) -> list[int]:
+        assert self.peers is not None
+        return (await self.peers.pong.call()).values()
+
+    @vr.endpoint(concurrent=True)
+    async def ping_all_concurrent(self) -> list[int]:
+        assert self.peers is not None
+        return (await self.peers.pong.call()).values()
+
+    @vr.endpoint
+    def wait_for_nap(self, rank: int) -> None:
+        assert self.peers is not None
+        self.peers.slice(gpus=rank).nap.call_one(30).get()
+
+
+@pytest.fixture
+def peers(start_mesh) -> vr.ActorMesh:
+    actors = start_mesh(gpus=2).spawn(Peer)
+    actors.set_peers.call(actors).get(timeout=10)
+    return actors
+
+
+@pytest.mark.parametrize("endpoint", ["ping_all", "ping_self", "ping_all_async"])
+def test_an_endpoint_waiting_for_a_call_on_its_own_actor_fails_at_once_saying_why(peers, endpoint):
+    # It waited forever (its own actor takes the next message only once it returns), and so
+    # did every later call to these actors.
+    with pytest.raises(vr.MeshError) as info:
+        getattr(peers, endpoint).call().get(timeout=5)
+    msg = str(info.value)
+    assert f"rank 0: RuntimeError: Peer.{endpoint} on rank 0 waits for Peer.pong, which includes this very actor" \
+        in msg, msg
+    assert "concurrent=True" in msg, msg
+    if endpoint != "ping_self":
+        assert "call only the other actors (rank 1, through a slice or select)" in msg, msg
+    assert peers.pong.call().get(timeout=5).values() == [0, 1]
+
+
+def test_a_concurrent_endpoint_may_await_a_call_on_its_own_actor(peers):
+    assert peers.ping_all_concurrent.call().get(timeout=10).values() == [[0, 1], [0, 1]]
+
+
+def test_interrupting_the_mesh_releases_an_endpoint_waiting_for_another_actors_call(start_mesh):
+    # The waiting endpoint ran on until the call it waited for ended (30 s here), its actor
+    # deaf to everything meanwhile, and its caller was told it "did not stop".
+    mesh = start_mesh(gpus=2)
+    peers = mesh.spawn(Peer)
+    peers.set_peers.call(peers).get(timeout=10)
+    waiting = peers.slice(gpus=0).wait_for_nap.call_one(1)
+    wait_running(mesh.select([1]), "time.sleep")
+    mesh.interrupt()
+    with pytest.raises(vr.MeshError) as info:
+        waiting.get(timeout=5)
+    assert info.value.failures[0].kind == "interrupted", info.value
+    assert "did not stop" not in str(info.value), info.value
+    assert peers.slice(gpus=0).pong.call_one().get(timeout=5) == 0  # free again, while rank 1 naps on

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import viceroy as vr
-from tests.conftest import fails_within, wait_running
+from tests.conftest import fails_within, wait_running, wait_until
 
 ANSWER = [10.0, 10.0]  # the sum over 4 ranks of (rank + 1)
 
@@ -164,3 +164,145 @@ def test_a_constructor_raising_before_a_collective_releases_the_others_naming_it
     assert "rank 1: ValueError: gives up before the collective" in msg, msg
     assert "rank 1 finished the call without joining this collective" in msg, msg
     assert mesh.spawn(ReducingInInit, -1).get.call().get(timeout=30).values() == [3.0] * 3
+
+
+def test_restarting_an_actor_whose_constructor_runs_a_collective_fails_at_once_saying_why(torch_mesh):
+    # The respawned constructor waited in the collective for actors that do not run it again,
+    # until the collective's timeout (600 s): restart() hung meanwhile.
+    mesh = torch_mesh(gpus=3)
+    actors = mesh.spawn(ReducingInInit, -1)
+    os.kill(mesh.pids()[1], signal.SIGKILL)
+    wait_until(lambda: 1 in actors.failures, 10, "rank 1's actor to be marked failed")
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        actors.restart(timeout=30)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 10, msg
+    assert "ranks 0,2 of the group are not being restarted" in msg, msg
+    assert "stop the actor mesh and spawn it again" in msg, msg
+    actors.stop()
+    assert mesh.spawn(ReducingInInit, -1).get.call().get(timeout=30).values() == [3.0] * 3
+
+
+class Pair(vr.Actor):
+    @vr.endpoint
+    def reduce_over(self, dims: str | None = None) -> list[float]:
+        import torch
+
+        t = torch.ones(2) * (vr.context().rank + 1)
+        vr.all_reduce(t, dims=dims)
+        return t.tolist()
+
+    @vr.endpoint
+    def send_to(self, dst: int) -> None:
+        import torch
+
+        vr.send(torch.ones(2) * (vr.context().rank + 1), dst)
+
+    @vr.endpoint
+    def recv_from(self, src: int) -> list[float]:
+        import torch
+
+        return vr.recv(torch.zeros(2), src).tolist()
+
+
+def test_an_endpoint_called_on_a_slice_refuses_a_collective_over_actors_not_called_at_once(reducers):
+    # The called actors waited in the collective for actors the call never reached, until its
+    # timeout (600 s), then failed with a backend timeout naming nobody.
+    took, err = _failure(reducers.slice(gpus=slice(0, 2)).reduce.call(), 5)
+    assert took < 5, err
+    assert set(err.failures) == {0, 1}, err
+    for r in (0, 1):
+        summary = err.failures[r].summary
+        assert summary.startswith("viceroy.CollectiveError: all_reduce('sum') over the whole mesh (ranks 0-3): "
+                                  "ranks 2-3 of the group are not in this call"), summary
+        assert "Call the endpoint on the whole actor mesh, or run the collective over a group of the called actors" \
+            in summary, summary
+    took, err = _failure(reducers.reduce.choose(), 5)  # one actor: the others are not in the call either
+    assert took < 5 and "are not in this call" in str(err), err
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_an_endpoint_called_on_a_slice_runs_collectives_among_the_called_actors_and_point_to_point(mesh):
+    pairs = mesh.split(gpus=("dp", "tp"), tp=2).spawn(Pair)
+    # A group within the call: tp at dp=1 is ranks 2-3, both called.
+    assert pairs.slice(dp=1).reduce_over.call(dims="tp").get(timeout=30).values() == [[7.0, 7.0]] * 2
+    # Point to point with an actor outside the call, in a call of its own: not refused.
+    sent = pairs.slice(dp=0, tp=0).send_to.call_one(3)
+    assert pairs.slice(dp=1, tp=1).recv_from.call_one(0).get(timeout=30) == [1.0, 1.0]
+    assert sent.get(timeout=30) is None
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.failures: list[vr.ActorFailure] = []
+
+    def __supervise__(self, failure: vr.ActorFailure) -> bool:
+        self.failures.append(failure)
+        return True
+
+    def by_rank(self) -> dict[int, str]:
+        return {r: f.summary for f in list(self.failures) for r in f.ranks}
+
+
+@pytest.mark.parametrize(("kwargs", "culprit", "what"), [
+    ({"fail_on": 2}, 2, "ValueError: rank 2 gives up"),
+    ({"skip_on": 1}, 1, None),
+])
+def test_a_broadcast_whose_actor_raises_or_skips_before_a_collective_releases_the_others(mesh, kwargs, culprit, what):
+    # Nobody watched a broadcast's collectives: the others waited in theirs until its timeout
+    # (600 s), and only then did their failures reach the owner.
+    owner = Owner()
+    actors = mesh.spawn(Reducer, owner=owner)
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4  # the group exists
+    t0 = time.monotonic()
+    actors.reduce.broadcast(**kwargs)
+    others = {0, 1, 2, 3} - {culprit}
+    wait_until(lambda: others <= owner.by_rank().keys(), 5, "the others' failures to reach the owner")
+    assert time.monotonic() - t0 < 5
+    failures = owner.by_rank()
+    for r in others:
+        assert f"all_reduce('sum') over the whole mesh (ranks 0-3): rank {culprit} finished the call without " \
+               "joining this collective" in failures[r], failures
+    if what is not None:
+        wait_until(lambda: culprit in owner.by_rank(), 5, "the culprit's own failure")
+        assert what in owner.by_rank()[culprit]
+    else:
+        assert culprit not in failures
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+class Learner(vr.Actor):
+    @vr.endpoint
+    def train(self) -> list[float]:
+        import torch
+
+        self.w = torch.ones(2)
+        vr.all_reduce(self.w)  # over its own actor mesh: ranks 0-1
+        return self.w.tolist()
+
+    @vr.endpoint
+    def send_weights(self, dst: int) -> None:
+        vr.send(self.w * (vr.context().rank + 1), dst)
+
+
+class Generator(vr.Actor):
+    @vr.endpoint
+    def receive_weights(self, src: int) -> list[float]:
+        import torch
+
+        self.w = vr.recv(torch.zeros(2), src)
+        return self.w.tolist()
+
+
+def test_actors_of_two_actor_meshes_on_separate_slices_exchange_weights_point_to_point(mesh):
+    # The RL loop's weight sync: send/recv refused a peer outside the actor's own slice
+    # ("rank 2 is not in this call ... would wait forever"), though another actor mesh runs there.
+    learners = mesh.slice(gpus=slice(0, 2)).spawn(Learner)
+    generators = mesh.slice(gpus=slice(2, 4)).spawn(Generator)
+    assert learners.train.call().get(timeout=30).values() == [[2.0, 2.0]] * 2
+    for src, dst in ((0, 2), (1, 3)):
+        sent = learners.select([src]).send_weights.call_one(dst)
+        got = generators.select([dst]).receive_weights.call_one(src).get(timeout=30)
+        assert got == [2.0 * (src + 1)] * 2
+        assert sent.get(timeout=30) is None

@@ -20,13 +20,22 @@ actor's thread (or task, for async endpoints): each runs within its own `CallPee
 context variable, so an actor endpoint's collectives are watched as a cell's are, by the call
 that runs them. Code with no call around it (a thread the user started) is not watched. Stock
 torch.distributed collectives are not counted (they block in C++, where this cannot look).
+
+An actor endpoint called on part of its actor mesh (a slice, `choose`) knows from the start
+which of its actor mesh's ranks the call was not sent to (`outside`): a collective over a group
+with any of them could only wait for its timeout, so it is refused at once (`not_in_call`).
+
+An actor's one-way broadcasts have no answers, so the controller cannot say who finished
+them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
+the ranks that finished it answer through the controller with their counts, as `peers_done`.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from viceroy.runtime.shape import describe_ranks
@@ -34,14 +43,25 @@ from viceroy.runtime.shape import describe_ranks
 _lock = threading.Lock()
 _running: dict[int, CallPeers] = {}  # call id -> its state, for the control thread's word
 
+# A one-way call waiting in a collective this long asks who finished it, and again as often.
+ASK_EVERY_S = 1.0
+
 
 class CallPeers:
     """One call's collectives and what the controller said of its peers."""
 
-    __slots__ = ("call_id", "cancelled", "counts", "current", "done")
+    __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "constructing", "counts", "current", "done",
+                 "outside")
 
-    def __init__(self, call_id: int) -> None:
+    def __init__(self, call_id: int, outside: Collection[int] = (),
+                 ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
+                 constructing: bool = False) -> None:
         self.call_id = call_id
+        self.constructing = constructing  # an actor's constructor (`outside`: not restarted with it)
+        self.actor = actor  # an actor's endpoint (or constructor): other actor meshes may run beside it
+        self.outside = outside  # ranks of the actor mesh the call was not sent to
+        self.ask = ask  # one-way calls: asks the members of a group who finished it
+        self.ask_at = 0.0  # when to ask next (0: once it has waited ASK_EVERY_S)
         self.counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started in this call, the last one's signature]
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
         self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
@@ -51,11 +71,15 @@ class CallPeers:
 _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("viceroy_call_peers", default=None)
 
 
-def begin_call(call_id: int, told: bool = True) -> contextvars.Token[CallPeers | None]:
+def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
+               ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
+               constructing: bool = False) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
-    pass the token to `end_call`. `told`: the controller may send word of it (not of an
-    actor's one-way broadcasts, which share one id)."""
-    state = CallPeers(call_id)
+    pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
+    of the actor mesh the call was not sent to (see `not_in_call`). `ask(call_id, members)`: for
+    a call nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
+    `actor`: the call is an actor's (see `in_actor`); `constructing`: its constructor's."""
+    state = CallPeers(call_id, outside, ask, actor, constructing)
     if told:
         with _lock:
             _running[call_id] = state
@@ -127,12 +151,49 @@ def check_cancelled() -> None:
         raise KeyboardInterrupt
 
 
+def in_actor() -> bool:
+    """Whether the current call is an actor's endpoint (or constructor): ranks outside its
+    actor mesh may run actors of other meshes, which it may send to or receive from."""
+    state = _call.get()
+    return state is not None and state.actor
+
+
+def not_in_call(members: Sequence[int], sig: str | None) -> str:
+    """Why a collective over `members` cannot end in the current call, or "": some are actors
+    of the called actor mesh that the call was not sent to. Point to point (`sig` "send/recv")
+    is left alone: its peer may run in a call of its own (``a.slice(gpus=1).recv_from.call()``)."""
+    state = _call.get()
+    if state is None or not state.outside or (sig or "").startswith("send/recv"):
+        return ""
+    absent = [r for r in members if r in state.outside]
+    if not absent:
+        return ""
+    called = [r for r in members if r not in state.outside]
+    one = len(absent) == 1
+    which = "its actor is" if one else "their actors are"
+    if state.constructing:  # a restart's respawn: only the failed actors run their constructor again
+        return (f"{describe_ranks(absent)} of the group {'is' if one else 'are'} not being restarted ({which} "
+                f"alive, and do{'es' if one else ''} not run the constructor again), so it would wait for "
+                f"{'it' if one else 'them'} until its timeout. An actor whose constructor runs a collective "
+                "over its actor mesh cannot be restarted alone: stop the actor mesh and spawn it again, or "
+                "move the collective to an endpoint called on the whole actor mesh")
+    return (f"{describe_ranks(absent)} of the group {'is' if one else 'are'} not in this call "
+            f"({which} in the actor mesh, but the endpoint was called on part of it), so it would wait for "
+            f"{'it' if one else 'them'} until its timeout. Call the endpoint on the whole actor "
+            f"mesh, or run the collective over a group of the called actors only"
+            + (f" ({describe_ranks(called)} here)" if called else ""))
+
+
 def skipped(members: Sequence[int]) -> list[int]:
     """Members of the group of the current call's collective in progress that finished the call
-    without starting it, or died."""
+    without starting it, or died. (A one-way call asks who finished it, now and then.)"""
     state = _call.get()
     if state is None:
         return []
+    if state.ask is not None and (now := time.monotonic()) >= state.ask_at:
+        if state.ask_at:
+            state.ask(state.call_id, [r for r in members if r not in state.done])
+        state.ask_at = now + ASK_EVERY_S
     with _lock:
         if state.current is None or not state.done:
             return []

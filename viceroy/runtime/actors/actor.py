@@ -67,9 +67,10 @@ def endpoint(fn: Callable[..., Any] | None = None, /, *, concurrent: bool = Fals
     """Mark an actor method as callable from outside (sync or ``async def``; a static or class
     method too, above or below its decorator).
 
-    By default an actor handles its messages one at a time, in the order sent, async ones too.
-    ``@endpoint(concurrent=True)`` on an ``async def`` lets calls start in order but overlap
-    while they await.
+    By default an actor handles its messages one at a time, in the order sent, async ones too:
+    such an endpoint cannot wait for a call that includes its own actor (the wait raises at
+    once). ``@endpoint(concurrent=True)`` on an ``async def`` lets calls start in order but
+    overlap while they await, so it may await one.
     """
 
     def mark(f: Any) -> Any:

@@ -8,13 +8,17 @@ the controller to send.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import queue
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.actors.actor import EndpointSpec
+from viceroy.runtime.arguments import check_seconds
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, ShapeOps
@@ -190,7 +194,8 @@ class Endpoint:
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Every actor runs it; nothing comes back. Still ordered with the other messages to
         the same actors. A failure goes to the owner's ``__supervise__``, else is kept in
-        ``actors.unhandled`` and printed once."""
+        ``actors.unhandled`` and printed once; so does that of actors waiting in a collective
+        that a peer left (raised or skipped), within about a second."""
         self._send("broadcast", args, kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -235,33 +240,59 @@ def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator
         return
 
 
+_WAIT_SLICE_S = 0.05  # a rank future waits in slices, to notice its endpoint was interrupted
+
+
 class RankFuture(Future[Any]):
     """The future of a call made from a rank (see rank_client): it has no call id, and
-    mesh.interrupt() is the controller's; a timeout names the endpoint."""
+    mesh.interrupt() is the controller's; a timeout names the endpoint.
 
-    __slots__ = ()
+    `waits_on_self`: why waiting for it can never end, if it cannot: the call includes the
+    very actor whose endpoint would wait (see rank_client.running_actor)."""
+
+    __slots__ = ("waits_on_self",)
 
     def __init__(self, what: str) -> None:
         super().__init__(-1, what=what)
+        self.waits_on_self: str | None = None
 
     def get(self, timeout: float | None = None) -> Any:
-        try:
-            return super().get(timeout)
-        except TimeoutError:
-            if self.done():  # the call's own error
-                raise
-            raise TimeoutError(
-                f"{self.what} still running after {timeout} s; it goes on: wait longer with "
-                ".get(timeout=...), or interrupt it from the controller (mesh.interrupt())"
-            ) from None
+        """As `Future.get`; in an endpoint that is interrupted meanwhile (mesh.interrupt(),
+        Ctrl-C on the controller), the wait ends with it."""
+        if self.waits_on_self is not None and not self.done():
+            raise RuntimeError(self.waits_on_self)
+        timeout = check_seconds(timeout, none="waiting as long as it takes")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
+            try:
+                self._cf.exception(max(left, 0.0))
+                break
+            except concurrent.futures.TimeoutError:
+                call_peers.check_cancelled()  # the endpoint that waits was interrupted
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"{self.what} still running after {timeout} s; it goes on: wait longer with "
+                        ".get(timeout=...), or interrupt it from the controller (mesh.interrupt())"
+                    ) from None
+        return super().get()
 
     result = get
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if self.waits_on_self is not None and not self.done():
+            raise RuntimeError(self.waits_on_self)
+        return (yield from super().__await__())
 
 
 def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     """A future of the single value of a one-actor ValueMesh."""
-    out: Future[Any] = (RankFuture(inner.what) if isinstance(inner, RankFuture)
-                        else Future(inner.call_id, inner._on_interrupt, inner.what))
+    out: Future[Any]
+    if isinstance(inner, RankFuture):
+        out = RankFuture(inner.what)
+        out.waits_on_self = inner.waits_on_self
+    else:
+        out = Future(inner.call_id, inner._on_interrupt, inner.what)
 
     def copy(f: Future[ValueMesh[Any]]) -> None:
         exc = f.exception()

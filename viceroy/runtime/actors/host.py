@@ -9,27 +9,38 @@ dims cover the actor mesh's ranks (as for `view.run(...)`).
 
 An actor mesh passed to an actor arrives as an `ActorMesh` whose client is
 `rank_client.RankClient`: its calls go to the controller as requests, which sends them on and
-replies (the replies come here, kind "reply")."""
+replies (the replies come here, kind "reply").
+
+Collectives in endpoints are watched by their call (`call_peers`). A call sent to part of the
+actor mesh knows which actors it was not sent to. A one-way broadcast (header id 0) carries an
+id of its own ("ow", negative): a rank waiting in one of its collectives asks the controller
+(OW_WAIT), which asks the others (kind "ow_status"); those that finished it say so (OW_DONE),
+and the controller passes their word on (kind "ow_peers")."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import inspect
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from viceroy.runtime import call_peers, devices, serialize, shm
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import output, plain
-from viceroy.runtime.actors.rank_client import resolve_reply
+from viceroy.runtime.actors.rank_client import resolve_reply, running_actor
 from viceroy.runtime.execution import format_user_traceback, register_source, restore_filename
+from viceroy.runtime.shape import expand_runs
 
 ONEWAY_ERROR = "viceroy.actors.oneway_error"
-ONEWAY = 0  # the call id of broadcasts: nothing is sent back, unless it fails
+OW_WAIT = "viceroy.actors.oneway_wait"  # a rank waits in a collective of a one-way call...
+OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished that call (see the module doc)
+ONEWAY = 0  # the header id of broadcasts: nothing is sent back, unless it fails; ids <= 0 are one-way
+_KEEP_ONEWAY = 1024  # finished one-way calls with collectives an actor remembers, for peers that ask
 
 _rank: Any = None  # the Rank object, set on the first actor message
 _actors: dict[str, ActorHost] = {}
@@ -48,6 +59,15 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             _ok(call_id)
             resolve_reply(header["req"], signed, data)
             return
+        if kind == "ow_status":  # a peer waits in a collective of one-way call "ow": finished here?
+            with _lock:
+                asked = _actors.get(header["actor"])
+            if asked is not None and (cc := asked.finished_oneway(header["ow"])) is not None:
+                rank._publish(OW_DONE, {"actor": header["actor"], "ow": header["ow"], "asker": header["asker"], "cc": cc})
+            return
+        if kind == "ow_peers":  # the controller's word on a one-way call this rank waits in
+            call_peers.peers_done(header["ow"], {int(r): cc for r, cc in header["done"]})
+            return
         if kind == "spawn":
             output.install(rank._send_output)
             for filename, source in header.get("sources", {}).items():
@@ -56,7 +76,8 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             with _lock:
                 _actors[header["actor"]] = host
             host.files = header.get("files", {})
-            host.post((call_id, "spawn", None, signed, data, False))
+            # A restart respawns some actors only: the others do not run the constructor.
+            host.post((call_id, "spawn", None, signed, data, False, host.outside(header["ranks"])))
             return
         with _lock:
             host_ = _actors.get(header["actor"])
@@ -67,15 +88,17 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
                    "(it was stopped, or never started here)", "", (header["actor"], header.get("ep", "")))
         elif kind == "call":
             args = (tuple(header["args"]), header["kw"]) if "args" in header else signed  # see plain.inline
-            host_.post((call_id, "call", header["ep"], args, data, call_id == ONEWAY))
+            host_.post((header.get("ow", call_id), "call", header["ep"], args, data, call_id == ONEWAY,
+                        host_.outside(header["ranks"])))
         elif kind == "batch":  # queued broadcasts, sent together (see oneway.py)
-            host_.post_many([(ONEWAY, "call", ep, [payload], [], True)
-                             for ep, payload in zip(header["eps"], signed, strict=True)])
+            outside = host_.outside(header["ranks"])
+            host_.post_many([(ow, "call", ep, [payload], [], True, outside)
+                             for ep, payload, ow in zip(header["eps"], signed, header["ows"], strict=True)])
         elif kind == "supervise":
-            host_.post((call_id, "supervise", None, signed, data, False))
+            host_.post((call_id, "supervise", None, signed, data, False, ()))
         elif kind == "stop":  # at once: no new calls, running async endpoints cancelled
             host_.begin_stop(cancel=not header.get("drain"))  # (drain: a dropped handle's stop)
-            host_.post((call_id, "stop", None, signed, data, False))
+            host_.post((call_id, "stop", None, signed, data, False, ()))
     except BaseException as exc:  # never let the control thread die
         _error(call_id, *format_user_traceback(exc))
 
@@ -107,8 +130,41 @@ class ActorHost:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
         self.cancel_asked: set[int] = set()  # running calls cancelled before they had a task
+        # Finished one-way calls, for peers that ask: the collectives of those that started any,
+        # latest last; those that started none are told by `oneway_mark`, the latest finished
+        # (one-way ids decrease in the order sent, and an actor takes its messages in order).
+        self.oneway_counts: collections.OrderedDict[int, dict[str, list[Any]]] = collections.OrderedDict()
+        self.oneway_mark = 0
+        self._outside: tuple[Any, frozenset[int]] = ((), frozenset())  # (a call's rank runs, ranks not in it)
         # Named after the actor (not "viceroy-..."): its frames are user code, shown by stacks.
         threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
+
+    def outside(self, runs: list[list[int]]) -> frozenset[int]:
+        """The ranks of this actor mesh that a call sent to `runs` does not reach (control
+        thread; the last answer is kept: calls in a row go to the same ranks)."""
+        key = tuple(map(tuple, runs))
+        if self._outside[0] != key:
+            called = set(expand_runs(runs))
+            mine = (expand_runs(self.view[2]) if self.view is not None
+                    else range(context_mod.context().world_size))
+            self._outside = (key, frozenset(r for r in mine if r not in called))
+        return self._outside[1]
+
+    def finished_oneway(self, call_id: int) -> dict[str, list[Any]] | None:
+        """The collectives one-way call `call_id` started here, if it finished (None: not yet,
+        or too long ago)."""
+        with self.qlock:
+            if (cc := self.oneway_counts.get(call_id)) is not None:
+                return cc
+            if call_id < self.oneway_mark or call_id in self.running:  # not taken yet, or running (concurrent)
+                return None
+            return {}  # taken before the latest finished one, and not running: done, with no collective
+
+    def _ask(self, call_id: int, members: Sequence[int]) -> None:
+        """One-way call `call_id` waits in a collective: ask who of `members` finished it."""
+        others = [r for r in members if r != _rank.rank]
+        if others:
+            _rank._publish(OW_WAIT, {"actor": self.id, "ow": call_id, "members": others})
 
     def post(self, msg: Any) -> None:
         self.post_many([msg])
@@ -191,12 +247,12 @@ class ActorHost:
         if self.view is not None:  # constructor and endpoints see the mesh it was spawned on
             context_mod.set_thread_view(context_mod.view_of(*self.view))
         while not self.stopped:
-            call_id, kind, ep, signed, data, oneway = self._next()
+            call_id, kind, ep, signed, data, oneway, outside = self._next()
             devices.make_current()  # this thread's CUDA device: the rank's GPU, once CUDA runs
             if self.stopped:
                 self._refuse((call_id, kind, ep))
             elif kind == "spawn":
-                self._construct(call_id, signed, data)
+                self._construct(call_id, signed, data, outside)
             elif kind == "stop":
                 self.loop.run_until_complete(self._stop(call_id))
             elif kind == "supervise":
@@ -204,15 +260,15 @@ class ActorHost:
                 if hook is None:
                     _reply(call_id, False)
                 else:
-                    self._run(call_id, hook, signed, data, False)
+                    self._run(call_id, hook, signed, data, False, ())
             else:
                 fn = getattr(self.instance, ep)
                 if getattr(fn, "__viceroy_endpoint__", {}).get("concurrent"):
-                    task = self.loop.create_task(self._run_concurrent(call_id, fn, signed, data, oneway))
+                    task = self.loop.create_task(self._run_concurrent(call_id, fn, signed, data, oneway, outside))
                     self.tasks.add(task)
                     task.add_done_callback(functools.partial(self._task_done, call_id))
                 else:
-                    self._run(call_id, fn, signed, data, oneway)
+                    self._run(call_id, fn, signed, data, oneway, outside)
         self.loop.close()  # its selector and self-pipe: 3 fds, else held until a full collection
 
     def _task_done(self, call_id: int, task: asyncio.Future[Any]) -> None:
@@ -222,8 +278,9 @@ class ActorHost:
         if task.cancelled():  # cancelled before it first ran: `_run` could not answer
             _interrupted(call_id)
 
-    def _construct(self, call_id: int, signed: list[Any], data: list[Any]) -> None:
-        with self._call(call_id, False):  # a call as an endpoint's: its collectives are watched too
+    def _construct(self, call_id: int, signed: list[Any], data: list[Any], outside: frozenset[int] | tuple[()]) -> None:
+        # A call as an endpoint's: its collectives are watched too.
+        with self._call(call_id, False, None, outside, constructing=True):
             try:
                 cls, args, kwargs = serialize.loads(signed[0], data)
                 _restore_filenames(cls, self.files)
@@ -235,23 +292,44 @@ class ActorHost:
             self._end(call_id, None, False)
 
     @contextlib.contextmanager
-    def _call(self, call_id: int, oneway: bool, task: asyncio.Future[Any] | None = None) -> Iterator[None]:
+    def _call(self, call_id: int, oneway: bool, task: asyncio.Future[Any] | None = None,
+              outside: frozenset[int] | tuple[()] = (), constructing: bool = False) -> Iterator[None]:
         """One call handled here: its output tagged with it, `cancel` able to find it, and its
-        collectives watched as a cell's are (`call_peers`), by this call."""
+        collectives watched as a cell's are (`call_peers`), by this call. `outside`: the ranks
+        of the actor mesh it was not sent to. A one-way call (id < 0) asks its peers who
+        finished it, and is remembered here when it ends, for peers that ask."""
         output.begin(call_id)
         self.running[call_id] = task
-        peers = call_peers.begin_call(call_id, told=not oneway)
+        peers = call_peers.begin_call(call_id, told=call_id != ONEWAY, outside=outside,
+                                      ask=self._ask if call_id < ONEWAY else None, actor=True,
+                                      constructing=constructing)
         try:
             yield
         finally:
             with self.qlock:
                 self.running.pop(call_id, None)
                 self.cancel_asked.discard(call_id)
+                if call_id < ONEWAY:
+                    self.oneway_mark = min(self.oneway_mark, call_id)
+                    if cc := call_peers.counts():
+                        self.oneway_counts[call_id] = cc
+                        if len(self.oneway_counts) > _KEEP_ONEWAY:
+                            self.oneway_counts.popitem(last=False)
             call_peers.end_call(peers)
 
-    def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
-        """A call handled on the actor's thread: sync, or async awaited to its end."""
-        with self._call(call_id, oneway):
+    def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
+             outside: frozenset[int] | tuple[()]) -> None:
+        """A call handled on the actor's thread: sync, or async awaited to its end. Either
+        holds the actor until it returns: it must not wait for a call to this very actor."""
+        holding = running_actor.set((self.id, getattr(fn, "__qualname__", "the endpoint")))
+        try:
+            self._run_holding(call_id, fn, signed, data, oneway, outside)
+        finally:
+            running_actor.reset(holding)
+
+    def _run_holding(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
+                     outside: frozenset[int] | tuple[()]) -> None:
+        with self._call(call_id, oneway, None, outside):
             try:
                 args, kwargs = _arguments(signed, data)
                 value = fn(*args, **kwargs)
@@ -267,9 +345,10 @@ class ActorHost:
                 return
             self._end(call_id, fn, oneway, value)
 
-    async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool) -> None:
+    async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
+                              outside: frozenset[int] | tuple[()]) -> None:
         # A task of its own, in a copy of the context, so its output is tagged apart.
-        with self._call(call_id, oneway, asyncio.current_task()):
+        with self._call(call_id, oneway, asyncio.current_task(), outside):
             try:
                 args, kwargs = _arguments(signed, data)
                 value = await fn(*args, **kwargs)
@@ -363,12 +442,12 @@ def _send(header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
 
 
 def _interrupted(call_id: int, summary: str = "interrupted") -> None:
-    if call_id != ONEWAY:
+    if call_id > ONEWAY:
         _send({"id": call_id, "ok": False, "kind": "interrupted", "summary": summary, "tb": ""}, [], [])
 
 
 def _ok(call_id: int) -> None:
-    if call_id != ONEWAY:
+    if call_id > ONEWAY:
         _send({"id": call_id, "ok": True}, [], [])
 
 
@@ -390,7 +469,7 @@ def _reply(call_id: int, value: Any, what: str = "") -> None:
 
 
 def _error(call_id: int, etype: str, summary: str, tb: str = "", where: tuple[str, str] = ("", "")) -> None:
-    if call_id == ONEWAY:  # nobody waits: the controller hands it to supervision
+    if call_id <= ONEWAY:  # nobody waits: the controller hands it to supervision
         context_mod.context()._publish(ONEWAY_ERROR, {"actor": where[0], "ep": where[1], "rank": _rank.rank,
                                                       "etype": etype, "summary": summary, "tb": tb})
         return

@@ -4,6 +4,9 @@ controller, a receive and a check on each rank). `Oneway` queues them per actor 
 controller's IO thread send whatever has piled up as one message per rank ("batch"), which
 the rank unpacks into the actor's queue in order.
 
+Each broadcast carries an id of its own ("ow", negative, unique in this process): a rank
+waiting in a collective of one asks who finished it by that id (see actors/host.py).
+
 Order: every other message to the same actor mesh (a call, a stop, a relayed call from a rank)
 first `flush`es, under the same lock as the IO thread's flush, so nothing overtakes a queued
 broadcast. Broadcasts with out-of-band buffers (large arrays) are not queued: they flush, then
@@ -12,6 +15,7 @@ go at once as before.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -20,23 +24,27 @@ if TYPE_CHECKING:
     from viceroy.runtime.controller import Controller
 
 
+_ids = itertools.count(1)  # one-way ids, process-wide: two actor meshes may share a rank
+
+
 class Oneway:
     def __init__(self, controller: Controller, actor_id: str) -> None:
         self.controller = controller
         self.actor_id = actor_id
         self._lock = threading.Lock()  # held while sending: no send overtakes another
-        self._pending: list[tuple[tuple[int, ...], str, Any]] = []  # (ranks, endpoint, payload)
+        self._pending: list[tuple[tuple[int, ...], str, Any, int]] = []  # (ranks, endpoint, payload, id)
         self._scheduled = False
 
     def send(self, ranks: tuple[int, ...], endpoint: str, signed: list[Any], data: list[Any]) -> None:
+        ow = -next(_ids)
         if data or len(signed) != 1:
             with self._lock:
                 self._flush_locked()
-                self.controller.send_oneway("actor", ranks, {"a": "call", "actor": self.actor_id, "ep": endpoint},
-                                            signed, data)
+                self.controller.send_oneway("actor", ranks, {"a": "call", "actor": self.actor_id, "ep": endpoint,
+                                                             "ow": ow}, signed, data)
             return
         with self._lock:
-            self._pending.append((ranks, endpoint, signed[0]))
+            self._pending.append((ranks, endpoint, signed[0], ow))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -69,8 +77,8 @@ class Oneway:
                 j += 1
             run = pending[i:j]
             if len(run) == 1:
-                extra: dict[str, Any] = {"a": "call", "actor": self.actor_id, "ep": run[0][1]}
+                extra: dict[str, Any] = {"a": "call", "actor": self.actor_id, "ep": run[0][1], "ow": run[0][3]}
             else:
-                extra = {"a": "batch", "actor": self.actor_id, "eps": [ep for _, ep, _ in run]}
-            self.controller.send_oneway("actor", ranks, extra, [p for _, _, p in run])
+                extra = {"a": "batch", "actor": self.actor_id, "eps": [m[1] for m in run], "ows": [m[3] for m in run]}
+            self.controller.send_oneway("actor", ranks, extra, [m[2] for m in run])
             i = j

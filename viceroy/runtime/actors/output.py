@@ -55,7 +55,7 @@ def install(send: Send) -> None:
 
 def begin(call_id: int) -> None:
     """In the context that runs the endpoint: its output is tagged `call_id`."""
-    current_call.set(call_id if call_id else None)
+    current_call.set(call_id if call_id > 0 else None)  # one-way calls (ids <= 0): untagged, as before
     _pending.set({})
 
 

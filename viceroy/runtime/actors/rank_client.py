@@ -6,6 +6,7 @@ ones)."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 from typing import Any
@@ -16,12 +17,17 @@ from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, RankFuture
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
-from viceroy.runtime.shape import Shape
+from viceroy.runtime.shape import Shape, describe_ranks
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events that carry the requests
 
 _replies: dict[int, Future[Any]] = {}
 _lock = threading.Lock()
+
+# (actor mesh id, endpoint qualname) of the endpoint running in this context, when it holds
+# its actor until it returns (not a concurrent one): the actor handles nothing else meanwhile.
+running_actor: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "viceroy_running_actor", default=None)
 
 
 class RankClient:
@@ -46,7 +52,7 @@ class RankClient:
                                       | {f"{qualname} argument {k!r}": v for k, v in kwargs.items()})
             raise
         req = next(self._ids)
-        fut: Future[Any] = RankFuture(f"{info.cls_name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})"))
+        fut = RankFuture(f"{info.cls_name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})"))
         if adverb != "broadcast":
             with _lock:
                 _replies[req] = fut
@@ -62,6 +68,8 @@ class RankClient:
             fut.add_done_callback(feed)
         if adverb == "broadcast":
             fut._set_result(None)
+        elif (running := running_actor.get()) is not None and running[0] == info.id:
+            fut.waits_on_self = _waits_on_self(running[1], fut.what, shape, adverb)
         return fut
 
     def control(self, info: ActorMeshInfo) -> Any:
@@ -69,6 +77,22 @@ class RankClient:
             f"stop, restart and failures of actor mesh {info.cls_name} are for its owner on the "
             "controller, not for an actor on a rank"
         )
+
+
+def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str) -> str | None:
+    """Why waiting for a call on `shape` of the actor mesh whose `endpoint` runs here can
+    never end (None: it can): the call includes this very actor, which takes its next message
+    only once `endpoint` returns."""
+    me = context_mod.context().rank
+    if me not in shape.ranks or (adverb == "choose" and len(shape.ranks) > 1):  # choose picks another
+        return None
+    others = [r for r in shape.ranks if r != me]
+    instead = (f"call only the other actors ({describe_ranks(others)}, through a slice or select), "
+               if others else "")
+    return (f"{endpoint} on rank {me} waits for {what}, which includes this very actor (rank {me}): an actor "
+            f"handles one message at a time, so that call cannot start before {endpoint} returns, and both would "
+            f"wait forever. Instead {instead}do not wait for it (.broadcast(), or keep the future), or make "
+            f"{endpoint} an `@vr.endpoint(concurrent=True) async def` that awaits it")
 
 
 def resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:

@@ -28,6 +28,8 @@ from viceroy.runtime.values import ValueMesh
 
 REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
 ONEWAY_ERROR = "viceroy.actors.oneway_error"  # ... and for broadcasts that raised
+OW_WAIT = "viceroy.actors.oneway_wait"  # a rank waits in a collective of a broadcast...
+OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished it (see actors/host.py)
 _SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait for
 _SENT._set_result(None)
 
@@ -238,6 +240,31 @@ class Registry:
             failed = self.records.get(d["actor"])
             if failed is not None:
                 failed.on_oneway_error(d["rank"], d["ep"], d["summary"], d["tb"])
+        elif event["type"] == "publish" and event["kind"] in (OW_WAIT, OW_DONE):
+            try:
+                self._on_oneway_peers(event["rank"], event["kind"], event["data"])
+            except Exception:  # the mesh closed meanwhile; never break the IO thread
+                if not self.controller.closed:
+                    raise
+
+    def _on_oneway_peers(self, rank: int, kind: str, d: dict[str, Any]) -> None:
+        """A rank waits in a collective of a broadcast (OW_WAIT): ask the members it names
+        whether they finished it; those whose actor died are said so at once (None). A member
+        finished it (OW_DONE): tell the rank that asked, with the collectives it started."""
+        record = self.records.get(d["actor"])
+        if record is None:
+            return
+        if kind == OW_DONE:
+            self.controller.send_oneway("actor", [d["asker"]], {"a": "ow_peers", "ow": d["ow"],
+                                                                "done": [[rank, d["cc"]]]})
+            return
+        members = [r for r in d["members"] if r in record.status]
+        died = [r for r in members if record.status[r] == "failed"]
+        if died:
+            self.controller.send_oneway("actor", [rank], {"a": "ow_peers", "ow": d["ow"], "done": [[r, None] for r in died]})
+        if asked := [r for r in members if r not in died]:
+            self.controller.send_oneway("actor", asked, {"a": "ow_status", "actor": d["actor"], "ow": d["ow"],
+                                                         "asker": rank})
 
     def _on_request(self, from_rank: int, req: dict[str, Any]) -> None:
         """A rank calls an actor mesh it was given: send it on, and the outcome back."""

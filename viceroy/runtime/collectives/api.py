@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from viceroy.runtime import call_peers
 from viceroy.runtime.collectives import communicators
 from viceroy.runtime.collectives.backend import (
     BACKEND_ENV,
@@ -188,7 +189,8 @@ def _pair(peer: int, what: str) -> Group:
         raise ValueError(f"{what}: rank {me} cannot talk to itself")
     if not 0 <= peer < ctx.world_size:
         raise ValueError(f"{what}: there is no rank {peer} (ranks 0..{ctx.world_size - 1})")
-    if ctx.ranks is not None and peer not in ctx.ranks:  # on a view: only its ranks run this code
+    # On a view only its ranks run this code; an actor's peer may be another actor mesh's.
+    if ctx.ranks is not None and peer not in ctx.ranks and not call_peers.in_actor():
         raise ValueError(
             f"{what}: rank {peer} is not in this call, which runs on ranks {format_rank_set(ctx.ranks)} "
             f"(a view of the mesh), so it would wait for rank {peer} forever: {what} "

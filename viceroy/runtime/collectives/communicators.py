@@ -53,6 +53,8 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     everywhere, naming each rank's. With checking on (`entry.checked`), the members compare it first,
     over the communicator (in tensors like `like`), and a mismatch ends it before anything is sent."""
     me = context().rank
+    if absent := call_peers.not_in_call(group.ranks, sig):  # an actor endpoint called on a slice, say
+        raise CollectiveError(f"{what} over {group.label}: {absent}.")
     call_peers.started(group.name, sig)
     entry = building.get(what, backend, group, device)
     if not healthy(entry):
