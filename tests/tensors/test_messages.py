@@ -12,7 +12,7 @@ import pytest
 import viceroy as vr
 
 torch = pytest.importorskip("torch")
-from viceroy.runtime.tensors import inspect, reduce, worker  # noqa: E402
+from viceroy.runtime.tensors import inspect, rank_reads, reduce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_inspect_summarises_complex_tensors_without_warnings(mesh):
     def warned(tid):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            worker.summary(tid)
+            rank_reads.summary(tid)
         return [str(w.message) for w in caught]
 
     assert mesh.run(warned, c._id).values() == [[], []]

@@ -22,8 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
-from viceroy.runtime.shape import describe_meshes, format_rank_set
-from viceroy.runtime.tensors import rank_ops, unsent, worker
+from viceroy.runtime.tensors import rank_ops, rank_reads, unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
     BATCH_MAX,
@@ -216,44 +215,6 @@ class Engine:
         self._enqueue((rank_ops.deepcopied, [t._id], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
 
-    def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
-        """`t` on `target`'s view: position i of this view sends its tensor to position i of
-        the target's (row-major), rank to rank. One call over the ranks of both views, after
-        what each has queued; its failure surfaces at the next sync of either. Refused at once
-        (MeshError, no handle) when a rank of either view is dead."""
-        src, dst = self.mesh, target.mesh
-        if src._controller is not dst._controller:
-            raise self.foreign(target.describe(), what="to_mesh: ", usual=(
-                f"to_mesh moves a tensor between views of one mesh; the tensor's mesh and the target are different "
-                f"meshes ({describe_meshes((self.describe(), target.describe()))}): fetch it and push it instead"))
-        if list(src.dims.values()) != list(dst.dims.values()):
-            raise ValueError(
-                f"to_mesh pairs ranks position by position, so the views need the same sizes; "
-                f"the tensor is on ({self.describe()}), the target is ({target.describe()}): "
-                "split, flatten or rename one to match")
-        pairs = list(zip(src.ranks, dst.ranks, strict=True))
-        movers = tuple(sorted({r for s, d in pairs if s != d for r in (s, d)}))
-        union = sorted(set(src.ranks) | set(dst.ranks))
-        with torch._C.DisableTorchFunctionSubclass():
-            shape, dtype = tuple(t.shape), t.dtype
-        tid = self._new_id()
-        self.flush()
-        target.flush()
-        label = f"to_mesh ({self.describe()} -> {target.describe()})"
-        view = src._reshaped(src._controller.shape.select(union))
-        fut = view._run(rank_ops.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
-                       block=False, label=f"to_mesh (ranks {format_rank_set(src.ranks)} -> "
-                       f"{format_rank_set(dst.ranks)})", fail_fast=True)
-        refused = fut.exception(0) if fut.done() else None
-        if refused is not None:
-            # Not sent (a rank of either view is dead): say so here, naming the ranks and the
-            # restart, and give no handle, rather than one whose tensor exists nowhere.
-            raise refused
-        for engine in (self, target):
-            with engine._send_lock:
-                engine._pending.append(fut)
-        return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
-
     def _enqueue(self, op: tuple[Any, ...]) -> None:
         if self._controller.closed:
             raise self._controller.closed_error(f"this MeshTensor ({self.describe()})")
@@ -364,8 +325,8 @@ class Engine:
         # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
         # itself why it has no value (none is reported as stopped because another failed).
         with torch._C.DisableTorchFunctionSubclass():
-            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see worker.get)
-        vals = view._run(worker.get, t._id, shape, dtype, label="fetch", fail_fast=False)
+            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see rank_reads.get)
+        vals = view._run(rank_reads.get, t._id, shape, dtype, label="fetch", fail_fast=False)
         # One rank's tensor when every dim is given an index (a slice keeps its dim, as in
         # mesh.slice: a ValueMesh, whatever its length).
         return vals.values()[0] if coords and not view.dims else vals

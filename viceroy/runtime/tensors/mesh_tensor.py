@@ -106,11 +106,11 @@ class MeshTensor(torch.Tensor):
         code string, a controller name read by a `%%mesh` cell): as a handle that each rank
         resolves to its own tensor. The ops queued so far go out first, so it exists there.
         Rank code may change its values in place, not its shape or dtype."""
-        from viceroy.runtime.tensors import worker
+        from viceroy.runtime.tensors import rank_reads
 
         engine = self._engine
         engine.flush()
-        return worker.resolve, (self._id, engine.mesh._controller.token, engine.describe())
+        return rank_reads.resolve, (self._id, engine.mesh._controller.token, engine.describe())
 
     def check_usable_on(self, controller: Any, shape: Any) -> None:
         """Raise here, before sending, when the ranks of `shape` cannot resolve this tensor."""
@@ -138,10 +138,11 @@ class MeshTensor(torch.Tensor):
         The result lives on each target rank's own device (its GPU, or the CPU)."""
         from viceroy.runtime.mesh import Mesh
         from viceroy.runtime.tensors.engine import engine_for
+        from viceroy.runtime.tensors.moves import move
 
         if not isinstance(mesh, Mesh):
             raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
-        return self._engine.move(self, engine_for(mesh))
+        return move(self._engine, self, engine_for(mesh))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MeshTensor:
         """``copy.deepcopy(t)``, and so of a model built under ``activate()`` (an EMA or target
