@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from viceroy.runtime.tensors.engine import Engine
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+from viceroy.runtime.tensors.placement import is_own
 from viceroy.runtime.tensors.refusals import repointed
 
 # Torch functions that make tensors from nothing: under activate() they make MeshTensors.
@@ -48,8 +49,9 @@ class _ActivateMode(TorchFunctionMode):
         if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
             device = kwargs.get("device")
             if device is not None:
-                # "cuda" (a string or a torch.device, no index): the rank's own device.
-                if str(device) != "cuda":
+                # "cuda" (a string or a torch.device, no index), or a MeshTensor's own device
+                # (``device=x.device``, which reads meta here): the rank's own device.
+                if not is_own(device):
                     return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
                 kwargs = {**kwargs, "device": "cuda"}
             return self.engine.factory(func, args, kwargs)

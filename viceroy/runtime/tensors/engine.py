@@ -32,6 +32,7 @@ from viceroy.runtime.tensors.mesh_tensor import (
     new,
     where,
 )
+from viceroy.runtime.tensors.placement import placed
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
 from viceroy.runtime.tensors.refusals import check_needs_no_data, check_sendable
 
@@ -147,8 +148,16 @@ class Engine:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
         queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
         caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
+        sent: tuple[Any, ...] = (args, kwargs)
         if plan is None:
             self.check_modes()
+            own = placed(func, args, kwargs)
+            if own is not None:
+                # It names the rank's own device (``y.to(x.device)``, ``x.cuda()``): checked here
+                # on the meta device, each time (its plan is not kept for the short road, which
+                # would send the controller's device), and sent naming the rank's own.
+                func, args, kwargs, *rank = own
+                sent, key = tuple(rank), None
         flat = flat or (not any(isinstance(x, CONTAINERS) for x in args) and not any(
             isinstance(x, CONTAINERS) for x in kwargs.values()
         ))
@@ -182,6 +191,7 @@ class Engine:
                 tid = self._new_id()
                 out_ids.append(tid)
                 results.append(new(self, meta, tid, sig))
+        args, kwargs = sent
         if flat:
             slot_args = tuple(_to_slot(x) for x in args)
             slot_kwargs = {k: _to_slot(v) for k, v in kwargs.items()}

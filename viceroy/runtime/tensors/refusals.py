@@ -70,7 +70,16 @@ def check_sendable(name: str, leaves: list[Any]) -> None:
     TypeError here, at the user's line, with nothing queued. (Queued, it would stop its whole
     batch from going out at the next flush, far from its line, and the ops with it.)"""
     for x in leaves:
-        if type(x) in _SENDABLE or isinstance(x, torch.Tensor):
+        if type(x) in _SENDABLE:
+            continue
+        if isinstance(x, torch.Tensor):
+            if getattr(x, "_engine", None) is None and x.is_meta:  # (a MeshTensor is meta here: not local)
+                # (A RuntimeError: ``t + x`` turns a TypeError into NotImplemented, and Python's
+                # own message would then name neither the meta device nor what to do.)
+                raise RuntimeError(f"{name}(): one of its arguments is a local tensor on the meta device "
+                                f"(shape {list(x.shape)}), which has no values to send to the ranks. Nothing was "
+                                "sent: make it under mesh.activate() (a MeshTensor: device=t.device, or no device, "
+                                "makes it on each rank's own device), or as a local tensor on the CPU")
             continue
         try:
             serialize.dumps(x)

@@ -13,6 +13,7 @@ from typing import Any
 
 from viceroy.runtime import devices, handles, heap
 from viceroy.runtime.context import context
+from viceroy.runtime.tensors.placement import OwnDevice
 
 _TABLE = "__viceroy_tensors__"
 _FAILED = "__viceroy_failed_tensors__"
@@ -119,6 +120,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
     def resolve(x: Any) -> Any:
         if isinstance(x, Slot):
             return _value(tab, failed, x.id)
+        if type(x) is OwnDevice:  # ``y.to(x.device)``, ``x.cuda()`` on the controller
+            return device
         if local and isinstance(x, torch.Tensor):
             return x.to(device)
         return x
