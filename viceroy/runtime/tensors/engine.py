@@ -34,7 +34,7 @@ from viceroy.runtime.tensors.mesh_tensor import (
 )
 from viceroy.runtime.tensors.placement import placed
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
-from viceroy.runtime.tensors.refusals import check_needs_no_data, check_sendable
+from viceroy.runtime.tensors.refusals import autocast_refused, check_needs_no_data, check_sendable
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -50,6 +50,7 @@ _TALKER = rank_ops.reduced
 _MODES = worker._modes
 _default_dtype = torch.get_default_dtype
 _grad_enabled = torch.is_grad_enabled
+_autocast = torch._C._is_any_autocast_enabled
 
 
 def engine_for(mesh: Mesh) -> Engine:
@@ -119,10 +120,14 @@ class Engine:
     def _new_id(self) -> int:
         return next(self._ids)
 
-    def check_modes(self) -> None:
-        """Before checking an op: if the controller's default dtype or grad mode changed since
-        the last op, queue the change for the ranks (and forget the plans made under the old
-        ones: their result dtypes and requires_grad may differ now)."""
+    def check_modes(self, func: Any = None) -> None:
+        """Before checking an op (`func`): if the controller's default dtype or grad mode
+        changed since the last op, queue the change for the ranks (and forget the plans made
+        under the old ones: their result dtypes and requires_grad may differ now). Under
+        ``torch.autocast``, refuse it: autocast covers neither meta tensors nor the ranks, so
+        it would silently run in full precision."""
+        if _autocast():
+            raise RuntimeError(autocast_refused(worker._name(func) if func is not None else "this op"))
         dtype, grad = _default_dtype(), _grad_enabled()
         if dtype is not self._dtype or grad is not self._grad:
             self._dtype, self._grad = dtype, grad
@@ -131,7 +136,7 @@ class Engine:
             self._enqueue((worker._modes, (dtype, grad), None, (), None, where(), False))
 
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
-        self.check_modes()
+        self.check_modes(func)
         meta = factory_meta(func, args, kwargs)
         if "dtype" not in kwargs:  # the dtype checked here, whatever the rank's default
             kwargs = {**kwargs, "dtype": meta.dtype}
@@ -150,7 +155,7 @@ class Engine:
         caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
         sent: tuple[Any, ...] = (args, kwargs)
         if plan is None:
-            self.check_modes()
+            self.check_modes(func)
             own = placed(func, args, kwargs)
             if own is not None:
                 # It names the rank's own device (``y.to(x.device)``, ``x.cuda()``): checked here

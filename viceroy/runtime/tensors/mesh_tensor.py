@@ -201,6 +201,7 @@ class _Ref(weakref.ref):
 _make_subclass = torch.Tensor._make_subclass
 _default_dtype = torch.get_default_dtype
 _grad_enabled = torch.is_grad_enabled
+_autocast = torch._C._is_any_autocast_enabled
 
 
 def new(engine: Engine, meta: torch.Tensor, tid: int, sig: int) -> MeshTensor:
@@ -253,8 +254,8 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                     key.append(v)
             else:
                 kwargs = None
-            if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad:
-                engine.check_modes()  # (before the plan: plans hold for one dtype and grad mode)
+            if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad or _autocast():
+                engine.check_modes(func)  # (before the plan: plans hold for one dtype and grad mode)
             k = tuple(key)
             plan = engine._plans.get(k)
             if plan is None:

@@ -54,6 +54,14 @@ def repointed(what: str) -> str:
             "t in place with t.copy_(other) (same shape)")
 
 
+def autocast_refused(name: str) -> str:
+    """Why op `name` is refused while ``torch.autocast`` is on (see `Engine.check_modes`)."""
+    return (f"{name}: torch.autocast is on, but it reaches neither the ranks nor the meta tensors the controller "
+            "checks ops on, so this op would run in full precision there. Nothing was sent: cast explicitly "
+            "under mesh.activate() (x.to(torch.bfloat16), model.to(torch.bfloat16)), or run the autocast "
+            "region on the ranks: mesh.run(fn, x), with torch.autocast inside fn")
+
+
 def data_shaped(what: str) -> str:
     return (f"{what}: the result's shape depends on the values, which live on the ranks (one tensor per rank, "
             "each may differ), so the controller cannot check it: run it on the ranks with mesh.run(fn, t) "
