@@ -282,3 +282,24 @@ def test_an_op_whose_argument_cannot_travel_is_refused_at_its_line_and_loses_no_
             x.apply_(lambda v: v * 2 if lock else v)
         x.apply_(lambda v: v * 3)  # one that travels: by value, as rank code does
     assert x.fetch(gpus=0).tolist() == [6.0, 6.0]
+
+
+def test_a_dtype_mismatch_the_meta_kernels_let_through_is_raised_at_its_line(mesh):
+    """Meta kernels skip some dtype checks the real ones make (``x @ w64``, ``F.linear`` with
+    weights of another dtype, an int32 target for ``cross_entropy``): raised here, as torch
+    words it, so the ranks never get the op (the fetch after finds nothing failed there)."""
+    import torch.nn.functional as F
+
+    with mesh.activate():
+        x = torch.ones(2, 3)
+        w64 = torch.ones(4, 3, dtype=torch.float64)
+        with pytest.raises(RuntimeError, match=r"same dtype|expected scalar type|should be the same"):
+            x @ w64.T
+        with pytest.raises(RuntimeError, match=r"same dtype|expected scalar type|should be the same"):
+            F.linear(x, w64)
+        with pytest.raises(RuntimeError, match=r"expected target dtype to be Long or Byte, but got Int"):
+            F.cross_entropy(x, torch.zeros(2, dtype=torch.int32))
+        fine = x @ w64.T.float() + torch.ones(1, dtype=torch.float64)  # promotion where torch promotes
+        idx = x[torch.tensor([1, 0])] + torch.ones(3, dtype=torch.int64)
+    assert fine.dtype == torch.float64 and fine.fetch(gpus=0).tolist() == [[4.0] * 4] * 2
+    assert idx.fetch(gpus=1).tolist() == [[2.0] * 3] * 2
