@@ -104,6 +104,15 @@ def test_making_a_mesh_tensor_hold_another_tensor_is_refused(t, mesh, op, what):
     (lambda t: t.to("cpu"), "to()"),
     (lambda t: f"{t.sum():.2f}", "formatting a MeshTensor with '.2f'"),
     (lambda t: t[t.sum().long():], "indexing with tensors (t[index])"),  # not a mask
+    # Python's own conversions, named as the user wrote them (not torch's dunders):
+    (lambda t: bool(t.sum()), "bool(t) (`if t:`, `while t:`, `t and ...`, `assert t`)"),
+    (lambda t: 1 if t.sum() > 0 else 0, "bool(t) (`if t:`"),
+    (lambda t: float(t.sum()), "float(t)"),
+    (lambda t: int(t.sum()), "int(t)"),
+    (lambda t: range(t.sum().long()), "using t as an int (range(t), a list index)"),
+    (lambda t: np.asarray(t), "np.asarray(t)"),
+    (lambda t: t.sum().item(), "item()"),
+    (lambda t: t.tolist(), "tolist()"),
 ])
 def test_ops_that_need_the_values_say_fetch_or_mesh_run(t, op, what):
     with pytest.raises(RuntimeError) as info:

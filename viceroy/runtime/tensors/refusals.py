@@ -18,6 +18,17 @@ _NEEDS_DATA = {
     "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
     "__reduce_ex__", "equal", "allclose", "is_nonzero", "cpu", "__contains__",
 }
+# Python's conversions, named as the user wrote them rather than by torch's dunders.
+_AS_WRITTEN = {
+    "__contains__": "`x in t`",
+    "__bool__": "bool(t) (`if t:`, `while t:`, `t and ...`, `assert t`)",
+    "__float__": "float(t)",
+    "__int__": "int(t)",
+    "__complex__": "complex(t)",
+    "__index__": "using t as an int (range(t), a list index)",
+    "__array__": "np.asarray(t)",
+    "__reduce_ex__": "pickling a MeshTensor (it is a handle: pass it to mesh.run, which sends each rank its own)",
+}
 # Ops whose result's shape depends on the values: meta tensors cannot tell it.
 _DATA_SHAPED = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"}
 _HOW = ("use .fetch() for a ValueMesh of tensors or .fetch(gpus=0) for one rank's, or run it on the ranks "
@@ -34,7 +45,7 @@ def check_needs_no_data(name: str, func: Any = None) -> None:
     """`name` (``item``, ``numpy``, ``__bool__``...) cannot run here: the data is on the ranks.
     Nor can autograd's ``backward`` and ``.grad``: the graph is on the ranks."""
     if name in _NEEDS_DATA:
-        raise RuntimeError(needs_data("`x in t`" if name == "__contains__" else f"{name}()"))
+        raise RuntimeError(needs_data(_AS_WRITTEN.get(name) or f"{name}()"))
     if name in _DATA_SHAPED:
         raise RuntimeError(data_shaped(f"{name}()"))
     if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
