@@ -311,8 +311,9 @@ class Engine:
         if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
             pending[:] = [f for f in pending if not f.done() or f.exception(0) is not None]
 
-    def sync(self) -> None:
-        """Send what is queued and wait for it; raise the first failure."""
+    def sync(self, what: str = "call") -> None:
+        """Send what is queued and wait for it; raise the first failure (`what`: the call that
+        waits, as the failure's message names it)."""
         # A mesh shut down: what was in flight then ended with it; a sync now is a call after.
         self._controller._check_open()
         with self._send_lock:  # (a batch of frees may go out from another thread meanwhile)
@@ -332,10 +333,15 @@ class Engine:
                     self._pending[:0] = pending[i:]
                 raise
         if first is not None:
+            if isinstance(first, MeshError) and not first.hint:
+                # This call may be for a tensor the failed op never touched: say what holds.
+                first.hint = (f"Raised at this {what}, the first since that op failed on the ranks: tensors made "
+                              "without its result are unharmed (fetch them again); fix the line it names, and make "
+                              "again the tensors made from it")
             raise first
 
     def fetch(self, t: MeshTensor, coords: dict[str, int]) -> Any:
-        self.sync()
+        self.sync("fetch")
         view = self.mesh.slice(**coords) if coords else self.mesh
         # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
         # itself why it has no value (none is reported as stopped because another failed).
@@ -348,7 +354,7 @@ class Engine:
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""
-        self.sync()
+        self.sync(label)
         return self.mesh._run(fn, *args, label=label, fail_fast=False)  # (as a fetch)
 
 
