@@ -62,3 +62,34 @@ def test_a_local_meta_tensor_in_an_op_is_refused_at_its_line(mesh):
         with pytest.raises(RuntimeError, match=r"add\(\): .*meta device.*no values.*make it under mesh.activate\(\)"):
             x + hollow
     assert x.fetch(gpus=0).tolist() == [1.0, 1.0]
+
+
+def test_a_model_built_under_activate_converts_like_a_local_one(mesh):
+    """``model.to("cuda")``, ``model.cuda()``, ``model.double()``, ``model.to(dtype)`` under
+    ``activate()``: Module._apply reads each parameter's ``.grad``, which the controller cannot
+    know (autograd is on the ranks); there it reads None, the parameters are converted on the
+    ranks, and they stay the model's own (the same MeshTensors, still requiring grad)."""
+    with mesh.activate():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        weight = model.weight
+        assert model.to("cuda") is model and model.cuda() is model
+        model.double()
+        x = torch.ones(4, 3, dtype=torch.float64)
+        y = model(x)
+        model.to(torch.float32)
+    torch.manual_seed(0)
+    local = torch.nn.Linear(3, 2).double()
+    assert model.weight is weight and isinstance(model.weight, torch.nn.Parameter)
+    assert y.dtype == torch.float64 and model.weight.dtype == torch.float32
+    torch.testing.assert_close(y.fetch(gpus=1), local(torch.ones(4, 3, dtype=torch.float64)))
+    assert mesh.run(lambda w: (w.dtype, w.device.type, w.requires_grad), model.weight).values() == \
+        [(torch.float32, _OWN, True)] * 2
+
+
+def test_reading_grad_outside_a_module_conversion_is_still_refused(mesh):
+    with mesh.activate():
+        w = torch.nn.Linear(2, 2).weight
+        w.to(torch.float64)  # (an op that Module conversions use, outside one)
+        with pytest.raises(RuntimeError, match=r"\.grad: autograd runs on the ranks"):
+            w.grad  # noqa: B018

@@ -34,7 +34,12 @@ from viceroy.runtime.tensors.mesh_tensor import (
 )
 from viceroy.runtime.tensors.placement import placed
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
-from viceroy.runtime.tensors.refusals import autocast_refused, check_needs_no_data, check_sendable
+from viceroy.runtime.tensors.refusals import (
+    autocast_refused,
+    check_needs_no_data,
+    check_sendable,
+    module_reads_grad,
+)
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -172,6 +177,8 @@ class Engine:
                 key = signature(func, args, kwargs)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
+                if module_reads_grad(func):
+                    return None
                 check_needs_no_data(getattr(func, "__name__", str(func)), func)
                 check_sendable(getattr(func, "__name__", str(func)), in_leaves)
                 plan = make_plan(func, args, kwargs, in_leaves)

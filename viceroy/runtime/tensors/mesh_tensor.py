@@ -22,7 +22,12 @@ import torch
 
 from viceroy.runtime.file_names import SHOWN, shown
 from viceroy.runtime.shape import describe_meshes, describe_ranks
-from viceroy.runtime.tensors.refusals import check_needs_no_data, needs_data, repointed
+from viceroy.runtime.tensors.refusals import (
+    check_needs_no_data,
+    module_reads_grad,
+    needs_data,
+    repointed,
+)
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
 
 if TYPE_CHECKING:
@@ -312,6 +317,8 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
 
     kwargs = kwargs or {}
     name = getattr(func, "__name__", str(func))
+    if module_reads_grad(func):
+        return None
     check_needs_no_data(name, func)
     _check_local_target(name, args, kwargs)
     engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}

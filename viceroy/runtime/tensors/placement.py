@@ -33,9 +33,11 @@ def is_own(device: Any) -> bool:
 
 def placed(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """``(func, meta_args, meta_kwargs, rank_args, rank_kwargs)`` for an op that names the
-    rank's own device, None for any other. ``t.cuda()`` is ``t.to(own device)``."""
+    rank's own device, None for any other. ``t.cuda()`` is ``t.to(own device)`` (``model.cuda()``
+    calls ``t.cuda(None)``)."""
     name = getattr(func, "__name__", "")
-    if name == "cuda" and func is torch.Tensor.cuda and len(args) == 1 and kwargs.get("device") is None:
+    if name == "cuda" and func is torch.Tensor.cuda and (len(args) == 1 or (len(args) == 2 and args[1] is None)) \
+            and kwargs.get("device") is None:
         rest = {k: v for k, v in kwargs.items() if k != "device"}
         return torch.Tensor.to, (args[0], "meta"), rest, (args[0], _OWN), rest
     own_kw = is_own(kwargs.get("device"))

@@ -7,6 +7,7 @@ and ops given an argument that cannot travel to the ranks.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -54,6 +55,26 @@ def check_needs_no_data(name: str, func: Any = None) -> None:
             f"{what}: autograd runs on the ranks, where each rank's graph is, not on the controller. Run the step "
             "there: mesh.run(lambda loss: loss.backward(), loss), then mesh.run(lambda w: w.grad, w) "
             "(MeshTensors are handles there: each rank gets its own tensor)")
+
+
+_APPLY = torch.nn.Module._apply.__code__
+
+
+def module_reads_grad(func: Any) -> bool:
+    """Whether `func` is ``.grad`` read by ``torch.nn.Module._apply`` (``model.to(...)``,
+    ``.cuda()``, ``.double()``), to convert each parameter's gradient too. The controller cannot
+    know whether a rank's parameter has one: it reads None there (the parameters are converted
+    on the ranks; a gradient rank code made stays as it was)."""
+    if getattr(func, "__self__", None) is not _GRAD:
+        return False
+    f = sys._getframe(1)
+    for _ in range(12):  # (the read is in _apply itself, a few of the engine's frames up)
+        if f is None:
+            return False
+        if f.f_code is _APPLY:
+            return True
+        f = f.f_back  # type: ignore[assignment]
+    return False
 
 
 def repointed(what: str) -> str:
