@@ -28,6 +28,9 @@ from viceroy.runtime.tensors.refusals import repointed
 FACTORIES = {
     torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
     torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
+    torch.as_tensor, torch.asarray, torch.logspace, torch.scalar_tensor, torch.empty_strided,
+    torch.tril_indices, torch.triu_indices, torch.hann_window, torch.hamming_window,
+    torch.blackman_window, torch.bartlett_window, torch.kaiser_window,
 }
 
 
