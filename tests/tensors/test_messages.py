@@ -312,3 +312,21 @@ def test_a_dtype_mismatch_the_meta_kernels_let_through_is_raised_at_its_line(mes
         idx = x[torch.tensor([1, 0])] + torch.ones(3, dtype=torch.int64)
     assert fine.dtype == torch.float64 and fine.fetch(gpus=0).tolist() == [[4.0] * 4] * 2
     assert idx.fetch(gpus=1).tolist() == [[2.0] * 3] * 2
+
+
+def test_a_handle_in_a_torch_op_says_how_to_bring_its_value_into_the_engine(mesh):
+    """A `mesh.ref` handle (a value rank code made) is not a MeshTensor: an op given one says
+    so and how to bring it in, and that recipe works."""
+    mesh.run("import torch\nmade_here = torch.full((2,), float(rank))")
+    ref = mesh.ref("made_here")
+    with mesh.activate():
+        a = torch.ones(2)
+        with pytest.raises(RuntimeError, match=r"^`MeshTensor \+ handle`: its argument <viceroy.Ref 'made_here' on mesh gpus=2> is "
+                                               r"a handle to a value rank code made, not a MeshTensor[\s\S]*"
+                                               r"mesh\.run\(lambda t, v: t\.copy_\(v\), t, ref\)"):
+            a + ref
+        t = torch.empty(2)
+    mesh.run(lambda t, v: t.copy_(v), t, ref)
+    with mesh.activate():
+        b = a + t
+    assert [v.tolist() for v in b.fetch().values()] == [[1.0, 1.0], [2.0, 2.0]]

@@ -100,6 +100,15 @@ def data_shaped(what: str) -> str:
             "(each rank calls fn on its own tensor), or fetch first: .fetch(gpus=0)")
 
 
+def handle_in_op(op: str, ref: Any) -> str:
+    """Why a torch op (`op`) cannot take `ref`, a `mesh.ref` handle, and how to bring its value in."""
+    return (f"{op}: its argument {ref!r} is a handle to a value rank code made, not a MeshTensor, so the "
+            "controller knows neither its shape nor its dtype. Bring it into the tensor engine: make a MeshTensor "
+            "of its shape and dtype under mesh.activate() (t = torch.empty(shape, dtype=dtype)), then copy each "
+            "rank's value into it: mesh.run(lambda t, v: t.copy_(v), t, ref); or run the op on the ranks: "
+            "mesh.run(fn, ref)")
+
+
 # Argument types that always travel (pickled by the standard pickler with the op).
 _SENDABLE = frozenset({int, float, bool, complex, str, type(None), type(Ellipsis), slice, torch.dtype, torch.device,
                        torch.Size, torch.layout, torch.memory_format})
