@@ -2,6 +2,8 @@
 (where only its shape and dtype are), and ``"cuda"`` means each rank's own device; both, given
 to an op or a factory, put its result where the MeshTensor lives on each rank."""
 
+import re
+
 import pytest
 
 import viceroy as vr
@@ -93,3 +95,20 @@ def test_reading_grad_outside_a_module_conversion_is_still_refused(mesh):
         w.to(torch.float64)  # (an op that Module conversions use, outside one)
         with pytest.raises(RuntimeError, match=r"\.grad: autograd runs on the ranks"):
             w.grad  # noqa: B018
+
+
+@pytest.mark.parametrize("op, what", [
+    (lambda x: x.to("cuda:0"), "to(cuda:0)"),
+    (lambda x: x.to(device=torch.device("cuda", 1)), "to(cuda:1)"),
+    (lambda x: x.cuda(0), "cuda(0)"),
+])
+def test_moving_a_mesh_tensor_to_a_numbered_gpu_says_to_name_the_ranks_own(mesh, op, what):
+    """``x.to("cuda:0")`` would put every rank's tensor on the same GPU (and cannot be checked
+    on a controller without one): refused at its line, saying to name "cuda" or x.device."""
+    with mesh.activate():
+        x = torch.ones(2)
+        with pytest.raises(RuntimeError, match=rf"^{re.escape(what)}: a MeshTensor lives on each rank's own device; "
+                                               r"a numbered GPU would be the same one on every rank\. Name the rank's "
+                                               r"own: \"cuda\" or x\.device"):
+            op(x)
+    assert x.fetch(gpus=1).tolist() == [1.0, 1.0]

@@ -31,11 +31,34 @@ def is_own(device: Any) -> bool:
     return isinstance(device, str | torch.device) and str(device) in _NAMES
 
 
+def _numbered(device: Any) -> bool:
+    """A GPU named by its index (``"cuda:0"``, ``torch.device("cuda", 1)``)."""
+    try:
+        d = torch.device(device) if isinstance(device, str | torch.device) else None
+    except RuntimeError:
+        return False
+    return d is not None and d.type == "cuda" and d.index is not None
+
+
+def _refuse_numbered(what: str) -> None:
+    raise RuntimeError(f"{what}: a MeshTensor lives on each rank's own device; a numbered GPU would be the same one "
+                       "on every rank. Name the rank's own: \"cuda\" or x.device (each rank's GPU, or its CPU on a "
+                       "rank without one)")
+
+
 def placed(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """``(func, meta_args, meta_kwargs, rank_args, rank_kwargs)`` for an op that names the
     rank's own device, None for any other. ``t.cuda()`` is ``t.to(own device)`` (``model.cuda()``
     calls ``t.cuda(None)``)."""
     name = getattr(func, "__name__", "")
+    if name == "cuda" and func is torch.Tensor.cuda:
+        index = kwargs.get("device", args[1] if len(args) > 1 else None)
+        if isinstance(index, int) or _numbered(index):
+            _refuse_numbered(f"cuda({index})")
+    if name == "to":
+        for d in (*args[1:], kwargs.get("device")):
+            if _numbered(d):
+                _refuse_numbered(f"to({torch.device(d)})")
     if name == "cuda" and func is torch.Tensor.cuda and (len(args) == 1 or (len(args) == 2 and args[1] is None)) \
             and kwargs.get("device") is None:
         rest = {k: v for k, v in kwargs.items() if k != "device"}
