@@ -330,3 +330,17 @@ def test_a_handle_in_a_torch_op_says_how_to_bring_its_value_into_the_engine(mesh
     with mesh.activate():
         b = a + t
     assert [v.tolist() for v in b.fetch().values()] == [[1.0, 1.0], [2.0, 2.0]]
+
+
+def test_torch_compile_given_a_mesh_tensor_says_to_compile_on_the_ranks(mesh):
+    """torch.compile traces on the controller, where a MeshTensor has no data: it says so
+    (not autograd's refusal of ``.grad``, which dynamo's tracing reads), and what to do."""
+    with mesh.activate():
+        a = torch.ones(3)
+        with pytest.raises(Exception) as info:  # (dynamo wraps what it meets in its own error types)
+            torch.compile(lambda x: x * 2 + 1)(a)
+        b = a * 2
+    text = str(info.value)
+    assert "torch.compile cannot trace a MeshTensor" in text and "autograd" not in text, text
+    assert "mesh.run(lambda t: torch.compile(fn)(t), t)" in text
+    assert b.fetch(gpus=0).tolist() == [2.0] * 3

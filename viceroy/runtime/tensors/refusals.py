@@ -7,6 +7,7 @@ and ops given an argument that cannot travel to the ranks.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -50,6 +51,11 @@ def check_needs_no_data(name: str, func: Any = None) -> None:
     if name in _DATA_SHAPED:
         raise RuntimeError(data_shaped(f"{name}()"))
     if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
+        if _compiling():
+            raise RuntimeError(
+                "torch.compile cannot trace a MeshTensor: it traces on the controller, where a MeshTensor has only "
+                "its shape and dtype (its data is on the ranks). Call the function uncompiled under mesh.activate(), "
+                "or compile it on the ranks, where the tensors are: mesh.run(lambda t: torch.compile(fn)(t), t)")
         what = "backward()" if name == "backward" else "a MeshTensor's .grad"
         raise RuntimeError(
             f"{what}: autograd runs on the ranks, where each rank's graph is, not on the controller. Run the step "
@@ -72,6 +78,20 @@ def module_reads_grad(func: Any) -> bool:
         if f is None:
             return False
         if f.f_code is _APPLY:
+            return True
+        f = f.f_back  # type: ignore[assignment]
+    return False
+
+
+_DYNAMO = f"{os.sep}torch{os.sep}_dynamo{os.sep}"
+
+
+def _compiling() -> bool:
+    """Whether torch.compile's tracing (dynamo) is on the stack: it reads a MeshTensor's
+    ``.grad`` as it wraps one."""
+    f = sys._getframe(1)
+    while f is not None:
+        if _DYNAMO in f.f_code.co_filename:
             return True
         f = f.f_back  # type: ignore[assignment]
     return False
