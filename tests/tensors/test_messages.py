@@ -344,3 +344,14 @@ def test_torch_compile_given_a_mesh_tensor_says_to_compile_on_the_ranks(mesh):
     assert "torch.compile cannot trace a MeshTensor" in text and "autograd" not in text, text
     assert "mesh.run(lambda t: torch.compile(fn)(t), t)" in text
     assert b.fetch(gpus=0).tolist() == [2.0] * 3
+
+
+def test_an_optimizer_stepped_on_the_controller_says_autograd_is_on_the_ranks(mesh):
+    """torch.optim wraps its methods with dynamo's disable (not tracing): still autograd's
+    refusal of ``.grad``, never the torch.compile one."""
+    with mesh.activate():
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for act in (opt.zero_grad, opt.step):
+            with pytest.raises(RuntimeError, match=r"^a MeshTensor's \.grad: autograd runs on the ranks"):
+                act()

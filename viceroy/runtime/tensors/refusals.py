@@ -83,15 +83,16 @@ def module_reads_grad(func: Any) -> bool:
     return False
 
 
-_DYNAMO = f"{os.sep}torch{os.sep}_dynamo{os.sep}"
+# Dynamo's tracer: on the stack while torch.compile traces (not merely where a function is
+# wrapped by dynamo, as ``optimizer.zero_grad`` is: torch._disable_dynamo).
+_TRACER = os.path.join("torch", "_dynamo", "symbolic_convert.py")
 
 
 def _compiling() -> bool:
-    """Whether torch.compile's tracing (dynamo) is on the stack: it reads a MeshTensor's
-    ``.grad`` as it wraps one."""
+    """Whether torch.compile is tracing: it reads a MeshTensor's ``.grad`` as it wraps one."""
     f = sys._getframe(1)
     while f is not None:
-        if _DYNAMO in f.f_code.co_filename:
+        if f.f_code.co_filename.endswith(_TRACER):
             return True
         f = f.f_back  # type: ignore[assignment]
     return False
