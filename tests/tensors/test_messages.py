@@ -346,12 +346,31 @@ def test_torch_compile_given_a_mesh_tensor_says_to_compile_on_the_ranks(mesh):
     assert b.fetch(gpus=0).tolist() == [2.0] * 3
 
 
-def test_an_optimizer_stepped_on_the_controller_says_autograd_is_on_the_ranks(mesh):
-    """torch.optim wraps its methods with dynamo's disable (not tracing): still autograd's
-    refusal of ``.grad``, never the torch.compile one."""
+def test_an_optimizer_stepped_on_the_controller_says_how_to_step_it_on_the_ranks(mesh):
+    """torch.optim reads ``.grad``, which is on the ranks: its methods on the controller say so
+    (never the torch.compile message: torch.optim wraps them with dynamo's disable), and how to
+    make and step the optimizer on the ranks, a recipe that trains as the same code does locally."""
     with mesh.activate():
+        torch.manual_seed(0)
         model = torch.nn.Linear(3, 1)
+        x = torch.ones(8, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for act in (opt.zero_grad, opt.step):
-            with pytest.raises(RuntimeError, match=r"^a MeshTensor's \.grad: autograd runs on the ranks"):
+            with pytest.raises(RuntimeError, match=r"^torch\.optim on the controller: the gradients are on the ranks[\s\S]*"
+                                                   r"mesh\.run\(\"import torch; opt = torch\.optim\.SGD\(model\.parameters\(\), lr=0\.1\)\", "
+                                                   r"model=model\)[\s\S]*mesh\.run\(\"opt\.step\(\); opt\.zero_grad\(\)\"\)"):
                 act()
+    mesh.run("import torch; opt = torch.optim.SGD(model.parameters(), lr=0.1)", model=model)  # the recipe
+    for _ in range(2):
+        with mesh.activate():
+            loss = model(x).pow(2).mean()
+        mesh.run(lambda loss: loss.backward(), loss)
+        mesh.run("opt.step(); opt.zero_grad()")
+    torch.manual_seed(0)
+    local = torch.nn.Linear(3, 1)
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    for _ in range(2):
+        local(torch.ones(8, 3)).pow(2).mean().backward()
+        local_opt.step()
+        local_opt.zero_grad()
+    torch.testing.assert_close(model.weight.fetch(gpus=1), local.weight.detach())

@@ -51,7 +51,14 @@ def check_needs_no_data(name: str, func: Any = None) -> None:
     if name in _DATA_SHAPED:
         raise RuntimeError(data_shaped(f"{name}()"))
     if name == "backward" or (func is not None and getattr(func, "__self__", None) is _GRAD):
-        if _compiling():
+        if name != "backward" and _on_stack(_OPTIM):
+            raise RuntimeError(
+                "torch.optim on the controller: the gradients are on the ranks, where autograd runs, and the "
+                "optimizer reads them. Make the optimizer on the ranks, and step it there after each backward: "
+                "mesh.run(\"import torch; opt = torch.optim.SGD(model.parameters(), lr=0.1)\", model=model) once, then "
+                "mesh.run(lambda loss: loss.backward(), loss) and mesh.run(\"opt.step(); opt.zero_grad()\") "
+                "(a model built under mesh.activate() is each rank's own model there)")
+        if _on_stack(_TRACER):
             raise RuntimeError(
                 "torch.compile cannot trace a MeshTensor: it traces on the controller, where a MeshTensor has only "
                 "its shape and dtype (its data is on the ranks). Call the function uncompiled under mesh.activate(), "
@@ -88,11 +95,15 @@ def module_reads_grad(func: Any) -> bool:
 _TRACER = os.path.join("torch", "_dynamo", "symbolic_convert.py")
 
 
-def _compiling() -> bool:
-    """Whether torch.compile is tracing: it reads a MeshTensor's ``.grad`` as it wraps one."""
+_OPTIM = os.path.join("torch", "optim", "")
+
+
+def _on_stack(part: str) -> bool:
+    """Whether a frame of a file whose path holds `part` is on the stack: dynamo's tracer (it
+    reads a MeshTensor's ``.grad`` as it wraps one), or torch.optim (it reads gradients)."""
     f = sys._getframe(1)
     while f is not None:
-        if f.f_code.co_filename.endswith(_TRACER):
+        if part in f.f_code.co_filename:
             return True
         f = f.f_back  # type: ignore[assignment]
     return False
