@@ -27,7 +27,8 @@ class Slot:
 
 
 # A queued op is a tuple (func, args, kwargs, slots, out, where, factory):
-#   args, kwargs   the call's arguments; kwargs may be None
+#   args, kwargs   the call's arguments; kwargs may be None; with slots None they may hold
+#                  `placement.OwnDevice`, this rank's device (``y.to(x.device)``)
 #   slots          positions in `args` holding tensor ids (flat arguments), or None: the
 #                  arguments hold `Slot`s anywhere in their trees
 #   out            the id the result gets (int), None (keep nothing), or a list with an id or
