@@ -135,3 +135,15 @@ def test_a_handle_to_something_that_is_not_a_name_is_refused_at_once(start_mesh)
     with pytest.raises(ValueError, match=r"a handle names a variable on the ranks; 'class' is a Python keyword, "
                                          r"which no variable can be named"):
         mesh.ref("class")  # (was taken, and each rank then said it had no variable 'class')
+
+
+def test_reading_a_value_off_a_handle_on_the_controller_says_where_it_is(start_mesh):
+    mesh = start_mesh(gpus=2)
+    mesh.run("import numpy as np\nw = np.zeros(3)")
+    w = mesh.ref("w")
+    with pytest.raises(AttributeError, match=r"^handle 'w' has no attribute 'shape' here: a handle names a value on "
+                                             r"each rank, which stays there: mesh\.run\(lambda v: v\.shape, w\) reads "
+                                             r"it on every rank, mesh\.pull\('w'\) fetches every rank's$"):
+        w.shape  # noqa: B018
+    assert not hasattr(w, "_repr_html_")  # (what IPython and copy look for: plain AttributeErrors)
+    assert mesh.run(lambda v: v.shape, w).values() == [(3,), (3,)]

@@ -99,3 +99,19 @@ def test_a_seed_torch_refuses_is_refused_once_at_its_line_and_sent_to_no_rank(tm
             torch.manual_seed(2**70)
         x = torch.ones(2)
     assert [t.tolist() for t in x.fetch().values()] == [[1.0, 1.0]] * 2  # not a second time, at the fetch
+
+
+def test_an_op_under_autocast_is_refused_rather_than_run_in_full_precision(tmesh):
+    """torch.autocast reaches neither the ranks nor the meta tensors the controller checks ops
+    on: an op under it would silently run in full precision. It is refused at its line, naming
+    the op, autocast and what to do; nothing is sent, and the ops after the block run."""
+    with tmesh.activate():
+        a = torch.ones(2, 2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with pytest.raises(RuntimeError, match=r"matmul\S*: torch\.autocast is on[\s\S]*full precision[\s\S]*"
+                                                   r"cast explicitly[\s\S]*mesh\.run"):
+                a @ a
+            with pytest.raises(RuntimeError, match=r"randn: torch\.autocast is on"):
+                torch.randn(2)
+        b = a @ a
+    assert b.dtype == torch.float32 and b.fetch(gpus=0).tolist() == [[2.0, 2.0]] * 2

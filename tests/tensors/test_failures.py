@@ -46,6 +46,26 @@ def test_ops_after_a_failed_op_of_the_same_batch_still_run(tmesh):
     del bad
 
 
+def test_a_failure_raised_at_the_fetch_of_a_tensor_it_did_not_touch_says_what_to_do(tmesh):
+    """The fetch of `good` raises the failure of an op `good` does not depend on: the message
+    names that op, its line and the ranks, and says that `good` is unharmed (fetch it again) and
+    to fix the line named and make its results again."""
+    with tmesh.activate():
+        x = torch.zeros(4)
+        bad = x[torch.tensor([10])]
+        line = _line()
+        good = x + 2
+    with pytest.raises(vr.MeshError) as info:
+        good.fetch(gpus=0)
+    text = str(info.value)
+    assert f"ranks 0-1: __getitem__ (issued at {__file__}, line {line}) failed: IndexError" in text
+    assert re.search(r"\nRaised at this fetch, the first since that op failed on the ranks: tensors made without "
+                     r"its result are unharmed \(fetch them again\); fix the line it names, and make again the "
+                     r"tensors made from it$", text), text
+    assert good.fetch(gpus=0).tolist() == [2.0] * 4
+    del bad
+
+
 def test_ops_using_a_failed_result_fail_naming_the_first_failed_op_and_its_line(tmesh):
     with tmesh.activate():
         x = torch.zeros(4)

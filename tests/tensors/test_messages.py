@@ -12,7 +12,7 @@ import pytest
 import viceroy as vr
 
 torch = pytest.importorskip("torch")
-from viceroy.runtime.tensors import inspect, reduce, worker  # noqa: E402
+from viceroy.runtime.tensors import inspect, rank_reads, reduce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,15 @@ def test_making_a_mesh_tensor_hold_another_tensor_is_refused(t, mesh, op, what):
     (lambda t: t.to("cpu"), "to()"),
     (lambda t: f"{t.sum():.2f}", "formatting a MeshTensor with '.2f'"),
     (lambda t: t[t.sum().long():], "indexing with tensors (t[index])"),  # not a mask
+    # Python's own conversions, named as the user wrote them (not torch's dunders):
+    (lambda t: bool(t.sum()), "bool(t) (`if t:`, `while t:`, `t and ...`, `assert t`)"),
+    (lambda t: 1 if t.sum() > 0 else 0, "bool(t) (`if t:`"),
+    (lambda t: float(t.sum()), "float(t)"),
+    (lambda t: int(t.sum()), "int(t)"),
+    (lambda t: range(t.sum().long()), "using t as an int (range(t), a list index)"),
+    (lambda t: np.asarray(t), "np.asarray(t)"),
+    (lambda t: t.sum().item(), "item()"),
+    (lambda t: t.tolist(), "tolist()"),
 ])
 def test_ops_that_need_the_values_say_fetch_or_mesh_run(t, op, what):
     with pytest.raises(RuntimeError) as info:
@@ -201,7 +210,7 @@ def test_inspect_summarises_complex_tensors_without_warnings(mesh):
     def warned(tid):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            worker.summary(tid)
+            rank_reads.summary(tid)
         return [str(w.message) for w in caught]
 
     assert mesh.run(warned, c._id).values() == [[], []]
@@ -282,3 +291,86 @@ def test_an_op_whose_argument_cannot_travel_is_refused_at_its_line_and_loses_no_
             x.apply_(lambda v: v * 2 if lock else v)
         x.apply_(lambda v: v * 3)  # one that travels: by value, as rank code does
     assert x.fetch(gpus=0).tolist() == [6.0, 6.0]
+
+
+def test_a_dtype_mismatch_the_meta_kernels_let_through_is_raised_at_its_line(mesh):
+    """Meta kernels skip some dtype checks the real ones make (``x @ w64``, ``F.linear`` with
+    weights of another dtype, an int32 target for ``cross_entropy``): raised here, as torch
+    words it, so the ranks never get the op (the fetch after finds nothing failed there)."""
+    import torch.nn.functional as F
+
+    with mesh.activate():
+        x = torch.ones(2, 3)
+        w64 = torch.ones(4, 3, dtype=torch.float64)
+        with pytest.raises(RuntimeError, match=r"same dtype|expected scalar type|should be the same"):
+            x @ w64.T
+        with pytest.raises(RuntimeError, match=r"same dtype|expected scalar type|should be the same"):
+            F.linear(x, w64)
+        with pytest.raises(RuntimeError, match=r"expected target dtype to be Long or Byte, but got Int"):
+            F.cross_entropy(x, torch.zeros(2, dtype=torch.int32))
+        fine = x @ w64.T.float() + torch.ones(1, dtype=torch.float64)  # promotion where torch promotes
+        idx = x[torch.tensor([1, 0])] + torch.ones(3, dtype=torch.int64)
+    assert fine.dtype == torch.float64 and fine.fetch(gpus=0).tolist() == [[4.0] * 4] * 2
+    assert idx.fetch(gpus=1).tolist() == [[2.0] * 3] * 2
+
+
+def test_a_handle_in_a_torch_op_says_how_to_bring_its_value_into_the_engine(mesh):
+    """A `mesh.ref` handle (a value rank code made) is not a MeshTensor: an op given one says
+    so and how to bring it in, and that recipe works."""
+    mesh.run("import torch\nmade_here = torch.full((2,), float(rank))")
+    ref = mesh.ref("made_here")
+    with mesh.activate():
+        a = torch.ones(2)
+        with pytest.raises(RuntimeError, match=r"^`MeshTensor \+ handle`: its argument <viceroy.Ref 'made_here' on mesh gpus=2> is "
+                                               r"a handle to a value rank code made, not a MeshTensor[\s\S]*"
+                                               r"mesh\.run\(lambda t, v: t\.copy_\(v\), t, ref\)"):
+            a + ref
+        t = torch.empty(2)
+    mesh.run(lambda t, v: t.copy_(v), t, ref)
+    with mesh.activate():
+        b = a + t
+    assert [v.tolist() for v in b.fetch().values()] == [[1.0, 1.0], [2.0, 2.0]]
+
+
+def test_torch_compile_given_a_mesh_tensor_says_to_compile_on_the_ranks(mesh):
+    """torch.compile traces on the controller, where a MeshTensor has no data: it says so
+    (not autograd's refusal of ``.grad``, which dynamo's tracing reads), and what to do."""
+    with mesh.activate():
+        a = torch.ones(3)
+        with pytest.raises(Exception) as info:  # (dynamo wraps what it meets in its own error types)
+            torch.compile(lambda x: x * 2 + 1)(a)
+        b = a * 2
+    text = str(info.value)
+    assert "torch.compile cannot trace a MeshTensor" in text and "autograd" not in text, text
+    assert "mesh.run(lambda t: torch.compile(fn)(t), t)" in text
+    assert b.fetch(gpus=0).tolist() == [2.0] * 3
+
+
+def test_an_optimizer_stepped_on_the_controller_says_how_to_step_it_on_the_ranks(mesh):
+    """torch.optim reads ``.grad``, which is on the ranks: its methods on the controller say so
+    (never the torch.compile message: torch.optim wraps them with dynamo's disable), and how to
+    make and step the optimizer on the ranks, a recipe that trains as the same code does locally."""
+    with mesh.activate():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        x = torch.ones(8, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for act in (opt.zero_grad, opt.step):
+            with pytest.raises(RuntimeError, match=r"^torch\.optim on the controller: the gradients are on the ranks[\s\S]*"
+                                                   r"mesh\.run\(\"import torch; opt = torch\.optim\.SGD\(model\.parameters\(\), lr=0\.1\)\", "
+                                                   r"model=model\)[\s\S]*mesh\.run\(\"opt\.step\(\); opt\.zero_grad\(\)\"\)"):
+                act()
+    mesh.run("import torch; opt = torch.optim.SGD(model.parameters(), lr=0.1)", model=model)  # the recipe
+    for _ in range(2):
+        with mesh.activate():
+            loss = model(x).pow(2).mean()
+        mesh.run(lambda loss: loss.backward(), loss)
+        mesh.run("opt.step(); opt.zero_grad()")
+    torch.manual_seed(0)
+    local = torch.nn.Linear(3, 1)
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    for _ in range(2):
+        local(torch.ones(8, 3)).pow(2).mean().backward()
+        local_opt.step()
+        local_opt.zero_grad()
+    torch.testing.assert_close(model.weight.fetch(gpus=1), local.weight.detach())

@@ -48,6 +48,15 @@ class Ref:
     def __repr__(self) -> str:
         return f"<viceroy.Ref {self.name!r} on mesh {self._describe}>"
 
+    def __getattr__(self, attr: str) -> Any:
+        # (Only for names a Ref does not have; those of Python's protocols fail plainly.)
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        name = self.name
+        raise AttributeError(f"handle {name!r} has no attribute {attr!r} here: a handle names a value on each rank, "
+                             f"which stays there: mesh.run(lambda v: v.{attr}, {name}) reads it on every rank, "
+                             f"mesh.pull({name!r}) fetches every rank's")
+
     def check_usable_on(self, controller: Controller, shape: Shape) -> None:
         """Raise on the controller, before sending, if this handle cannot mean anything on
         the ranks of `shape`."""
@@ -63,6 +72,30 @@ class Ref:
                      else f"mesh ({self._describe}), not to this mesh ({describe})")
             raise ValueError(f"handle {self.name!r} belongs to {where}; values move between meshes only through the "
                              "controller (pull, then push)")
+
+
+def _no_value(symbol: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``ref + x`` and ``x + ref`` for a Ref: a handle has no value on the controller to compute
+    with; an error that says where it is (and, next to a MeshTensor, how to bring it in)."""
+
+    def refuse(self: Ref, other: Any, reflected: bool) -> Any:
+        expr = f"{type(other).__name__} {symbol} handle" if reflected else f"handle {symbol} {type(other).__name__}"
+        if is_handle(other) and not isinstance(other, Ref):  # a MeshTensor (torch is loaded)
+            from viceroy.runtime.tensors.refusals import handle_in_op
+
+            raise RuntimeError(handle_in_op(f"`{expr}`", self))
+        raise TypeError(f"`{expr}`: handle {self.name!r} has no value here to compute with: a handle names a value "
+                        f"on each rank, which stays there: compute on the ranks, mesh.run(lambda v: v {symbol} ..., "
+                        f"{self.name}), or fetch every rank's value: mesh.pull({self.name!r})")
+
+    return (lambda self, other: refuse(self, other, False)), (lambda self, other: refuse(self, other, True))
+
+
+for _name, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"), ("floordiv", "//"),
+                       ("mod", "%"), ("pow", "**"), ("matmul", "@")):
+    _op, _rop = _no_value(_symbol)
+    setattr(Ref, f"__{_name}__", _op)
+    setattr(Ref, f"__r{_name}__", _rop)
 
 
 def is_handle(value: Any) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from viceroy.runtime.arguments import as_int
 from viceroy.runtime.collectives.backend import check_op
-from viceroy.runtime.tensors import rank_ops, worker
+from viceroy.runtime.tensors import rank_ops, rank_reads
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor
 
 __all__ = ["MeshTensor", "assemble", "inspect", "reduce"]
@@ -84,7 +84,7 @@ def inspect(t: MeshTensor) -> Any:
     """Per rank: shape, dtype, device, min, max, mean, norm (a ValueMesh of dicts). A complex
     tensor has no min or max (None), a complex mean, and the norm of its complex values."""
     _check_mesh_tensor(t, "inspect")
-    return t._engine.run_on_ranks(worker.summary, t._id, label="inspect")
+    return t._engine.run_on_ranks(rank_reads.summary, t._id, label="inspect")
 
 
 def assemble(t: MeshTensor, dims: Mapping[str, int]) -> Any:

@@ -21,12 +21,16 @@ from torch.utils import _pytree as pytree
 
 from viceroy.runtime.tensors.engine import Engine
 from viceroy.runtime.tensors.mesh_tensor import MeshTensor, _general, torch_function
+from viceroy.runtime.tensors.placement import is_own
 from viceroy.runtime.tensors.refusals import repointed
 
 # Torch functions that make tensors from nothing: under activate() they make MeshTensors.
 FACTORIES = {
     torch.randn, torch.rand, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
     torch.arange, torch.linspace, torch.eye, torch.tensor, torch.randperm, torch.normal,
+    torch.as_tensor, torch.asarray, torch.logspace, torch.scalar_tensor, torch.empty_strided,
+    torch.tril_indices, torch.triu_indices, torch.hann_window, torch.hamming_window,
+    torch.blackman_window, torch.bartlett_window, torch.kaiser_window,
 }
 
 
@@ -48,8 +52,9 @@ class _ActivateMode(TorchFunctionMode):
         if not any(isinstance(x, MeshTensor) for x in pytree.tree_leaves((args, kwargs))):
             device = kwargs.get("device")
             if device is not None:
-                # "cuda" (a string or a torch.device, no index): the rank's own device.
-                if str(device) != "cuda":
+                # "cuda" (a string or a torch.device, no index), or a MeshTensor's own device
+                # (``device=x.device``, which reads meta here): the rank's own device.
+                if not is_own(device):
                     return func(*args, **kwargs)  # an explicit device: a local tensor, on purpose
                 kwargs = {**kwargs, "device": "cuda"}
             return self.engine.factory(func, args, kwargs)

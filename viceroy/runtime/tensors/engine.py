@@ -22,8 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from viceroy.runtime.errors import MeshError
-from viceroy.runtime.shape import describe_meshes, format_rank_set
-from viceroy.runtime.tensors import rank_ops, unsent, worker
+from viceroy.runtime.tensors import rank_ops, rank_reads, unsent, worker
 from viceroy.runtime.tensors.mesh_tensor import (
     ANSWER,
     BATCH_MAX,
@@ -33,8 +32,14 @@ from viceroy.runtime.tensors.mesh_tensor import (
     new,
     where,
 )
+from viceroy.runtime.tensors.placement import placed
 from viceroy.runtime.tensors.plans import CONTAINERS, Plan, factory_meta, make_plan, signature
-from viceroy.runtime.tensors.refusals import check_needs_no_data, check_sendable
+from viceroy.runtime.tensors.refusals import (
+    autocast_refused,
+    check_needs_no_data,
+    check_sendable,
+    module_reads_grad,
+)
 
 if TYPE_CHECKING:
     from viceroy.runtime.mesh import Mesh
@@ -50,6 +55,7 @@ _TALKER = rank_ops.reduced
 _MODES = worker._modes
 _default_dtype = torch.get_default_dtype
 _grad_enabled = torch.is_grad_enabled
+_autocast = torch._C._is_any_autocast_enabled
 
 
 def engine_for(mesh: Mesh) -> Engine:
@@ -119,10 +125,14 @@ class Engine:
     def _new_id(self) -> int:
         return next(self._ids)
 
-    def check_modes(self) -> None:
-        """Before checking an op: if the controller's default dtype or grad mode changed since
-        the last op, queue the change for the ranks (and forget the plans made under the old
-        ones: their result dtypes and requires_grad may differ now)."""
+    def check_modes(self, func: Any = None) -> None:
+        """Before checking an op (`func`): if the controller's default dtype or grad mode
+        changed since the last op, queue the change for the ranks (and forget the plans made
+        under the old ones: their result dtypes and requires_grad may differ now). Under
+        ``torch.autocast``, refuse it: autocast covers neither meta tensors nor the ranks, so
+        it would silently run in full precision."""
+        if _autocast():
+            raise RuntimeError(autocast_refused(worker._name(func) if func is not None else "this op"))
         dtype, grad = _default_dtype(), _grad_enabled()
         if dtype is not self._dtype or grad is not self._grad:
             self._dtype, self._grad = dtype, grad
@@ -131,7 +141,7 @@ class Engine:
             self._enqueue((worker._modes, (dtype, grad), None, (), None, where(), False))
 
     def factory(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MeshTensor:
-        self.check_modes()
+        self.check_modes(func)
         meta = factory_meta(func, args, kwargs)
         if "dtype" not in kwargs:  # the dtype checked here, whatever the rank's default
             kwargs = {**kwargs, "dtype": meta.dtype}
@@ -148,8 +158,16 @@ class Engine:
         """Check `func` on meta tensors here (raising shape errors at the user's line), then
         queue it for the ranks and return MeshTensors for its tensor outputs. `flat`: the
         caller saw that no argument is a container; `key`, `plan`: what it already looked up."""
+        sent: tuple[Any, ...] = (args, kwargs)
         if plan is None:
-            self.check_modes()
+            self.check_modes(func)
+            own = placed(func, args, kwargs)
+            if own is not None:
+                # It names the rank's own device (``y.to(x.device)``, ``x.cuda()``): checked here
+                # on the meta device, each time (its plan is not kept for the short road, which
+                # would send the controller's device), and sent naming the rank's own.
+                func, args, kwargs, *rank = own
+                sent, key = tuple(rank), None
         flat = flat or (not any(isinstance(x, CONTAINERS) for x in args) and not any(
             isinstance(x, CONTAINERS) for x in kwargs.values()
         ))
@@ -159,6 +177,8 @@ class Engine:
                 key = signature(func, args, kwargs)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
+                if module_reads_grad(func):
+                    return None
                 check_needs_no_data(getattr(func, "__name__", str(func)), func)
                 check_sendable(getattr(func, "__name__", str(func)), in_leaves)
                 plan = make_plan(func, args, kwargs, in_leaves)
@@ -183,6 +203,7 @@ class Engine:
                 tid = self._new_id()
                 out_ids.append(tid)
                 results.append(new(self, meta, tid, sig))
+        args, kwargs = sent
         if flat:
             slot_args = tuple(_to_slot(x) for x in args)
             slot_kwargs = {k: _to_slot(v) for k, v in kwargs.items()}
@@ -215,44 +236,6 @@ class Engine:
         tid = self._new_id()
         self._enqueue((rank_ops.deepcopied, [t._id], None, (0,), tid, where(), False))
         return MeshTensor(meta, self, tid)
-
-    def move(self, t: MeshTensor, target: Engine) -> MeshTensor:
-        """`t` on `target`'s view: position i of this view sends its tensor to position i of
-        the target's (row-major), rank to rank. One call over the ranks of both views, after
-        what each has queued; its failure surfaces at the next sync of either. Refused at once
-        (MeshError, no handle) when a rank of either view is dead."""
-        src, dst = self.mesh, target.mesh
-        if src._controller is not dst._controller:
-            raise self.foreign(target.describe(), what="to_mesh: ", usual=(
-                f"to_mesh moves a tensor between views of one mesh; the tensor's mesh and the target are different "
-                f"meshes ({describe_meshes((self.describe(), target.describe()))}): fetch it and push it instead"))
-        if list(src.dims.values()) != list(dst.dims.values()):
-            raise ValueError(
-                f"to_mesh pairs ranks position by position, so the views need the same sizes; "
-                f"the tensor is on ({self.describe()}), the target is ({target.describe()}): "
-                "split, flatten or rename one to match")
-        pairs = list(zip(src.ranks, dst.ranks, strict=True))
-        movers = tuple(sorted({r for s, d in pairs if s != d for r in (s, d)}))
-        union = sorted(set(src.ranks) | set(dst.ranks))
-        with torch._C.DisableTorchFunctionSubclass():
-            shape, dtype = tuple(t.shape), t.dtype
-        tid = self._new_id()
-        self.flush()
-        target.flush()
-        label = f"to_mesh ({self.describe()} -> {target.describe()})"
-        view = src._reshaped(src._controller.shape.select(union))
-        fut = view._run(rank_ops.moved, t._id, tid, pairs, movers, shape, dtype, where(), label,
-                       block=False, label=f"to_mesh (ranks {format_rank_set(src.ranks)} -> "
-                       f"{format_rank_set(dst.ranks)})", fail_fast=True)
-        refused = fut.exception(0) if fut.done() else None
-        if refused is not None:
-            # Not sent (a rank of either view is dead): say so here, naming the ranks and the
-            # restart, and give no handle, rather than one whose tensor exists nowhere.
-            raise refused
-        for engine in (self, target):
-            with engine._send_lock:
-                engine._pending.append(fut)
-        return MeshTensor(torch.empty(shape, dtype=dtype, device="meta"), target, tid)
 
     def _enqueue(self, op: tuple[Any, ...]) -> None:
         if self._controller.closed:
@@ -335,8 +318,9 @@ class Engine:
         if len(pending) >= PENDING_MAX:  # a long loop that never syncs: keep only what may fail
             pending[:] = [f for f in pending if not f.done() or f.exception(0) is not None]
 
-    def sync(self) -> None:
-        """Send what is queued and wait for it; raise the first failure."""
+    def sync(self, what: str = "call") -> None:
+        """Send what is queued and wait for it; raise the first failure (`what`: the call that
+        waits, as the failure's message names it)."""
         # A mesh shut down: what was in flight then ended with it; a sync now is a call after.
         self._controller._check_open()
         with self._send_lock:  # (a batch of frees may go out from another thread meanwhile)
@@ -356,23 +340,28 @@ class Engine:
                     self._pending[:0] = pending[i:]
                 raise
         if first is not None:
+            if isinstance(first, MeshError) and not first.hint:
+                # This call may be for a tensor the failed op never touched: say what holds.
+                first.hint = (f"Raised at this {what}, the first since that op failed on the ranks: tensors made "
+                              "without its result are unharmed (fetch them again); fix the line it names, and make "
+                              "again the tensors made from it")
             raise first
 
     def fetch(self, t: MeshTensor, coords: dict[str, int]) -> Any:
-        self.sync()
+        self.sync("fetch")
         view = self.mesh.slice(**coords) if coords else self.mesh
         # Not fail-fast: a lookup has nothing long-running to stop, and each rank says for
         # itself why it has no value (none is reported as stopped because another failed).
         with torch._C.DisableTorchFunctionSubclass():
-            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see worker.get)
-        vals = view._run(worker.get, t._id, shape, dtype, label="fetch", fail_fast=False)
+            shape, dtype = tuple(t.shape), t.dtype  # (what the pieces must be: see rank_reads.get)
+        vals = view._run(rank_reads.get, t._id, shape, dtype, label="fetch", fail_fast=False)
         # One rank's tensor when every dim is given an index (a slice keeps its dim, as in
         # mesh.slice: a ValueMesh, whatever its length).
         return vals.values()[0] if coords and not view.dims else vals
 
     def run_on_ranks(self, fn: Any, *args: Any, label: str) -> Any:
         """Call a worker function after every queued op has run."""
-        self.sync()
+        self.sync(label)
         return self.mesh._run(fn, *args, label=label, fail_fast=False)  # (as a fetch)
 
 

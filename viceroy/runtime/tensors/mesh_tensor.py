@@ -22,7 +22,12 @@ import torch
 
 from viceroy.runtime.file_names import SHOWN, shown
 from viceroy.runtime.shape import describe_meshes, describe_ranks
-from viceroy.runtime.tensors.refusals import check_needs_no_data, needs_data, repointed
+from viceroy.runtime.tensors.refusals import (
+    check_needs_no_data,
+    module_reads_grad,
+    needs_data,
+    repointed,
+)
 from viceroy.runtime.tensors.worker import IN_PLACE_DUNDERS
 
 if TYPE_CHECKING:
@@ -106,11 +111,11 @@ class MeshTensor(torch.Tensor):
         code string, a controller name read by a `%%mesh` cell): as a handle that each rank
         resolves to its own tensor. The ops queued so far go out first, so it exists there.
         Rank code may change its values in place, not its shape or dtype."""
-        from viceroy.runtime.tensors import worker
+        from viceroy.runtime.tensors import rank_reads
 
         engine = self._engine
         engine.flush()
-        return worker.resolve, (self._id, engine.mesh._controller.token, engine.describe())
+        return rank_reads.resolve, (self._id, engine.mesh._controller.token, engine.describe())
 
     def check_usable_on(self, controller: Any, shape: Any) -> None:
         """Raise here, before sending, when the ranks of `shape` cannot resolve this tensor."""
@@ -138,10 +143,11 @@ class MeshTensor(torch.Tensor):
         The result lives on each target rank's own device (its GPU, or the CPU)."""
         from viceroy.runtime.mesh import Mesh
         from viceroy.runtime.tensors.engine import engine_for
+        from viceroy.runtime.tensors.moves import move
 
         if not isinstance(mesh, Mesh):
             raise TypeError(f"to_mesh takes a Mesh (a view of this tensor's mesh), got {type(mesh).__name__}")
-        return self._engine.move(self, engine_for(mesh))
+        return move(self._engine, self, engine_for(mesh))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MeshTensor:
         """``copy.deepcopy(t)``, and so of a model built under ``activate()`` (an EMA or target
@@ -200,6 +206,7 @@ class _Ref(weakref.ref):
 _make_subclass = torch.Tensor._make_subclass
 _default_dtype = torch.get_default_dtype
 _grad_enabled = torch.is_grad_enabled
+_autocast = torch._C._is_any_autocast_enabled
 
 
 def new(engine: Engine, meta: torch.Tensor, tid: int, sig: int) -> MeshTensor:
@@ -252,8 +259,8 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                     key.append(v)
             else:
                 kwargs = None
-            if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad:
-                engine.check_modes()  # (before the plan: plans hold for one dtype and grad mode)
+            if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad or _autocast():
+                engine.check_modes(func)  # (before the plan: plans hold for one dtype and grad mode)
             k = tuple(key)
             plan = engine._plans.get(k)
             if plan is None:
@@ -310,6 +317,8 @@ def _general(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) ->
 
     kwargs = kwargs or {}
     name = getattr(func, "__name__", str(func))
+    if module_reads_grad(func):
+        return None
     check_needs_no_data(name, func)
     _check_local_target(name, args, kwargs)
     engines = {t._engine for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, MeshTensor)}

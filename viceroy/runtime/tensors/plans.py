@@ -70,6 +70,7 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
                 if name in _PROMOTING_IN_PLACE:
                     _check_cast(func, args)
                 out = _run_meta(func, args, kwargs, in_leaves)
+                _check_dtypes(func, args, kwargs, in_leaves)
         except (RuntimeError, NotImplementedError) as exc:
             raise _explained(name, args, exc) from None
         # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
@@ -155,6 +156,35 @@ def _check_cast(func: Any, args: tuple[Any, ...]) -> None:
     except RuntimeError as exc:
         if "can't be cast" in str(exc):
             raise
+
+
+# What torch's real kernels say of inputs of dtypes that do not go together.
+_DTYPE_WORDS = ("dtype", "scalar type", "should be the same", "must have the same")
+
+
+def _check_dtypes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leaves: list[Any]) -> None:
+    """Meta kernels skip some dtype checks the real kernels make (``f32 @ f64``, ``F.linear``
+    with weights of another dtype, an int32 target for ``cross_entropy``): where the tensor
+    inputs have more than one dtype, the op runs once more on CPU stand-ins (zeros, every dim at
+    most 1), and a dtype error there is raised here, as torch words it, rather than on every
+    rank. Any other error of the stand-ins (their shapes are not the real ones) is ignored, and
+    so is "not implemented for" (a CPU kernel missing where the ranks' GPU has one)."""
+    if len({x.dtype for x in in_leaves if isinstance(x, torch.Tensor)}) < 2 or "generator" in kwargs:
+        return
+
+    def stand_in(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        return torch.zeros(tuple(min(d, 1) for d in x.shape), dtype=x.dtype)
+
+    a, kw = pytree.tree_map(stand_in, (args, kwargs))
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():  # (the controller's RNG stays as it was)
+            func(*a, **kw)
+    except Exception as exc:
+        text = str(exc)
+        if any(w in text for w in _DTYPE_WORDS) and "not implemented for" not in text:
+            raise RuntimeError(text) from None
 
 
 def _is_local(x: Any) -> bool:

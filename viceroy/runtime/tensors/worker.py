@@ -1,7 +1,8 @@
 """The tensor engine on a rank: a table of this rank's tensors by id, and the ops that fill it.
 
 Functions here are sent by reference (this module is importable on every rank) and run on the
-rank's main thread, in order with its other calls.
+rank's main thread, in order with its other calls. What the controller asks of one tensor of
+the table (as a handle, fetched, summarised) is in `rank_reads`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from viceroy.runtime import devices, handles, heap
 from viceroy.runtime.context import context
+from viceroy.runtime.tensors.placement import OwnDevice
 
 _TABLE = "__viceroy_tensors__"
 _FAILED = "__viceroy_failed_tensors__"
@@ -25,7 +27,8 @@ class Slot:
 
 
 # A queued op is a tuple (func, args, kwargs, slots, out, where, factory):
-#   args, kwargs   the call's arguments; kwargs may be None
+#   args, kwargs   the call's arguments; kwargs may be None; with slots None they may hold
+#                  `placement.OwnDevice`, this rank's device (``y.to(x.device)``)
 #   slots          positions in `args` holding tensor ids (flat arguments), or None: the
 #                  arguments hold `Slot`s anywhere in their trees
 #   out            the id the result gets (int), None (keep nothing), or a list with an id or
@@ -118,6 +121,8 @@ def apply_batch(packed: bytes | list[Op], frees: list[int], start: tuple[Any, bo
     def resolve(x: Any) -> Any:
         if isinstance(x, Slot):
             return _value(tab, failed, x.id)
+        if type(x) is OwnDevice:  # ``y.to(x.device)``, ``x.cuda()`` on the controller
+            return device
         if local and isinstance(x, torch.Tensor):
             return x.to(device)
         return x
@@ -345,54 +350,6 @@ def _name(func: Any) -> str:
     """An op's name in messages: the name the user called it by (``op_name``: ``vr.reduce`` for
     the engine's own `rank_ops.reduced`), else its function's."""
     return str(getattr(func, "op_name", None) or getattr(func, "__name__", func))
-
-
-def resolve(tid: int, token: str, describe: str) -> Any:
-    """A MeshTensor sent to the ranks, as this rank's own tensor (see MeshTensor.as_handle)."""
-    if context().mesh_token != token:
-        raise ValueError(f"a MeshTensor of mesh ({describe}) reached a rank of another mesh")
-    t = lookup(table(), tid)
-    handles.resolved(tid, t)
-    return t
-
-
-def get(tid: int, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
-    """This rank's tensor, on the CPU; OpFailed if it is not of the `shape` and `dtype` the
-    controller has for it (rank code changed it, where only its values may change)."""
-    t = lookup(table(), tid)
-    if shape is not None and (tuple(t.shape) != shape or t.dtype != dtype):
-        def kind(dt: Any, sh: tuple[int, ...]) -> str:
-            return f"{str(dt).removeprefix('torch.')}[{', '.join(map(str, sh))}]"
-
-        raise OpFailed(f"this tensor is {kind(t.dtype, tuple(t.shape))} here, but {kind(dtype, shape)} on the "
-                       "controller, which checks the ops on it against that: rank code changed it (it may change "
-                       "a MeshTensor's values in place, not its shape or dtype). Take it as it is with "
-                       "mesh.run(lambda t: t, t), and make the MeshTensor again under mesh.activate()")
-    return t.detach().cpu()
-
-
-def summary(tid: int) -> dict[str, Any]:
-    """Shape, dtype, device, min, max, mean, norm. A complex tensor has no min or max (None);
-    its mean is a complex number and its norm the norm of the complex values."""
-    import torch
-
-    t = lookup(table(), tid)
-    some = t.numel() > 0
-    if t.is_complex():
-        c = t.detach().to(torch.complex128)
-        mean: Any = complex(c.mean()) if some else None
-        return {"shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "device": str(t.device),
-                "min": None, "max": None, "mean": mean, "norm": float(c.norm()) if some else None}
-    f = t.detach().float()
-    return {
-        "shape": tuple(t.shape),
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "device": str(t.device),
-        "min": float(f.min()) if some else None,
-        "max": float(f.max()) if some else None,
-        "mean": float(f.mean()) if some else None,
-        "norm": float(f.norm()) if some else None,
-    }
 
 
 def count() -> int:
