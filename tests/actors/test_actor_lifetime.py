@@ -82,5 +82,5 @@ def test_a_broadcast_sent_before_the_last_handle_is_dropped_still_runs_to_its_en
     del writers
     gc.collect()
     wait_until(lambda: sorted(os.listdir(tmp_path)) == ["out-0", "out-1"], 10, "both writes")
-    wait_until(lambda: mesh.run("from viceroy.runtime.actors import host\nsorted(host._actors)", timeout=10).values()
+    wait_until(lambda: mesh.run("from viceroy.runtime.actors import actor_thread\nsorted(actor_thread._actors)", timeout=10).values()
                == [[], []], 10, "the actors to be stopped after it")

@@ -378,9 +378,9 @@ def test_actors_work_through_host_agents_too(start_mesh):
 
 
 def _cancel_on_rank(call_id: int) -> bool:
-    from viceroy.runtime.actors import host
+    from viceroy.runtime.actors import answers, host
 
-    return host.cancel(host._rank, call_id)
+    return host.cancel(answers.rank, call_id)
 
 
 def test_rank_side_cancel_stops_async_endpoints_and_drops_queued_calls(start_mesh):
@@ -498,7 +498,7 @@ class SlowToStart(vr.Actor):
 
 
 def _actors_on_ranks(mesh: vr.Mesh) -> list[list[str]]:
-    return mesh.run("from viceroy.runtime.actors import host\nsorted(host._actors)", timeout=10).values()
+    return mesh.run("from viceroy.runtime.actors import actor_thread\nsorted(actor_thread._actors)", timeout=10).values()
 
 
 @pytest.mark.parametrize("how", ["mesh.interrupt()", "Ctrl-C"])

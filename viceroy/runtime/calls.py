@@ -21,7 +21,7 @@ _loads = pickle.loads  # plain values: no out-of-band buffers to make writable
 # After a call is cancelled, how long its ranks get to stop before the call ends without them.
 STOP_GRACE_S = 1.0
 # What the ranks that did not stop in time are said to be doing: code, or an actor's endpoint
-# (on an actor thread, which no interrupt reaches; see actors/host.py).
+# (on an actor thread, which no interrupt reaches; see actors/actor_thread.py).
 STUCK_HINT = "(busy in native code?), and runs on until it returns or mesh.restart() ends it"
 ACTOR_STUCK_HINT = ("(a sync endpoint, once started, runs to its end; an async one stops at once). "
                     "The actor takes its next message when it ends")

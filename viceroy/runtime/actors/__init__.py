@@ -6,7 +6,9 @@ spawn.py        `spawn(mesh, cls, ...)`, behind `Mesh.spawn`
 registry.py     the controller's records of actor meshes; relays calls ranks make
 oneway.py       pipelined broadcasts, coalesced into one message per rank
 supervision.py  `ActorFailure`, and where failures go when no caller waits for them
-host.py         the ranks' side: one thread (and an event loop for async endpoints) per actor
+host.py         the ranks' side: actor messages from the control thread, handed to...
+actor_thread.py ...one thread (and an event loop for async endpoints) per actor
+answers.py      what a rank sends back for an actor call
 rank_client.py  actor meshes used from a rank: calls go through the controller
 plain.py        plain arguments and results pickled by the C pickler
 """

@@ -5,7 +5,7 @@ controller's IO thread send whatever has piled up as one message per rank ("batc
 the rank unpacks into the actor's queue in order.
 
 Each broadcast carries an id of its own ("ow", negative, unique in this process): a rank
-waiting in a collective of one asks who finished it by that id (see actors/host.py).
+waiting in a collective of one asks who finished it by that id (see actors/actor_thread.py).
 
 Order: every other message to the same actor mesh (a call, a stop, a relayed call from a rank)
 first `flush`es, under the same lock as the IO thread's flush, so nothing overtakes a queued
