@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -108,3 +109,38 @@ def test_a_dead_rank_ends_a_stream_after_the_values_already_come(start_mesh, tmp
     Path(flag).touch()
     wait_until(lambda: _tables_clean(mesh), 10, "the late answer to be dropped")
     assert sleepers.select([0, 2]).nap.call(flag).get(timeout=10).values() == [0, 20]
+
+
+class AsyncSleeper(vr.Actor):
+    @vr.endpoint
+    async def nap(self) -> int:
+        rank = vr.context().rank
+        if rank != 0:
+            print("napping", flush=True)
+            await asyncio.sleep(30)
+        return rank
+
+    @vr.endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_interrupting_a_call_a_death_is_ending_still_cancels_it_on_the_others(start_mesh):
+    # In the second between a death and the call's end, the call was no longer waited for but
+    # not cancelled either: an interrupt then was lost, and the async endpoints napped on.
+    mesh = start_mesh(gpus=3)
+    sleepers = mesh.spawn(AsyncSleeper)
+    fut = sleepers.nap.call()
+    wait_until(lambda: all("napping" in mesh.logs(r) for r in (1, 2)), 10, "both endpoints to be awaiting")
+    os.kill(mesh.pids()[2], signal.SIGKILL)
+    wait_until(lambda: mesh.states()[2] == "dead", 5, "the controller to hear of the death", interval=0.005)
+    mesh.interrupt()
+    try:
+        fut.get(timeout=5)
+    except vr.MeshError as exc:
+        err = exc
+    assert err.failures[2].kind == "died" and err.partial == {0: 0}, err
+    assert err.failures[1].kind == "interrupted" and "not waited for" not in err.failures[1].summary, err
+    t0 = time.monotonic()
+    assert sleepers.select([0, 1]).ping.call().get(timeout=20).values() == ["pong", "pong"]
+    assert time.monotonic() - t0 < 3  # not behind a 30 s nap
