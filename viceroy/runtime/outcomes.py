@@ -209,7 +209,9 @@ class CallOutcomes:
             self._finish(c)
 
     def _exited(self, r: int, reason: str, respawning: bool, why: str | None) -> list[Call]:
-        """Rank `r`'s process is gone; the calls now complete. Caller holds the lock."""
+        """Rank `r`'s process is gone: its calls fail there; -> those now complete. One that a
+        death ends (`Call.death_ends`) stops waiting for the others (they end it STOP_GRACE_S
+        later at most, see `_check_deadlines`). Caller holds the lock."""
         finished = []
         self._set_state(r, "starting" if respawning else "dead")
         self._stuck.pop(r, None)
@@ -228,7 +230,8 @@ class CallOutcomes:
                 elif call.stop_reason is None:  # peers waiting in a collective for it stop
                     self._tell_peers_soon(call)
                     if call.death_ends:  # the others run on; the caller hears of it now
-                        self._stop(call, f"not waited for after rank {r} died", cancel=False)
+                        how = "was restarted" if reason == "restarted" else "died"
+                        self._stop(call, f"not waited for after rank {r} {how}", cancel=False)
         return finished
 
     def _on_rank_ready(self, r: int, pid: int) -> None:
