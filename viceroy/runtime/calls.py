@@ -25,6 +25,9 @@ STOP_GRACE_S = 1.0
 STUCK_HINT = "(busy in native code?), and runs on until it returns or mesh.restart() ends it"
 ACTOR_STUCK_HINT = ("(a sync endpoint, once started, runs to its end; an async one stops at once). "
                     "The actor takes its next message when it ends")
+# What the ranks still running a call that a death ended (see `Call.death_ends`) are said to do.
+NOT_WAITED_FOR = ("still running it: its answer is dropped when it comes (the actor takes its next message "
+                  "once it is free)")
 
 
 @dataclass
@@ -44,6 +47,10 @@ class Call:
     on_result: Callable[[int, bool, Any], None] | None = None
     died_hint: str = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
     stuck_hint: str = STUCK_HINT
+    # A rank's death ends the call for the caller STOP_GRACE_S later, whoever is still running
+    # it; they are not cancelled (actor endpoints: the others run on, their answers dropped).
+    death_ends: bool = False
+    cancelled: bool = True  # stopped (see outcomes._stop) by a cancel sent to the ranks
     # Telling the ranks still running it who finished (see call_peers): the collectives each
     # answered rank started, when to tell first, and who was told of already.
     collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -157,7 +164,7 @@ class Call:
         else:
             kind = item.get("kind", "error")
             summary = item.get("summary", "failed")
-            if kind == "interrupted" and self.stop_reason:
+            if kind == "interrupted" and self.stop_reason and self.cancelled:
                 summary = self.stop_reason
             if item.get("where"):
                 summary += f" (at {item['where']})"
@@ -175,12 +182,10 @@ class Call:
                 for r in sorted(new)]
 
     def give_up_on_missing(self) -> None:
-        """The grace after a cancel is over: the ranks still busy are reported as such."""
+        """The grace after a stop is over: the ranks still busy are reported as such."""
+        why = f"did not stop within {STOP_GRACE_S} s {self.stuck_hint}" if self.cancelled else NOT_WAITED_FOR
         for r in self.missing():
-            self.failures[r] = RankFailure(
-                "interrupted",
-                f"{self.stop_reason}; did not stop within {STOP_GRACE_S} s {self.stuck_hint}",
-            )
+            self.failures[r] = RankFailure("interrupted", f"{self.stop_reason}; {why}")
 
     def resolve(self) -> None:
         """Settle the future: a ValueMesh, or one MeshError grouping every failure."""

@@ -182,12 +182,15 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         timeout: float | None = None,
         on_result: Callable[[int, bool, Any], None] | None = None,
         died_hint: str | None = None,
+        death_ends: bool = False,
     ) -> Future[Any]:
         """Send one call to every rank of `shape`; the future resolves to a ValueMesh, or fails
         with a MeshError. Op "actor" goes to the ranks' control thread (actors answer while
         a cell runs). `on_result(rank, ok, value_or_failure)` is called on the IO thread as each
         rank answers (for streaming adverbs). `died_hint`: what a MeshError for a rank death
-        says to do, where restarting the ranks is not the whole answer (actors)."""
+        says to do, where restarting the ranks is not the whole answer (actors). `death_ends`
+        (without fail_fast): a rank's death ends the call within STOP_GRACE_S all the same, the
+        others not cancelled but given up on (actor endpoints; see `Call.death_ends`)."""
         timeout = check_seconds(timeout)  # a plain number: it goes into messages
         with self._lock:
             self._check_open()
@@ -203,7 +206,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
                 ))
                 return fut
             deadline = time.monotonic() + timeout if timeout else None
-            call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout, on_result=on_result)
+            call = Call(call_id, label, shape, fut, fail_fast, deadline, timeout, on_result=on_result,
+                        death_ends=death_ends)
             if died_hint is not None:
                 call.died_hint = died_hint
             if op == "actor":

@@ -60,14 +60,18 @@ class CallOutcomes:
     def _emit(self, event: Event) -> None:
         raise NotImplementedError
 
-    def _stop(self, call: Call, reason: str) -> None:
-        """Cancel a call on the ranks that have not answered. Caller holds the lock."""
-        if call.stop_reason is not None:
+    def _stop(self, call: Call, reason: str, cancel: bool = True) -> None:
+        """Cancel a call on the ranks that have not answered (`cancel` False: only stop waiting
+        for them); those still busy after STOP_GRACE_S are given up on (see `_check_deadlines`).
+        Caller holds the lock."""
+        if call.stop_reason is not None and (call.cancelled or not cancel):
             return
-        call.stop_reason = reason
-        call.stop_deadline = time.monotonic() + STOP_GRACE_S
+        if call.stop_reason is None:
+            call.stop_deadline = time.monotonic() + STOP_GRACE_S
+        call.stop_reason = reason  # a cancel (Ctrl-C) after giving up on them still goes out
+        call.cancelled = cancel
         missing = [r for r in call.missing() if self._state[r] != "dead"]
-        if missing:
+        if missing and cancel:
             frames = self.signer.pack({"op": "cancel", "id": call.id, "ranks": rank_runs(missing)})
             self._to_ranks(missing, frames, control=True)
         self._wake()
@@ -205,7 +209,9 @@ class CallOutcomes:
             self._finish(c)
 
     def _exited(self, r: int, reason: str, respawning: bool, why: str | None) -> list[Call]:
-        """Rank `r`'s process is gone; the calls now complete. Caller holds the lock."""
+        """Rank `r`'s process is gone: its calls fail there; -> those now complete. One that a
+        death ends (`Call.death_ends`) stops waiting for the others (they end it STOP_GRACE_S
+        later at most, see `_check_deadlines`). Caller holds the lock."""
         finished = []
         self._set_state(r, "starting" if respawning else "dead")
         self._stuck.pop(r, None)
@@ -223,6 +229,9 @@ class CallOutcomes:
                     finished.append(call)
                 elif call.stop_reason is None:  # peers waiting in a collective for it stop
                     self._tell_peers_soon(call)
+                    if call.death_ends:  # the others run on; the caller hears of it now
+                        how = "was restarted" if reason == "restarted" else "died"
+                        self._stop(call, f"not waited for after rank {r} {how}", cancel=False)
         return finished
 
     def _on_rank_ready(self, r: int, pid: int) -> None:

@@ -135,8 +135,10 @@ class ActorRecord(RecordLifecycle):
                 on_result(rank, ok, value)
 
         extra = {"a": "call", "actor": self.info.id, "ep": endpoint, **(fields or {})}
+        # A death ends the call at once (after the grace of a stop): the others run on, their
+        # answers are dropped when they come; one actor's error, though, waits for the others.
         fut = self.controller.submit("actor", shape, extra, signed, data, label=what, fail_fast=False,
-                                     on_result=result, died_hint=_DIED_HINT)
+                                     on_result=result, died_hint=_DIED_HINT, death_ends=True)
         fut.what = what  # a timeout in get() names the endpoint, not "call 5"
 
         def finished(f: Future[Any]) -> None:
