@@ -192,16 +192,6 @@ def test_a_stream_resends_the_snapshot_when_asked_or_when_the_shape_changes():
     assert gone is not None and gone["type"] == "state" and gone["dims"] is None and gone["seq"] == 4
 
 
-def test_a_rank_is_in_a_live_call_until_the_call_finishes_even_if_it_never_answered():
-    s = fresh()
-    s.apply(started(7, [0, 1]))
-    assert s.in_live_call(0) and s.in_live_call(1)
-    s.apply(done(7, 0))
-    assert not s.in_live_call(0) and s.in_live_call(1)
-    s.apply({"type": "call_finished", "call": 7})  # given up on rank 1: it may still run it
-    assert not s.in_live_call(1)
-
-
 def out(rank: int, text: str, stream: str = "stdout") -> dict:
     return {"type": "output", "rank": rank, "stream": stream, "text": text, "call": 1}
 

@@ -136,3 +136,31 @@ def test_ranks_that_do_not_stop_are_named_and_the_next_cell_says_it_waits(mesh_k
     assert after.stream() == "[0] next 0\n[1] next 1\n"
     # once they are free, nothing more is said
     assert mesh_kernel.ok("%%mesh\nx = 1").stream("stderr") == ""
+
+
+def test_an_actor_endpoint_given_up_on_does_not_hold_the_next_cell(mesh_kernel: Kernel, tmp_path: Path):
+    """Ctrl-C in ``.get()`` gives up on a sync endpoint that runs on (an actor's own thread): the
+    next %%mesh cell runs on the ranks' main thread at once, so it must not say it waits for
+    the endpoint (it said "still running an earlier call ... this cell runs there once it ends")."""
+    release = tmp_path / "release"
+    mesh_kernel.ok(
+        "import pathlib, time, viceroy as vr\n"
+        "class Napper(vr.Actor):\n"
+        "    @vr.endpoint\n"
+        "    def nap(self):\n"
+        "        rank = vr.context().rank\n"
+        f"        pathlib.Path(r'{tmp_path}', f'started-{{rank}}').touch()\n"
+        f"        while not pathlib.Path(r'{release}').exists():\n"
+        "            time.sleep(0.01)\n"
+        "nappers = mesh.spawn(Napper)",
+        timeout=60,
+    )
+    ex, _ = _interrupt_once_both_ranks_started(mesh_kernel, "nappers.nap.call().get()", tmp_path)
+    assert ex.status == "error" and ex.reply["ename"] == "KeyboardInterrupt"
+    try:
+        after = mesh_kernel.ok("%%mesh\nprint('next', rank)", timeout=60)
+        assert after.stream("stderr") == "", after.stream("stderr")
+        assert after.stream() == "[0] next 0\n[1] next 1\n"
+    finally:
+        release.touch()
+    mesh_kernel.ok("nappers.stop()", timeout=60)

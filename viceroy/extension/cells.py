@@ -12,7 +12,6 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -50,11 +49,8 @@ class CellRunner:
     """Runs cells, one at a time, for a shell (``shell.user_ns`` holds the handles a cell may
     read; None outside IPython)."""
 
-    def __init__(self, shell: Any = None, in_live_call: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, shell: Any = None) -> None:
         self.shell = shell
-        # Whether a rank runs a call the controller still waits for (the session's state
-        # knows); ranks busy otherwise run calls given up on (interrupted, timed out).
-        self._in_live_call = in_live_call or (lambda _rank: False)
         self.active = False  # a cell is running: its events go to the inbox
         self._inbox = Inbox()
         self._printed = False  # a rank of the running cell's call has sent output
@@ -212,14 +208,15 @@ class CellRunner:
         raise interrupted(ranks, still_running=still) from None
 
     def _stuck_ranks(self, view: Mesh) -> list[int]:
-        """Ranks of `view` still running a call given up on (interrupted or timed out, the
-        ranks did not stop): the runtime counts them running, and no live call explains it.
-        (Calls made from Python, such as the tensor engine's, are live: not reported.)"""
+        """Ranks of `view` whose main thread still runs a call given up on (interrupted or
+        timed out, the ranks did not stop). (Ranks in a live call, such as the tensor engine's,
+        or still running an actor endpoint given up on, on its own thread, take the cell as
+        usual: not reported.)"""
         try:
-            states = view.states()
+            blocked = view._controller.blocked_ranks()
         except Exception:  # a mesh shut down meanwhile: nothing runs
             return []
-        return sorted(r for r, s in states.items() if s == "running" and not self._in_live_call(r))
+        return [r for r in blocked if r in view.ranks]
 
     def _report_busy_ranks(self, view: Mesh, sink: Sink) -> None:
         """A cell sent to ranks still busy with a call given up on waits for them: say so,

@@ -91,7 +91,7 @@ class MeshSession:
         self.shell = shell
         self.mesh: Mesh | None = None
         self.state = MeshState()
-        self._cells = CellRunner(shell, in_live_call=self.state.in_live_call)
+        self._cells = CellRunner(shell)
         self._unsubscribe: Callable[[], Any] | None = None
         self._listeners: list[Callable[[], None]] = []
         self._setup = threading.local()

@@ -310,12 +310,6 @@ class MeshState:
                 "summary": summarize(ranks),
             }
 
-    def in_live_call(self, rank: int) -> bool:
-        """Whether `rank` runs a call that has not finished (one given up on has finished,
-        though the rank may still be running it)."""
-        with self._lock:
-            return any(c in self._calls for c in self._in_flight.get(rank, ()))
-
     def states(self) -> dict[int, str]:
         with self._lock:
             return {r: info["state"] for r, info in self._ranks.items()}

@@ -47,6 +47,7 @@ class Call:
     on_result: Callable[[int, bool, Any], None] | None = None
     died_hint: str = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
     stuck_hint: str = STUCK_HINT
+    on_main_thread: bool = True  # runs on the ranks' main thread (not an actor's endpoint)
     # A rank's death ends the call for the caller STOP_GRACE_S later, whoever is still running
     # it; they are not cancelled (actor endpoints: the others run on, their answers dropped).
     death_ends: bool = False

@@ -71,7 +71,8 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._lender = shm.Lender(self.token)  # pushes' files, written over once the ranks let go
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._dead: set[int] = set()
-        self._stuck: dict[int, set[int]] = {}  # rank -> calls given up on that it still runs
+        # rank -> calls given up on that it still runs (call id -> whether on its main thread)
+        self._stuck: dict[int, dict[int, bool]] = {}
         self._hosts_of_ranks: dict[tuple[int, ...], list[int]] = {}  # routing, cached per rank set
         self._pids: dict[int, int] = {}
         self._exit_reason: dict[int, str] = {}
@@ -212,6 +213,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
                 call.died_hint = died_hint
             if op == "actor":
                 call.stuck_hint = ACTOR_STUCK_HINT
+                call.on_main_thread = False
             if self._direct and data:  # same host: big buffers through shared memory
                 # Kept for reuse (see shm.Lender); an actor's host answers another way: not lent.
                 lent = self._lender.to(shape.ranks) if op != "actor" else None
@@ -312,6 +314,13 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             for call in self._calls.values():
                 owing.update(call.missing())
             return {r: ("running" if s == "idle" and r in owing else s) for r, s in self._state.items()}
+
+    def blocked_ranks(self) -> list[int]:
+        """Ranks whose main thread still runs a call given up on (interrupted or timed out, and
+        it did not stop): code sent to them waits until it ends. (An actor's endpoint runs on its
+        own thread: a rank still running one given up on takes code at once.)"""
+        with self._lock:
+            return sorted(r for r, calls in self._stuck.items() if any(calls.values()))
 
     def pids(self) -> dict[int, int]:
         with self._lock:  # none after shutdown: those numbers may already be another process's

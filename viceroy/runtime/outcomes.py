@@ -43,7 +43,7 @@ class CallOutcomes:
     _queries: dict[int, Query]
     _state: dict[int, str]
     _dead: set[int]
-    _stuck: dict[int, set[int]]
+    _stuck: dict[int, dict[int, bool]]
     _exit_reason: dict[int, str]
     _never_ready: set[int]
     _pids: dict[int, int]
@@ -102,7 +102,7 @@ class CallOutcomes:
                     self._tell_peers_done(call)
                 if call.stop_deadline and now >= call.stop_deadline:
                     for r in call.missing():  # still busy with it: "running" until it answers
-                        self._stuck.setdefault(r, set()).add(call.id)
+                        self._stuck.setdefault(r, {})[call.id] = call.on_main_thread
                     call.give_up_on_missing()
                     done.append(call)
             for qid, q in list(self._queries.items()):
@@ -263,7 +263,7 @@ class CallOutcomes:
         for r in ranks:
             calls = self._stuck.get(r)
             if calls is not None:
-                calls.discard(header["id"])
+                calls.pop(header["id"], None)
                 if not calls:
                     del self._stuck[r]
 
