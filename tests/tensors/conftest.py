@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -20,3 +20,11 @@ def seeded_mesh(start_mesh: Callable[..., vr.Mesh]) -> Callable[..., vr.Mesh]:
         return mesh
 
     return start
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[vr.Mesh]:
+    """A 2-rank mesh that imported torch, shared by a module's tests."""
+    m = vr.Mesh.local(gpus=2, preload=["torch"], echo=False)
+    yield m
+    m.shutdown()

@@ -6,19 +6,10 @@ import re
 
 import pytest
 
-import viceroy as vr
-
 torch = pytest.importorskip("torch")
 from viceroy.runtime.tensors import MeshTensor  # noqa: E402
 
 _OWN = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    m = vr.Mesh.local(gpus=2, preload=["torch"], echo=False)
-    yield m
-    m.shutdown()
 
 
 def _devices(mesh, *ts):

@@ -4,18 +4,8 @@ tensor per rank, on each rank's own device, equal to what the same call makes lo
 import numpy as np
 import pytest
 
-import viceroy as vr
-
 torch = pytest.importorskip("torch")
 from viceroy.runtime.tensors import MeshTensor  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    m = vr.Mesh.local(gpus=2, preload=["torch"], echo=False)
-    yield m
-    m.shutdown()
-
 
 _MADE = [
     lambda: torch.as_tensor([1.0, 2.0]),

@@ -15,13 +15,6 @@ torch = pytest.importorskip("torch")
 from viceroy.runtime.tensors import inspect, rank_reads, reduce  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    m = vr.Mesh.local(gpus=2, preload=["torch"], echo=False)
-    yield m
-    m.shutdown()
-
-
 @pytest.fixture
 def t(mesh):
     with mesh.activate():
