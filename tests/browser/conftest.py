@@ -351,6 +351,17 @@ def write_notebook(path: Path, cells: list[str], kernel: str = "viceroy") -> Non
     path.write_text(json.dumps(nb))
 
 
+def run_cell(page: Any, index: int) -> None:
+    """Select cell `index` of the current notebook and start running it (through the app's
+    commands); returns at once, without waiting for the cell to finish."""
+    page.evaluate(
+        """(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                    nb.activeCellIndex = i;
+                    void window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+        index,
+    )
+
+
 def kernel_idle_js(app: str = "window.jupyterapp") -> str:
     """A predicate: the current notebook's kernel is connected and idle."""
     return (

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import LabServer, kernel_idle_js, write_notebook
-from tests.browser.test_mesh_lab import command, run_cell
+from tests.browser.conftest import LabServer, kernel_idle_js, run_cell, write_notebook
+from tests.browser.test_mesh_lab import command
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 

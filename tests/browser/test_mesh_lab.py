@@ -9,24 +9,13 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import LabServer, copy_if, kernel_idle_js, write_notebook
+from tests.browser.conftest import LabServer, copy_if, kernel_idle_js, run_cell, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
 # --no-fail-fast: the other ranks finish (done) however slow the machine; with fail-fast one
 # still running when rank 2 raises would rightly end "interrupted".
 FAIL_ON_2 = "%%mesh --no-fail-fast\nif rank == 2:\n    1/0\nprint('rank', rank, 'fine')"
-
-
-def run_cell(page: Any, index: int) -> None:
-    """Select cell `index` of the current notebook and start running it (through the app's
-    commands); returns at once, without waiting for the cell to finish."""
-    page.evaluate(
-        """(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
-                    nb.activeCellIndex = i;
-                    void window.jupyterapp.commands.execute('notebook:run-cell'); }""",
-        index,
-    )
 
 
 def test_mesh_view_in_lab(lab: LabServer, page: Any, artifacts: Path) -> None:
