@@ -178,6 +178,20 @@ def no_leaked_processes() -> Iterator[None]:
         yield
 
 
+class Owner:
+    """A controller-side owner of actor meshes (``owner=``): keeps the failures it is given."""
+
+    def __init__(self) -> None:
+        self.failures: list[vr.ActorFailure] = []
+
+    def __supervise__(self, failure: vr.ActorFailure) -> bool:
+        self.failures.append(failure)
+        return True
+
+    def by_rank(self) -> dict[int, str]:
+        return {r: f.summary for f in list(self.failures) for r in f.ranks}
+
+
 @pytest.fixture
 def start_mesh() -> Iterator[Callable[..., vr.Mesh]]:
     """``start_mesh(gpus=4)``: a light local mesh (no torch preload), shut down after the test."""

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import viceroy as vr
-from tests.conftest import fails_within, wait_running, wait_until
+from tests.conftest import Owner, fails_within, wait_running, wait_until
 
 
 class Sleeper(vr.Actor):
@@ -31,17 +31,6 @@ class Sleeper(vr.Actor):
     @vr.endpoint
     def count(self) -> int:
         return self.calls
-
-
-class Owner:
-    """A controller-side owner: counts the failures it is given."""
-
-    def __init__(self) -> None:
-        self.seen: list[vr.ActorFailure] = []
-
-    def __supervise__(self, failure: vr.ActorFailure) -> bool:
-        self.seen.append(failure)
-        return True
 
 
 def _tables_clean(mesh: vr.Mesh) -> bool:
@@ -78,11 +67,11 @@ def test_a_dead_rank_fails_an_endpoint_call_at_once_and_late_answers_are_dropped
     assert live.count.call().get(timeout=10).values() == [2, 2, 2]
 
     # The death reached supervision once, and nothing was printed of it or of the late answers.
-    assert [(f.kind, f.ranks) for f in owner.seen] == [("died", (2,))]
+    assert [(f.kind, f.ranks) for f in owner.failures] == [("died", (2,))]
     assert sleepers.restart(timeout=30) == [2]
     assert sleepers.nap.call(flag).get(timeout=30).values() == [0, 10, 20, 30]
     assert sleepers.count.call().get(timeout=10).values() == [3, 3, 1, 3]
-    assert [(f.kind, f.ranks) for f in owner.seen] == [("died", (2,))]
+    assert [(f.kind, f.ranks) for f in owner.failures] == [("died", (2,))]
     assert wait_until(lambda: _tables_clean(mesh), 5, "no call left in flight")
     err_text = capfd.readouterr().err
     assert "IO thread" not in err_text and "Traceback" not in err_text, err_text

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_until
+from tests.conftest import Owner, wait_until
 
 
 class Recorder(vr.Actor):
@@ -33,15 +33,6 @@ class Recorder(vr.Actor):
     @vr.endpoint
     def log(self) -> list[int]:
         return self.seen
-
-
-class Owner:
-    def __init__(self) -> None:
-        self.failures: list[vr.ActorFailure] = []
-
-    def __supervise__(self, failure: vr.ActorFailure) -> bool:
-        self.failures.append(failure)
-        return True
 
 
 def test_broadcasts_calls_slices_and_arrays_arrive_in_the_order_sent(start_mesh):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import viceroy as vr
-from tests.conftest import wait_until
+from tests.conftest import Owner, wait_until
 from viceroy.runtime.actors import supervision
 
 
@@ -44,17 +44,6 @@ class Boss(vr.Actor):
     @vr.endpoint
     def failures_seen(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.seen
-
-
-class Notebook:
-    """A controller-side owner."""
-
-    def __init__(self) -> None:
-        self.seen: list[vr.ActorFailure] = []
-
-    def __supervise__(self, failure: vr.ActorFailure) -> bool:
-        self.seen.append(failure)
-        return True
 
 
 def kill(mesh: vr.Mesh, rank: int) -> None:
@@ -112,13 +101,13 @@ def test_unhandled_failures_are_kept_and_printed_once_never_raised_later(start_m
 
 def test_a_failed_broadcast_goes_to_the_owner(start_mesh):
     mesh = start_mesh(gpus=2)
-    owner = Notebook()
+    owner = Owner()
     workers = mesh.spawn(Worker, 0, owner=owner)
     workers.fail.broadcast()
-    wait_until(lambda: len(owner.seen) == 2, 10, "both failures")
-    assert {f.ranks for f in owner.seen} == {(0,), (1,)}
-    assert all(f.kind == "error" and "KeyError: 'lost batch'" in f.summary for f in owner.seen)
-    assert "Worker (gpus=2)" in str(owner.seen[0])
+    wait_until(lambda: len(owner.failures) == 2, 10, "both failures")
+    assert {f.ranks for f in owner.failures} == {(0,), (1,)}
+    assert all(f.kind == "error" and "KeyError: 'lost batch'" in f.summary for f in owner.failures)
+    assert "Worker (gpus=2)" in str(owner.failures[0])
     assert workers.incr.call().get().values() == [1, 1]  # the actors live on
 
 
@@ -234,7 +223,7 @@ def test_a_bad_restart_timeout_is_refused_before_the_dead_ranks_are_restarted(st
     import numpy as np
 
     mesh = start_mesh(gpus=2)
-    workers = mesh.spawn(Worker, 0, owner=Notebook())
+    workers = mesh.spawn(Worker, 0, owner=Owner())
     kill(mesh, 1)
     wait_until(lambda: workers.failures, 5, "the actor mesh to notice")
     with pytest.raises(ValueError, match=r"timeout='x': give a positive, finite number of seconds"):

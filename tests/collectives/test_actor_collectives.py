@@ -13,7 +13,7 @@ import time
 import pytest
 
 import viceroy as vr
-from tests.conftest import fails_within, wait_running, wait_until
+from tests.conftest import Owner, fails_within, wait_running, wait_until
 
 ANSWER = [10.0, 10.0]  # the sum over 4 ranks of (rank + 1)
 
@@ -231,18 +231,6 @@ def test_an_endpoint_called_on_a_slice_runs_collectives_among_the_called_actors_
     sent = pairs.slice(dp=0, tp=0).send_to.call_one(3)
     assert pairs.slice(dp=1, tp=1).recv_from.call_one(0).get(timeout=30) == [1.0, 1.0]
     assert sent.get(timeout=30) is None
-
-
-class Owner:
-    def __init__(self) -> None:
-        self.failures: list[vr.ActorFailure] = []
-
-    def __supervise__(self, failure: vr.ActorFailure) -> bool:
-        self.failures.append(failure)
-        return True
-
-    def by_rank(self) -> dict[int, str]:
-        return {r: f.summary for f in list(self.failures) for r in f.ranks}
 
 
 @pytest.mark.parametrize(("kwargs", "culprit", "what"), [
