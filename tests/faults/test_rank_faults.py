@@ -486,14 +486,30 @@ def test_what_a_rank_wrote_just_before_it_died_still_arrives(start_mesh):
     assert "last words" in mesh.logs(1)
 
 
+# On rank 1, the reader thread, once it has taken what the fd-level pipes hold, waits 0.3 s
+# before it sends it (`taken` is set then): a kill in that window caught it holding the lines.
+_RANK_1_READER_SLOW = (
+    "import gc, os, signal, sys, threading, time\nfrom viceroy.runtime import output\n"
+    "capture = next(o for o in gc.get_objects() if isinstance(o, output.OutputCapture))\n"
+    "taken = threading.Event()\n"
+    "def slow_take(ready, take=capture._take_pipes):\n"
+    "    take(ready)\n"
+    "    if threading.current_thread().name == 'viceroy-output':\n"
+    "        taken.set()\n        time.sleep(0.3)\n"
+    "if rank == 1:\n    capture._take_pipes = slow_take\n"
+)
+
+
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
 def test_a_line_printed_with_flush_just_before_a_kill_still_arrives(start_mesh, dims):
-    # print(..., flush=True) only woke the sender thread; a SIGKILL right after took the line
-    # with it (it never reached the rank's pipes, which the agent reads out after a death).
+    # print(..., flush=True) once wrote the line into the rank's pipes for the agent to read out
+    # after a death; but the reader may take it out of them first, and the kill came before it
+    # sent it on (CI lost the line so). Now the flush sends it. If the reader takes it here, the
+    # kill lands while it holds the line.
     mesh = start_mesh(**dims)
     events = []
     mesh.subscribe(events.append)
-    code = ("import os, signal\nif rank == 1:\n    print('last words', flush=True)\n"
+    code = (_RANK_1_READER_SLOW + "    print('last words', flush=True)\n    taken.wait(0.5)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):
         mesh.run(code, timeout=10)
@@ -512,6 +528,17 @@ def test_lines_printed_just_before_os_exit_arrive_without_a_flush(start_mesh):
         mesh.run(code, timeout=10)
     wait_until(lambda: "unfinished" in mesh.logs(1), 5, "rank 1's last output in its log")
     assert mesh.logs(1).splitlines() == ["last words", "on stderr", "unfinished"]
+
+
+def test_fd_level_output_the_reader_took_but_had_not_sent_at_os_exit_arrives(start_mesh):
+    # os._exit wrote the queue into the pipes and exited; lines the reader had just taken out
+    # of them, not sent yet, went with the process. The exit now waits for the reader's send.
+    mesh = start_mesh(gpus=2)
+    code = (_RANK_1_READER_SLOW + "    os.write(1, b'last words\\n')\n"
+            "    assert taken.wait(5), 'the reader never took the line'\n    os._exit(3)\n")
+    with pytest.raises(vr.MeshError, match=r"rank 1: died \(exit code 3\)"):
+        mesh.run(code, timeout=10)
+    wait_until(lambda: "last words" in mesh.logs(1), 5, "rank 1's last words in its log")
 
 
 def test_what_a_direct_rank_sent_on_its_link_before_dying_goes_before_its_death(start_mesh):
@@ -547,22 +574,22 @@ def test_what_a_direct_rank_sent_on_its_link_before_dying_goes_before_its_death(
     assert kinds.index("publish") < kinds.index("rank_exit"), kinds
 
 
-def test_a_flush_returns_only_once_lines_another_thread_took_are_in_the_pipes_too(start_mesh):
-    # Another thread's explicit flush took the queue (this thread's line in it) and was still
-    # writing it into the pipes when this thread's own flush returned; a SIGKILL then lost the
-    # line. That thread's write is slowed here, and the rank's reader held: only the pipes,
-    # which the agent reads out after the death, can save the lines.
+def test_a_flush_returns_only_once_lines_another_thread_is_sending_are_sent_too(start_mesh):
+    # A flush while another thread (the reader, or another flush) is sending the queue, this
+    # thread's line in it, must not return before that line is out: a SIGKILL right after
+    # would lose it. Sending the first line is slowed here.
     mesh = start_mesh(gpus=2)
-    code = (_RANK_1_READER_HELD +
-            "    write_all, writing = output.write_all, threading.Event()\n"
-            "    def slow_write(fd, data):\n"
-            "        if threading.current_thread().name == 'flusher':\n"
-            "            writing.set()\n            time.sleep(0.5)\n"
-            "        write_all(fd, data)\n"
-            "    output.write_all = slow_write\n"
-            "    print('first line')\n"
-            "    threading.Thread(target=sys.stdout.flush, name='flusher').start()\n"
-            "    assert writing.wait(5)\n"
+    code = ("import gc, os, signal, sys, threading, time\nfrom viceroy.runtime import output\n"
+            "capture = next(o for o in gc.get_objects() if isinstance(o, output.OutputCapture))\n"
+            "if rank == 1:\n"
+            "    send, sending = capture._send, threading.Event()\n"
+            "    def slow_send(stream, data, call):\n"
+            "        if b'first line' in data:\n"
+            "            sending.set()\n            time.sleep(0.5)\n"
+            "        send(stream, data, call)\n"
+            "    capture._send = slow_send\n"
+            "    threading.Thread(target=print, args=('first line',), kwargs={'flush': True}).start()\n"
+            "    assert sending.wait(5)\n"
             "    print('second line', flush=True)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     with pytest.raises(vr.MeshError, match=r"rank 1: died \(SIGKILL\)"):

@@ -114,3 +114,36 @@ def test_a_display_comes_after_what_the_rank_printed_before_it(start_mesh, dims)
             seen = [e.get("text") or e["kind"] for e in events
                     if e.get("rank") == r and e["type"] in ("output", "publish")]
             assert "".join(t if t != "note" else "|note|" for t in seen) == "before\nunfinished|note|after\n", seen
+
+
+def test_a_signal_handler_that_prints_with_flush_neither_hangs_nor_loses_lines(start_mesh):
+    # An explicit flush sends from the thread that flushes; in a signal handler that landed
+    # inside a write or a send of the main thread it must not wait for what that holds (the
+    # call hung, or nested handlers piled up until a RecursionError). SIGUSR1 every 2 ms here,
+    # while the main thread prints flushed lines.
+    mesh = start_mesh(gpus=1)
+    code = """
+import signal, sys, threading, time
+handled = []
+def handler(signum, frame):
+    handled.append(signum)
+    print("handled", file=sys.stderr, flush=True)
+signal.signal(signal.SIGUSR1, handler)
+done, main = threading.Event(), threading.get_ident()
+def fire():
+    while not done.is_set():
+        signal.pthread_kill(main, signal.SIGUSR1)
+        time.sleep(0.002)
+threading.Thread(target=fire).start()
+try:
+    for i in range(3000):
+        print("line", i, flush=True)
+finally:
+    done.set()
+len(handled)
+"""
+    handled = mesh.run(code, timeout=60).values()[0]
+    log = mesh.logs(0, tail=100_000).splitlines()
+    assert handled > 0
+    assert log.count("handled") == handled
+    assert [line for line in log if line != "handled"] == [f"line {i}" for i in range(3000)]

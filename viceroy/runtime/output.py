@@ -14,9 +14,11 @@ Lines go out within LINE_DELAY_S of being written (a burst of them as one messag
 unfinished line as soon as it is flushed (a progress bar's "\r 42%"), and all of it before the
 call's result and before a message the rank publishes (a display; both sent by the thread that
 sends that message, as the rank sends any message, whole). An explicit flush
-(``print(..., flush=True)``, ``sys.stdout.flush()``) moves what is queued into the fd-level
-pipes, which outlive the process: the reader forwards it from there, or, when the rank is
-killed first, its agent reads it out.
+(``print(..., flush=True)``, ``sys.stdout.flush()``, logging after each record) sends what is
+queued from the flushing thread, the same way: once it returns the lines are in the link's
+socket buffer, which outlives the process, so a kill right after cannot take them. An exit
+(``os._exit``) writes what is queued into the fd-level pipes, which its agent reads out after
+the death, and stops the reader first, which must not take it back out of them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class OutputCapture:
     (read end, write end) made beforehand, else new ones); a reader thread forwards both in order.
 
     `send(stream, data, call_id)` must be thread-safe. `limit` caps the bytes forwarded per call;
-    past it the rest is dropped and a notice says how much.
+    past it the rest is dropped and a notice says how much. `sending_here()`: whether the calling
+    thread is inside `send` (or another send of the process that must not be interrupted).
     """
 
     def __init__(
@@ -55,16 +58,20 @@ class OutputCapture:
         rank: int,
         current_call: Callable[[], int | None],
         pipes: dict[int, tuple[int, int]] | None = None,
+        sending_here: Callable[[], bool] = lambda: False,
     ) -> None:
         self._send = send
+        # Whether this thread is in the middle of sending a message (a signal handler that
+        # interrupted it): a flush there must not send, which would cut that message in two.
+        self._sending_here = sending_here
         self._limit = limit
         self._rank = rank
         self._current_call = current_call
-        self._sending = threading.Lock()  # held by whoever forwards: one sender at a time, in order
-        # Held by a thread writing the queue out into the pipes (an explicit flush, an exit), from
-        # taking it to the last byte: another thread's flush then returns only when what was
-        # taken, its own lines perhaps, is in the pipes too, and its own lines go after.
-        self._writing_out = threading.RLock()  # (an exit from a signal handler inside a flush)
+        # Held by whoever forwards, from taking the queue and the pipes to the last byte sent:
+        # one sender at a time, in order; and what was taken is never held only in memory
+        # while nobody sends it (a thread that holds it is sending, or exiting).
+        # (Reentrant only so that a thread can tell it holds it: it is never taken twice.)
+        self._sending = threading.RLock()
         # Held briefly, also by writers; reentrant, as a signal handler that prints may run in a
         # thread that is inside write().
         self._queue_lock = threading.RLock()
@@ -126,29 +133,26 @@ class OutputCapture:
                 self._wake()
 
     def flush(self, durable: bool = False) -> None:
-        """Send what is queued now (the reader does it, right away). `durable` (an explicit
-        flush): write it into the pipes instead, which the agent reads out if this process is
-        killed before the reader has sent it; the reader forwards it from there."""
+        """Send what is queued now, an unfinished line too. `durable` (an explicit flush): from
+        this thread, so that it is in the link when flush returns and a kill right after cannot
+        take it (the reader, had it sent it, could have been killed between taking the lines
+        and sending them). Otherwise the reader sends it, right away."""
         if self._forked:
             return
-        # Bounded: a signal handler flushing on a thread that holds the queue lock (inside a
-        # write) must not wait for a flush that waits for that lock; it only wakes the reader.
-        if not durable or threading.get_ident() == self._reader_ident or not self._writing_out.acquire(timeout=1.0):
-            with self._queue_lock:
-                if self._queue:
-                    self._due = 0.0
-                    self._wake()
-            return
-        try:
-            with self._queue_lock:
-                batch = self._take_queue() if self._queue else None
-            if batch is None:  # taken by the reader, which may be sending it still
-                with _held(self._sending, 1.0):  # out, in the link, before we return
+        # Not on the reader (which sends anyway), nor in a signal handler run inside a send or
+        # a write on this thread (waiting there for the reader, which may wait for what that
+        # holds, would wait for itself), nor for longer than a second: then the reader sends
+        # it, as soon as it can.
+        if (durable and threading.get_ident() != self._reader_ident and not self._sending_here()
+                and not owned(self._queue_lock)):
+            with self._send_turn(1.0) as got:
+                if got:
+                    self._forward_queue(everything=True)
                     return
-            for stream, data in batch:  # outside the queue lock: the reader drains a full pipe meanwhile
-                write_all(_FD[stream], bytes(data))
-        finally:
-            self._writing_out.release()
+        with self._queue_lock:
+            if self._queue:
+                self._due = 0.0
+                self._wake()
 
     def send_written(self) -> None:
         """Send what was written so far, an unfinished line too, before a message that must
@@ -160,9 +164,26 @@ class OutputCapture:
         for stream in self._streams:  # the text layer's unfinished line, into the queue
             with contextlib.suppress(OSError, ValueError):
                 io.TextIOWrapper.flush(stream)
-        with _held(self._sending, 1.0) as got:
+        with self._send_turn(1.0) as got:
             if got:
                 self._forward_queue(everything=True)
+
+    @contextlib.contextmanager
+    def _send_turn(self, timeout: float = -1) -> Iterator[bool]:
+        """`_sending`, if it can be had within `timeout` s (-1: however long); yields whether it
+        was. Not on the thread that holds it already (a signal handler run inside a send, which
+        must not wait for itself): False at once. Released however the block ends, an
+        interrupt landing right after the acquire too."""
+        if owned(self._sending):
+            yield False
+            return
+        got = False
+        try:
+            got = self._sending.acquire(timeout=timeout)
+            yield got
+        finally:
+            if got:
+                self._sending.release()
 
     def _take_queue(self) -> list[tuple[str, bytearray]]:
         """Empty the queue (holding the queue lock); what it held."""
@@ -193,9 +214,11 @@ class OutputCapture:
         for stream in self._streams:  # the text layer's unfinished line, into the queue
             with contextlib.suppress(OSError, ValueError):
                 io.TextIOWrapper.flush(stream)
-        # After a flush another thread is writing out (within the deadline: it may be stuck).
-        if not self._writing_out.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return
+        # Kept till the exit: the reader, which would take lines out of the pipes, is done
+        # sending what it took and takes nothing more. (Not had within the deadline, the reader
+        # is stuck on a full link, or this thread interrupted its own send: on all the same.)
+        if not owned(self._sending) and not self._sending_here():
+            self._sending.acquire(timeout=max(0.0, deadline - time.monotonic() - 0.5))
         if not self._queue_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return
         try:
@@ -218,7 +241,7 @@ class OutputCapture:
     # --- calls (the rank's main thread, between user code) --------------------------------
 
     def begin_call(self, call_id: int) -> None:
-        with self._sending:
+        with self._send_turn():
             self._call, self._sent, self._dropped = call_id, 0, 0
 
     def end_call(self) -> None:
@@ -228,7 +251,7 @@ class OutputCapture:
                 io.TextIOWrapper.flush(stream)  # into the queue; sent just below
             except (OSError, ValueError):
                 pass
-        with self._sending:
+        with self._send_turn():
             self._forward_queue(everything=True)
             if self._dropped:
                 self._notice(f"{self._dropped} more bytes of output dropped")
@@ -253,7 +276,7 @@ class OutputCapture:
                     pass
             except BlockingIOError:
                 pass
-            with self._sending:
+            with self._send_turn():
                 self._forward_queue(everything=False)
 
     def _forward_queue(self, everything: bool) -> None:
@@ -357,14 +380,6 @@ def cut_at(data: bytes, room: int, first: bool) -> int:
     return cut if cut or not first else room
 
 
-@contextlib.contextmanager
-def _held(lock: threading.Lock, timeout: float) -> Iterator[bool]:
-    """`lock`, if it can be had within `timeout` s (yields whether it was): released however
-    the block ends, an interrupt landing right after the acquire too."""
-    got = False
-    try:
-        got = lock.acquire(timeout=timeout)
-        yield got
-    finally:
-        if got:
-            lock.release()
+def owned(lock: threading.RLock) -> bool:
+    """Whether the calling thread holds `lock` (as threading.Condition asks an RLock)."""
+    return bool(lock._is_owned())  # type: ignore[attr-defined]

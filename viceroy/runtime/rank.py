@@ -27,7 +27,7 @@ from viceroy.runtime.execution import (
     restore_filename,
     user_location,
 )
-from viceroy.runtime.output import OutputCapture
+from viceroy.runtime.output import OutputCapture, owned
 from viceroy.runtime.rank_channels import RankChannels
 from viceroy.runtime.wire import Signer
 
@@ -48,7 +48,9 @@ class Rank:
         self.segments = shm.Segments(self.token) if self.direct and shm.available() else None
         # Pushed files it no longer maps, told with its next answer (the controller's Lender).
         self.let_go: collections.deque[str] = collections.deque()
-        self.send_lock = threading.Lock()
+        # Reentrant, so that a thread can tell it holds it (a signal handler run inside a send
+        # must not send: `OutputCapture` leaves its output to the reader).
+        self.send_lock = threading.RLock()
         self.sender: int | None = None  # the thread sending a message now
         self.interrupt_deferred = False
 
@@ -78,7 +80,8 @@ class Rank:
             )
         )
         pipes = {int(fd): (r, w) for fd, (r, w) in cfg.get("output_pipes", {}).items()}
-        self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current, pipes)
+        self.output = OutputCapture(self._send_output, cfg["output_limit"], self.rank, lambda: self.current, pipes,
+                                    sending_here=lambda: owned(self.send_lock))
         # A crash (segfault, abort) writes every thread's Python stack to a file the agent reads
         # after the rank died: the cell shows where it was.
         crash_report.enable(cfg.get("crash_file"))
@@ -93,7 +96,12 @@ class Rank:
             # A message goes frame by frame, in Python: an interrupt raised between two
             # frames (user code publishing a display, say) would leave half a message that
             # garbles the next one, the call's result perhaps. Not in the middle of one.
-            self.sender = threading.get_ident()
+            me = threading.get_ident()
+            if self.sender == me:  # a signal handler, run between two frames of this thread's
+                raise RuntimeError(  # message, sends one of its own: it would cut that one in two
+                    f"viceroy: rank {self.rank} cannot send {header.get('op')!r} from a signal handler that "
+                    "interrupted a message being sent; print instead, or display after the handler returns")
+            self.sender = me
             try:
                 self.channels.deliver(frames)
             finally:
