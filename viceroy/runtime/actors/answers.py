@@ -1,7 +1,8 @@
 """What an actor's rank sends back for a call: its value, its error, "interrupted" or a bare
 ok, each with the collectives the call started (for peers still waiting in one, see
 `call_peers`). Nobody waits for a one-way broadcast (header id <= ONEWAY): its error goes to the
-controller, which hands it to supervision, and the rest is not sent."""
+controller, which hands it to supervision, and the rest is not sent. The kinds of what ranks
+publish for actors (requests to call an actor mesh, one-way errors and waits) are named here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from viceroy.runtime import call_peers, serialize
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import plain
 
+REQUEST = "viceroy.actors.request"  # an endpoint calls an actor mesh: the controller relays it
 ONEWAY_ERROR = "viceroy.actors.oneway_error"
 OW_WAIT = "viceroy.actors.oneway_wait"  # a rank waits in a collective of a one-way call...
 OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished that call (see actors/host.py)

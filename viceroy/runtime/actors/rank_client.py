@@ -15,11 +15,10 @@ from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, RankFuture
+from viceroy.runtime.actors.answers import REQUEST
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, describe_ranks
-
-REQUEST = "viceroy.actors.request"  # kind of the publish events that carry the requests
 
 _replies: dict[int, Future[Any]] = {}
 _lock = threading.Lock()

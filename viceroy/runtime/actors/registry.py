@@ -16,7 +16,7 @@ from typing import Any
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
-from viceroy.runtime.actors.answers import ONEWAY_ERROR, OW_DONE, OW_WAIT  # what ranks publish
+from viceroy.runtime.actors.answers import ONEWAY_ERROR, OW_DONE, OW_WAIT, REQUEST  # ranks publish
 from viceroy.runtime.actors.oneway import Oneway
 from viceroy.runtime.actors.record_lifecycle import RecordLifecycle
 from viceroy.runtime.actors.stopping import PendingStop, stop_all
@@ -27,7 +27,6 @@ from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, describe_ranks, format_rank_set
 from viceroy.runtime.values import ValueMesh
 
-REQUEST = "viceroy.actors.request"  # kind of the publish events ranks send for proxies
 _SENT: Future[Any] = Future()  # what a broadcast returns: sent, nothing to wait for
 _SENT._set_result(None)
 
