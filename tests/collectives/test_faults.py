@@ -385,3 +385,29 @@ def test_a_reduce_scatter_of_different_sizes_or_one_a_rank_skips_ends_within_sec
     assert "rank 1 finished the call without joining this collective" in msg, msg
     assert mesh.run("vr.reduce_scatter(torch.arange(4.) * (rank + 1), op='avg').tolist()", timeout=30).values() == [
         [0.0, 1.5], [3.0, 4.5]]
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_failed_calls(torch_mesh, dims):
+    # Calls sent without waiting (block=False, the tensor engine's batches) queue on each rank.
+    # Rank 1 raises before the first call's all_reduce and goes straight on to the second's,
+    # while rank 0 still waits in the first's (here it does not hear the interrupt at once): the
+    # two all_reduces met, as the same operation on the same communicator. Rank 0's first call
+    # then returned 1 + 100, rank 1's second too, and rank 0's second waited for a peer that
+    # had already left. A rank whose call failed now starts its next collective only once that
+    # call has ended everywhere.
+    mesh = torch_mesh(**dims)
+    mesh.run(NEXT)  # the communicator exists: rank 0 really blocks in it
+    first = ("t = torch.ones(1)\nif rank == 1:\n    raise ValueError('bad shard')\n"
+             "deaf = signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+             "try:\n    vr.all_reduce(t)\nfinally:\n    signal.signal(signal.SIGINT, deaf)\nfloat(t)")
+    second = "t = torch.full((1,), 100.0)\nvr.all_reduce(t)\nfloat(t)"
+    f1 = mesh.run(first, block=False)
+    f2 = mesh.run(second, block=False)
+    with pytest.raises(vr.MeshError) as info:
+        f1.result(timeout=30)
+    assert "rank 1: ValueError: bad shard" in str(info.value)
+    assert not info.value.partial, info.value.partial  # rank 0's all_reduce got 1 + 100
+    assert "rank 0: viceroy.CollectiveError" in str(info.value), str(info.value)
+    assert f2.result(timeout=30).values() == [200.0, 200.0]
+    assert_next_collective_is_right(mesh, 2)

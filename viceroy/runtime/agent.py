@@ -175,7 +175,7 @@ class Agent(RankLifecycle):
                     refused.append({"r": r, "ok": False, "kind": "died", "summary": "not running", "signed": 0})
             if header["id"] != 0:  # 0: one-way (an actor broadcast): nobody waits for an answer
                 self.relay.expect(header["id"], sent, refused)
-        elif op in ("cancel", "peers_done"):
+        elif op in ("cancel", "peers_done", "settled"):
             for r in mine:
                 if self.slots[r].ready:
                     self._send_rank(r, frames, control=True)

@@ -28,6 +28,14 @@ with any of them could only wait for its timeout, so it is refused at once (`not
 An actor's one-way broadcasts have no answers, so the controller cannot say who finished
 them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
 the ranks that finished it answer through the controller with their counts, as `peers_done`.
+
+Calls sent without waiting queue on each rank (`block=False`, the tensor engine's batches). A
+rank whose call failed goes straight on to the next, while its peers may still wait in a
+collective of the failed call: its next collective would meet theirs, as the same operation on
+the same communicator, and each side would return the other's data. So a rank whose call
+failed (`failed`) starts its next collective only once the controller says that call has ended
+on every rank (op "settled"; `wait_settled`): by then a peer that waited in one has given the
+communicator up, and the next collective builds a fresh one.
 """
 
 from __future__ import annotations
@@ -45,6 +53,14 @@ _running: dict[int, CallPeers] = {}  # call id -> its state, for the control thr
 
 # A one-way call waiting in a collective this long asks who finished it, and again as often.
 ASK_EVERY_S = 1.0
+
+# Calls of the main thread that failed here and may still run on other ranks (see `failed`).
+_unsettled: set[int] = set()
+_settled_early: set[int] = set()  # said to have ended before it failed here (given up on)
+_settled = threading.Condition(_lock)
+# The controller ends a failed call within seconds (fail-fast, then giving up on ranks that do
+# not stop); past this a collective goes ahead all the same, so no word lost can hold it.
+SETTLE_WAIT_S = 30.0
 
 
 class CallPeers:
@@ -126,6 +142,44 @@ def peers_done(call_id: int, done: dict[int, dict[str, list[Any]] | None]) -> bo
             return False
         state.done.update(done)
         return True
+
+
+def failed(call_id: int) -> None:
+    """Call `call_id` failed on this rank (main thread, before it answers): its next collective
+    waits until the controller says the call ended everywhere (see `wait_settled`)."""
+    with _lock:
+        if call_id in _settled_early:  # given up on by the controller while it still ran here
+            _settled_early.discard(call_id)
+        else:
+            _unsettled.add(call_id)
+
+
+def settled(call_id: int) -> None:
+    """The controller's word (control thread): call `call_id` has ended on every rank."""
+    with _settled:
+        if call_id in _unsettled:
+            _unsettled.discard(call_id)
+            _settled.notify_all()
+        else:
+            _settled_early.add(call_id)
+
+
+def wait_settled(slice_s: float, between: Callable[[], None]) -> None:
+    """Before a collective: wait until every call that failed here has ended on all ranks, in
+    waits of `slice_s` with `between()` after each (an interrupt lands there; see
+    collectives.waiting). Past SETTLE_WAIT_S it stops waiting for them."""
+    if not _unsettled:
+        return
+    deadline = time.monotonic() + SETTLE_WAIT_S
+    while True:
+        with _settled:
+            if not _unsettled:
+                return
+            if time.monotonic() >= deadline:
+                _unsettled.clear()
+                return
+            _settled.wait(slice_s)
+        between()
 
 
 def cancel(call_id: int) -> bool:

@@ -172,6 +172,17 @@ class CallOutcomes:
             frames = self.signer.pack({"op": "peers_done", "id": call.id, "ranks": rank_runs(missing), "done": done})
             self._to_ranks(missing, frames, control=True)
 
+    def _tell_settled(self, call: Call) -> None:
+        """Tell the ranks a main-thread call failed on that it has ended everywhere: each holds
+        its next collective until then (see call_peers.failed)."""
+        if not call.failures or not call.on_main_thread:
+            return
+        with self._lock:
+            failed = [r for r in call.failures if self._state.get(r) != "dead"]
+        if failed:
+            self._to_ranks(failed, self.signer.pack({"op": "settled", "id": call.id, "ranks": rank_runs(failed)}),
+                           control=True)
+
     def _tell_peers_soon(self, call: Call) -> None:
         """Tell the ranks still running `call` of a death at the end of this IO round, once for
         every rank that died in it (a lost host's, say), so they all stop with the same words.
@@ -280,6 +291,7 @@ class CallOutcomes:
             if self._calls.pop(call.id, None) is None:
                 return
         shm.discard(call.shm_paths)  # every rank has mapped it, or never will
+        self._tell_settled(call)
         self.logs.flush()
         self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
         # Resolving the future wakes the caller: do it last, so this thread does not hold the

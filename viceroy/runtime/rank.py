@@ -157,6 +157,8 @@ class Rank:
                     self._cancel(header["id"])  # a call on the main thread
             elif op == "peers_done":  # ranks that finished the call this one still runs
                 call_peers.peers_done(header["id"], {int(r): cc for r, cc in header["done"]})
+            elif op == "settled":  # a call that failed here has ended on every rank
+                call_peers.settled(header["id"])
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code, self.executor.awaiting()).encode()])
             elif op == "stats":
@@ -218,6 +220,7 @@ class Rank:
                     skipped = False
             if skipped:
                 self._never_mapped(header)
+                call_peers.failed(call_id)
                 self._send_result(
                     {"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
                      "summary": "interrupted before it started", "tb": ""}, [], []
@@ -229,6 +232,8 @@ class Rank:
             if cc := call_peers.counts():  # collectives it started: peers still waiting compare
                 reply[0]["cc"] = cc
             call_peers.end_call(peers)
+            if not reply[0]["ok"]:  # its peers may still wait in one of its collectives
+                call_peers.failed(call_id)
             with self.state_lock:
                 self.current = None
                 self.interrupt_target = None
