@@ -35,8 +35,12 @@ def test_palette_commands_need_a_mesh_and_the_status_item_is_a_keyboard_button(l
     expect(status).to_have_text("no mesh", timeout=30_000)  # a Viceroy kernel, connected
     assert enabled(page) == dict.fromkeys(COMMANDS, False)
 
+    # JupyterLab restores its layout (the file browser's tab selected) and focuses the notebook
+    # as it settles: both once took the panel away again, or the key press, in CI.
+    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
     status.focus()
-    page.keyboard.press("Enter")
+    expect(status).to_be_focused()
+    status.press("Enter")
     expect(panel).to_be_visible()
     run_cell(page, 0)
     expect(panel.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)

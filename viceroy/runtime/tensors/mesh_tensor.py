@@ -47,6 +47,10 @@ GENERAL = 4  # anything else (several outputs, trees): Engine.dispatch builds th
 KEYABLE = frozenset({int, float, bool, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.Size})
 
 _SIGS: dict[tuple[Any, ...], int] = {}
+_SHAPES: dict[int, tuple[int, ...]] = {}  # sig -> its shape
+
+_GETITEM = torch.Tensor.__getitem__
+_ANY_INDEX = object()  # in the key of ``x[i]``: any int within x's first dim (one plan for all)
 
 
 def sig_of(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, grad: bool = False) -> int:
@@ -57,9 +61,11 @@ def sig_of(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, 
     if sig is None:
         if len(_SIGS) >= 1 << 16:
             _SIGS.clear()
+            _SHAPES.clear()
         global _next_sig
         _next_sig += 1
         sig = _SIGS[key] = _next_sig
+        _SHAPES[sig] = shape
     return sig
 
 
@@ -259,6 +265,13 @@ def torch_function(owner: Any, func: Any, types: Any, args: tuple[Any, ...] = ()
                     key.append(v)
             else:
                 kwargs = None
+            if func is _GETITEM and len(key) == 4 and key[2] is int:
+                # x[i] in a loop: the same plan for every i within the first dim (its value
+                # still goes to the ranks); one out of it is keyed by value, and the meta run
+                # raises torch's IndexError
+                dims = _SHAPES.get(key[1])
+                if dims and -dims[0] <= key[3] < dims[0]:
+                    key[3] = _ANY_INDEX
             if _default_dtype() is not engine._dtype or _grad_enabled() is not engine._grad or _autocast():
                 engine.check_modes(func)  # (before the plan: plans hold for one dtype and grad mode)
             k = tuple(key)
