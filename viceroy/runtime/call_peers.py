@@ -164,10 +164,10 @@ def settled(call_id: int) -> None:
             _settled_early.add(call_id)
 
 
-def wait_settled(slice_s: float, between: Callable[[], None]) -> None:
+def wait_settled(slice_s: float) -> None:
     """Before a collective: wait until every call that failed here has ended on all ranks, in
-    waits of `slice_s` with `between()` after each (an interrupt lands there; see
-    collectives.waiting). Past SETTLE_WAIT_S it stops waiting for them."""
+    waits of `slice_s` (an interrupt lands between them, and `check_cancelled` looks). Past
+    SETTLE_WAIT_S it stops waiting for them."""
     if not _unsettled:
         return
     deadline = time.monotonic() + SETTLE_WAIT_S
@@ -179,7 +179,7 @@ def wait_settled(slice_s: float, between: Callable[[], None]) -> None:
                 _unsettled.clear()
                 return
             _settled.wait(slice_s)
-        between()
+        check_cancelled()
 
 
 def cancel(call_id: int) -> bool:

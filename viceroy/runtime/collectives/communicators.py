@@ -55,7 +55,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     me = context().rank
     if absent := call_peers.not_in_call(group.ranks, sig):  # an actor endpoint called on a slice, say
         raise CollectiveError(f"{what} over {group.label}: {absent}.")
-    call_peers.wait_settled(SLICE_S, call_peers.check_cancelled)  # a failed call's peers left its collectives
+    call_peers.wait_settled(SLICE_S)  # a call that failed here has ended on its peers too
     call_peers.started(group.name, sig)
     entry = building.get(what, backend, group, device)
     if not healthy(entry):
