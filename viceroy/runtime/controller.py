@@ -266,6 +266,12 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             with contextlib.suppress(BaseException):
                 call.future._cf.exception(wait)
 
+    def unanswered(self, call_id: int) -> list[int]:
+        """The ranks that have not answered call `call_id` yet ([] once it ended, or unknown)."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            return call.missing() if call is not None else []
+
     def interrupt(self, ranks: Sequence[int], wait: float = 1.5) -> list[int]:
         """Cancel every call in flight on any of `ranks`; returns their ids."""
         wanted = set(ranks)

@@ -69,8 +69,10 @@ def endpoint(fn: Callable[..., Any] | None = None, /, *, concurrent: bool = Fals
 
     By default an actor handles its messages one at a time, in the order sent, async ones too:
     such an endpoint cannot wait for a call that includes its own actor (the wait raises at
-    once). ``@endpoint(concurrent=True)`` on an ``async def`` lets calls start in order but
-    overlap while they await, so it may await one.
+    once), nor close a cycle of waits through other actors (A's endpoint waits for B's, which
+    waits for a call on A: the wait that closes the cycle raises RuntimeError at once, naming
+    them, and its call is cancelled). ``@endpoint(concurrent=True)`` on an ``async def`` lets
+    calls start in order but overlap while they await, so it may await one.
     """
 
     def mark(f: Any) -> Any:

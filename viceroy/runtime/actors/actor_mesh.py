@@ -248,41 +248,58 @@ class RankFuture(Future[Any]):
     mesh.interrupt() is the controller's; a timeout names the endpoint.
 
     `waits_on_self`: why waiting for it can never end, if it cannot: the call includes the
-    very actor whose endpoint would wait (see rank_client.running_actor)."""
+    very actor whose endpoint would wait (see rank_client.running_actor). `on_wait(over,
+    awaiting)`: called as a wait for it (`get`, or `await`) blocks (over False) and, if it was
+    told, as one ends before it is done (True); -> whether it was told (rank_client._tell_wait:
+    the controller looks for a cycle of waits between actors)."""
 
-    __slots__ = ("waits_on_self",)
+    __slots__ = ("on_wait", "waits_on_self")
 
     def __init__(self, what: str) -> None:
         super().__init__(-1, what=what)
         self.waits_on_self: str | None = None
+        self.on_wait: Callable[[bool, bool], bool] | None = None
+
+    def _blocks(self, awaiting: bool) -> Callable[[bool, bool], bool] | None:
+        """A wait for it starts: raise if it can never end; -> what to call as it ends early."""
+        if self.waits_on_self is not None and not self.done():
+            raise RuntimeError(self.waits_on_self)
+        told = self.on_wait is not None and not self.done() and self.on_wait(False, awaiting)
+        return self.on_wait if told else None
 
     def get(self, timeout: float | None = None) -> Any:
         """As `Future.get`; in an endpoint that is interrupted meanwhile (mesh.interrupt(),
         Ctrl-C on the controller), the wait ends with it."""
-        if self.waits_on_self is not None and not self.done():
-            raise RuntimeError(self.waits_on_self)
         timeout = check_seconds(timeout, none="waiting as long as it takes")
+        ends = self._blocks(False)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
-            try:
-                self._cf.exception(max(left, 0.0))
-                break
-            except concurrent.futures.TimeoutError:
-                call_peers.check_cancelled()  # the endpoint that waits was interrupted
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"{self.what} still running after {timeout} s; it goes on: wait longer with "
-                        ".get(timeout=...), or interrupt it from the controller (mesh.interrupt())"
-                    ) from None
+        try:
+            while True:
+                left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
+                try:
+                    self._cf.exception(max(left, 0.0))
+                    break
+                except concurrent.futures.TimeoutError:
+                    call_peers.check_cancelled()  # the endpoint that waits was interrupted
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"{self.what} still running after {timeout} s; it goes on: wait longer with "
+                            ".get(timeout=...), or interrupt it from the controller (mesh.interrupt())"
+                        ) from None
+        finally:
+            if ends is not None and not self.done():
+                ends(True, False)
         return super().get()
 
     result = get
 
     def __await__(self) -> Generator[Any, None, Any]:
-        if self.waits_on_self is not None and not self.done():
-            raise RuntimeError(self.waits_on_self)
-        return (yield from super().__await__())
+        ends = self._blocks(True)
+        try:
+            return (yield from super().__await__())
+        finally:
+            if ends is not None and not self.done():
+                ends(True, True)
 
 
 def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
@@ -291,6 +308,7 @@ def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     if isinstance(inner, RankFuture):
         out = RankFuture(inner.what)
         out.waits_on_self = inner.waits_on_self
+        out.on_wait = inner.on_wait
     else:
         out = Future(inner.call_id, inner._on_interrupt, inner.what)
 

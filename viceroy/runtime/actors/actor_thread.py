@@ -23,7 +23,7 @@ from typing import Any
 from viceroy.runtime import call_peers, devices, serialize
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import answers, output
-from viceroy.runtime.actors.rank_client import running_actor
+from viceroy.runtime.actors.rank_client import Holding, running_actor
 from viceroy.runtime.execution import format_user_traceback, restore_filename
 from viceroy.runtime.shape import expand_runs
 
@@ -269,7 +269,8 @@ class ActorHost:
              outside: frozenset[int] | tuple[()]) -> None:
         """A call handled on the actor's thread: sync, or async awaited to its end. Either
         holds the actor until it returns: it must not wait for a call to this very actor."""
-        holding = running_actor.set((self.id, getattr(fn, "__qualname__", "the endpoint")))
+        holding = running_actor.set(Holding(self.id, getattr(fn, "__qualname__", "the endpoint"), call_id,
+                                            getattr(fn, "__name__", "")))
         try:
             self._run_holding(call_id, fn, signed, data, oneway, outside)
         finally:

@@ -2,7 +2,7 @@
 ok, each with the collectives the call started (for peers still waiting in one, see
 `call_peers`). Nobody waits for a one-way broadcast (header id <= ONEWAY): its error goes to the
 controller, which hands it to supervision, and the rest is not sent. The kinds of what ranks
-publish for actors (requests to call an actor mesh, one-way errors and waits) are named here."""
+publish for actors (requests to call an actor mesh, waits for their replies, one-way errors and waits) are named here."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ REQUEST = "viceroy.actors.request"  # an endpoint calls an actor mesh: the contr
 ONEWAY_ERROR = "viceroy.actors.oneway_error"
 OW_WAIT = "viceroy.actors.oneway_wait"  # a rank waits in a collective of a one-way call...
 OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished that call (see actors/host.py)
+# An endpoint that holds its actor blocks on a request's reply ("over": no longer): the controller
+# looks for a cycle of such waits between actors (see actors/cycles.py)
+WAIT = "viceroy.actors.wait"
 ONEWAY = 0  # the header id of broadcasts: nothing is sent back, unless it fails; ids <= 0 are one-way
 
 rank: Any = None  # the Rank object, set by `host.handle` on the first actor message

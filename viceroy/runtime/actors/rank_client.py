@@ -2,20 +2,24 @@
 an endpoint's arguments) gets a `RankClient`, which sends its calls to the controller as
 requests; the controller sends them on like its own calls and replies to the rank, where
 `resolve_reply` settles the waiting `Future` (``.get()`` in sync endpoints, ``await`` in async
-ones)."""
+ones). An endpoint that holds its actor (`running_actor`) and blocks on such a future tells the
+controller (WAIT, see `_tell_wait`), which fails a wait that closes a cycle between actors
+(actors/cycles.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import itertools
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, RankFuture
-from viceroy.runtime.actors.answers import REQUEST
+from viceroy.runtime.actors.answers import REQUEST, WAIT
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, describe_ranks
@@ -23,10 +27,19 @@ from viceroy.runtime.shape import Shape, describe_ranks
 _replies: dict[int, Future[Any]] = {}
 _lock = threading.Lock()
 
-# (actor mesh id, endpoint qualname) of the endpoint running in this context, when it holds
-# its actor until it returns (not a concurrent one): the actor handles nothing else meanwhile.
-running_actor: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
-    "viceroy_running_actor", default=None)
+
+class Holding(NamedTuple):
+    """An endpoint that holds its actor until it returns (not a concurrent one): the actor
+    handles nothing else meanwhile."""
+
+    actor: str  # the actor mesh's id
+    qualname: str  # the endpoint's function
+    call: int  # the call it runs in (the controller's id; a one-way call's is <= 0)
+    ep: str  # the endpoint's name
+
+
+# The endpoint running in this context, when it holds its actor.
+running_actor: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("viceroy_running_actor", default=None)
 
 
 class RankClient:
@@ -67,8 +80,10 @@ class RankClient:
             fut.add_done_callback(feed)
         if adverb == "broadcast":
             fut._set_result(None)
-        elif (running := running_actor.get()) is not None and running[0] == info.id:
-            fut.waits_on_self = _waits_on_self(running[1], fut.what, shape, adverb)
+            return fut
+        fut.on_wait = functools.partial(_tell_wait, req)
+        if (running := running_actor.get()) is not None and running.actor == info.id:
+            fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb)
         return fut
 
     def control(self, info: ActorMeshInfo) -> Any:
@@ -92,6 +107,31 @@ def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str) -> str |
             f"handles one message at a time, so that call cannot start before {endpoint} returns, and both would "
             f"wait forever. Instead {instead}do not wait for it (.broadcast(), or keep the future), or make "
             f"{endpoint} an `@vr.endpoint(concurrent=True) async def` that awaits it")
+
+
+def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
+    """A future of request `req` blocks (`over`: no longer blocks, though not done) in this
+    context: if an endpoint that holds its actor runs here, tell the controller, which fails
+    the wait at once when it closes a cycle of waits between actors. -> whether it was told.
+    Who waits is who waits now (a future kept by one endpoint may be waited for by another).
+    `awaiting`: an ``await``, which blocks the actor only in the endpoint's own task (a task
+    it started may await while the endpoint returns)."""
+    holding = running_actor.get()
+    if holding is None:  # a concurrent endpoint: its actor takes other messages meanwhile
+        return False
+    if awaiting and not over:
+        from viceroy.runtime.actors import actor_thread  # imports this module
+
+        host = actor_thread.get(holding.actor)
+        try:
+            mine = host is not None and host.running.get(holding.call) is asyncio.current_task()
+        except RuntimeError:  # no loop runs here: driven by hand
+            mine = False
+        if not mine:
+            return False
+    context_mod.context()._publish(WAIT, {"req": req, "actor": holding.actor, "call": holding.call,
+                                          "ep": holding.ep, "over": over})
+    return True
 
 
 def resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:

@@ -1,6 +1,7 @@
 """The controller's side of actors: one `Registry` per mesh, one `ActorRecord` per spawned
 actor mesh. Records know which actors live, are stopped or failed, how many calls each has in
-flight (for `choose`), and relay the requests ranks send for actor meshes they were given.
+flight (for `choose`), and relay the requests ranks send for actor meshes they were given
+(failing at once a wait for one that closes a cycle of waits between actors, see `cycles`).
 Stopping them (`stop()`, and at the mesh's shutdown) is in `stopping`; marking, spawning,
 restarting them and hearing of their deaths in `record_lifecycle`."""
 
@@ -16,7 +17,8 @@ from typing import Any
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
-from viceroy.runtime.actors.answers import ONEWAY_ERROR, OW_DONE, OW_WAIT, REQUEST  # ranks publish
+from viceroy.runtime.actors.answers import ONEWAY_ERROR, OW_DONE, OW_WAIT, REQUEST, WAIT
+from viceroy.runtime.actors.cycles import Waits
 from viceroy.runtime.actors.oneway import Oneway
 from viceroy.runtime.actors.record_lifecycle import RecordLifecycle
 from viceroy.runtime.actors.stopping import PendingStop, stop_all
@@ -177,6 +179,11 @@ class Registry:
         self._handles: dict[str, int] = {}
         self._shared: set[str] = set()
         self._handles_lock = threading.Lock()
+        self.waits = Waits(controller.unanswered, self._name_of)  # requests relayed, actors blocked on them
+
+    def _name_of(self, actor_id: str) -> str:
+        record = self.records.get(actor_id)
+        return record.name if record is not None else actor_id
 
     def new_id(self, name: str) -> str:
         return f"{name}-{next(self._ids)}"
@@ -239,6 +246,12 @@ class Registry:
             failed = self.records.get(d["actor"])
             if failed is not None:
                 failed.on_oneway_error(d["rank"], d["ep"], d["summary"], d["tb"])
+        elif event["type"] == "publish" and event["kind"] == WAIT:
+            try:
+                self._on_wait(event["rank"], event["data"])
+            except Exception:  # the mesh closed meanwhile; never break the IO thread
+                if not self.controller.closed:
+                    raise
         elif event["type"] == "publish" and event["kind"] in (OW_WAIT, OW_DONE):
             try:
                 self._on_oneway_peers(event["rank"], event["kind"], event["data"])
@@ -279,7 +292,26 @@ class Registry:
             self._reply(from_rank, req, ("raise", exc))
             return
         if req["adverb"] != "broadcast":
-            fut.add_done_callback(lambda f: self._reply(from_rank, req, _outcome(f)))
+            spec = record.info.endpoints.get(req["ep"])
+            relay = self.waits.relayed(from_rank, req["req"], record.info.id, f"{record.name}.{req['ep']}",
+                                       fut.call_id, spec is not None and spec.concurrent)
+
+            def reply(f: Future[Any]) -> None:
+                if self.waits.replying(relay):  # not failed already, for closing a cycle of waits
+                    self._reply(from_rank, req, _outcome(f))
+
+            fut.add_done_callback(reply)
+
+    def _on_wait(self, rank: int, d: dict[str, Any]) -> None:
+        """An endpoint that holds its actor blocks on a request (see `cycles`): when that closes
+        a cycle of waits, its call is cancelled (dropped where it is still queued) and the
+        request fails at once; the others then unwind."""
+        found = self.waits.on_wait(rank, d)
+        if found is None:
+            return
+        relay, why = found
+        self.controller.cancel(relay.call, "cancelled: its caller waited in a cycle of waits between actors")
+        self._reply(relay.rank, {"req": relay.req, "adverb": "call"}, ("raise", RuntimeError(why)))
 
     def _reply(self, rank: int, req: dict[str, Any], outcome: tuple[Any, ...]) -> None:
         if req["adverb"] == "broadcast" or self.controller.closed:

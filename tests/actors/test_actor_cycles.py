@@ -1,0 +1,187 @@
+"""Cycles of waits between actors: A's endpoint waits for B's, which waits for a call on A,
+queued behind the first. Both waited forever; the wait that closes the cycle now fails at once,
+naming each endpoint and rank, and both actor meshes go on. Only who is blocked now counts: an
+endpoint that kept the future and returned, or that waits for something else, makes no cycle."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+from viceroy.runtime.actors.registry import registry_for
+
+
+class Front(vr.Actor):
+    def __init__(self) -> None:
+        self.kept: vr.Future | None = None
+
+    @vr.endpoint
+    def step(self, back: vr.ActorMesh, me: vr.ActorMesh, ep: str = "process") -> int:
+        return getattr(back, ep).call_one(me).get(timeout=30)
+
+    @vr.endpoint
+    def step_via(self, middle: vr.ActorMesh, back: vr.ActorMesh, me: vr.ActorMesh) -> int:
+        return middle.relay.call_one(back, me).get(timeout=30)
+
+    @vr.endpoint
+    def step_and_return(self, back: vr.ActorMesh, me: vr.ActorMesh) -> str:
+        self.kept = back.process.call_one(me)
+        return "sent"
+
+    @vr.endpoint
+    def step_then_hold(self, back: vr.ActorMesh, me: vr.ActorMesh, holder: vr.ActorMesh, path: str) -> str:
+        self.kept = back.process.call_one(me)
+        holder.hold.call_one(path).get(timeout=30)  # blocked, but not on back.process
+        return "held"
+
+    @vr.endpoint
+    def step_late(self, back: vr.ActorMesh, me: vr.ActorMesh, path: str) -> int:
+        fut = back.process.call_one(me)
+        _wait_for_file(path)  # until Back.process waits for Front.callback
+        return fut.get(timeout=30)
+
+    @vr.endpoint
+    def kept_value(self) -> int:
+        assert self.kept is not None
+        return self.kept.get(timeout=30)
+
+    @vr.endpoint
+    def callback(self) -> int:
+        return 100 + vr.context().rank
+
+
+class Back(vr.Actor):
+    def __init__(self) -> None:
+        self.last: int | None = None
+
+    @vr.endpoint
+    def process(self, front: vr.ActorMesh) -> int:
+        self.last = front.callback.call_one().get(timeout=30) + 1
+        return self.last
+
+    @vr.endpoint
+    async def process_async(self, front: vr.ActorMesh) -> int:
+        self.last = await front.callback.call_one() + 1
+        return self.last
+
+    @vr.endpoint
+    def last_value(self) -> int | None:
+        return self.last
+
+
+class Middle(vr.Actor):
+    @vr.endpoint
+    def relay(self, back: vr.ActorMesh, front: vr.ActorMesh) -> int:
+        return back.process.call_one(front).get(timeout=30) + 10
+
+
+class Holder(vr.Actor):
+    @vr.endpoint
+    def hold(self, path: str) -> None:
+        _wait_for_file(path)
+
+
+def _wait_for_file(path: str) -> None:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _fails_fast(fut: vr.Future, within: float = 5.0) -> str:
+    t0 = time.monotonic()
+    with pytest.raises(vr.MeshError) as info:
+        fut.get(timeout=20)
+    took = time.monotonic() - t0
+    assert took < within, f"the cycle failed after {took:.1f} s, not within {within} s"
+    return str(info.value)
+
+
+@pytest.mark.parametrize("ep", ["process", "process_async"])
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["one host", "two hosts"])
+def test_two_actors_waiting_for_each_other_fail_at_once_saying_why(start_mesh, dims, ep):
+    # Front.step waits for Back.process, which waits for Front.callback, queued behind Front.step:
+    # both waited until their timeout (forever without one), their actors deaf meanwhile.
+    mesh = start_mesh(**dims)
+    front = mesh.select([0]).spawn(Front)
+    back = mesh.select([1]).spawn(Back)
+    msg = _fails_fast(front.step.call_one(back, front, ep))
+    assert "A cycle of waits between actors" in msg, msg
+    for part in (f"Front.step on rank 0 waits for Back.{ep} on rank 1",
+                 f"Back.{ep} on rank 1 waits for Front.callback on rank 0, which cannot start before Front.step "
+                 "returns there",
+                 "none of them can go on",
+                 "do not wait in one of them (.broadcast(), or keep the future and return)",
+                 "make Front.step an `@vr.endpoint(concurrent=True) async def`"):
+        assert part in msg, msg
+    # Both actor meshes go on.
+    assert front.callback.call_one().get(timeout=5) == 100
+    assert getattr(back, ep).call_one(front).get(timeout=10) == 101
+
+
+def test_the_wait_that_closes_the_cycle_fails_whichever_it_is(start_mesh, tmp_path):
+    # Back.process waits for Front.callback first; Front.step_late's wait, which comes after,
+    # closes the cycle: it fails (Back.process, running, is cancelled, or ends with Front.callback).
+    mesh = start_mesh(gpus=2)
+    front = mesh.select([0]).spawn(Front)
+    back = mesh.select([1]).spawn(Back)
+    go = tmp_path / "go"
+    fut = front.step_late.call_one(back, front, str(go))
+    waits = registry_for(mesh._controller).waits
+    wait_until(lambda: list(waits.blocked().values()) == ["Front.callback"], 10, "Back.process to wait")
+    go.write_text("")
+    msg = _fails_fast(fut)
+    assert "So this wait (Front.step_late on rank 0 for Back.process) fails, and that call is cancelled" in msg, msg
+    assert "Back.process on rank 1 waits for Front.callback on rank 0, which cannot start before " \
+        "Front.step_late returns there" in msg, msg
+    assert back.process.call_one(front).get(timeout=10) == 101
+    assert waits.blocked() == {}
+
+
+def test_three_actors_waiting_in_a_ring_fail_at_once(start_mesh):
+    mesh = start_mesh(gpus=3)
+    front = mesh.select([0]).spawn(Front)
+    middle = mesh.select([1]).spawn(Middle)
+    back = mesh.select([2]).spawn(Back)
+    msg = _fails_fast(front.step_via.call_one(middle, back, front))
+    for part in ("Front.step_via on rank 0 waits for Middle.relay on rank 1",
+                 "Middle.relay on rank 1 waits for Back.process on rank 2",
+                 "Back.process on rank 2 waits for Front.callback on rank 0, which cannot start before "
+                 "Front.step_via returns there"):
+        assert part in msg, msg
+    assert middle.relay.call_one(back, front).get(timeout=10) == 111
+    assert registry_for(mesh._controller).waits.blocked() == {}
+
+
+def test_an_endpoint_that_kept_the_future_and_returned_makes_no_cycle(start_mesh):
+    # Front.step_and_return called Back.process and returned: Back.process's wait for
+    # Front.callback ends once the call before it returned.
+    mesh = start_mesh(gpus=2)
+    front = mesh.select([0]).spawn(Front)
+    back = mesh.select([1]).spawn(Back)
+    assert front.step_and_return.call_one(back, front).get(timeout=10) == "sent"
+    assert back.last_value.call_one().get(timeout=10) == 101  # queued behind Back.process
+    assert front.kept_value.call_one().get(timeout=10) == 101
+
+
+def test_an_endpoint_blocked_on_another_call_makes_no_cycle(start_mesh, tmp_path):
+    # Front.step_then_hold called Back.process, then waits for Holder.hold (not for Back.process):
+    # Back.process's wait for Front.callback, queued behind it, ends once Holder.hold returns.
+    # Who made which call would see a cycle; who waits for whom now sees none.
+    mesh = start_mesh(gpus=3)
+    front = mesh.select([0]).spawn(Front)
+    back = mesh.select([1]).spawn(Back)
+    holder = mesh.select([2]).spawn(Holder)
+    go = tmp_path / "go"
+    held = front.step_then_hold.call_one(back, front, holder, str(go))
+    waits = registry_for(mesh._controller).waits
+    wait_until(lambda: sorted(waits.blocked().values()) == ["Front.callback", "Holder.hold"], 10,
+               "Front to wait for Holder.hold and Back for Front.callback")
+    go.write_text("")
+    assert held.get(timeout=10) == "held"
+    assert back.last_value.call_one().get(timeout=10) == 101
+    assert front.kept_value.call_one().get(timeout=10) == 101
+    assert waits.blocked() == {}

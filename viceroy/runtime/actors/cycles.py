@@ -1,0 +1,171 @@
+"""Cycles of waits between actors, found on the controller. A plain endpoint (not concurrent)
+holds its actor until it returns: the actor takes no other message meanwhile. When A's `step`
+waits for B's `process`, and `process` waits for A's `callback`, which cannot start before
+`step` returns, neither can go on. A wait for a call on the waiting actor itself fails on the
+rank (rank_client._waits_on_self); one through other actors is seen here.
+
+Every request a rank sends (REQUEST) is relayed as a controller call (a `Relay`, kept until its
+reply goes). An endpoint that holds its actor and blocks on a request's reply says so (WAIT,
+rank_client._tell_wait), and again if it stops waiting before the reply. The waiting actor
+instance (actor mesh id, rank) is then blocked on that request (a `Wait`). On each new wait,
+follow who waits for whom: an instance waits for the instances its request's call has not
+answered yet; each of those holds the call up when it is blocked itself (its own endpoint runs,
+the call waits behind it; or it is that call). Back at the instance that started: a cycle, and
+the request that closed it is failed at once (its call cancelled), which unwinds the others.
+
+Only who is blocked now counts: an endpoint that keeps the future and returns blocks nothing,
+and a blocked instance whose endpoint answered its call meanwhile is no longer in the way. A
+call on a concurrent endpoint holds nothing, and is held up only while it waits in the queue
+(sent after the blocked endpoint's call)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Instance = tuple[str, int]  # (actor mesh id, rank): one actor
+
+
+@dataclass
+class Relay:
+    """A request from a rank, relayed as controller call `call`, until its reply goes."""
+
+    rank: int  # who asked
+    req: int  # its id on that rank
+    actor: str  # the actor mesh it calls
+    what: str  # "B.process"
+    call: int  # the controller call it became
+    concurrent: bool  # the endpoint called overlaps with others (concurrent=True)
+    replied: bool = False
+    waiter: Instance | None = None  # the actor blocked on it, if one is
+
+
+@dataclass
+class Wait:
+    """An actor blocked on a request's reply, in an endpoint that holds it."""
+
+    relay: Relay
+    call: int  # the call its endpoint runs in (<= 0: a one-way call, not tracked by the controller)
+    ep: str  # its endpoint's name
+
+
+class Waits:
+    """Requests in flight and the actors blocked on them, for one controller."""
+
+    def __init__(self, unanswered: Callable[[int], list[int]], name_of: Callable[[str], str]) -> None:
+        self._unanswered = unanswered  # Controller.unanswered
+        self._name_of = name_of  # actor mesh id -> its class name
+        self._relays: dict[tuple[int, int], Relay] = {}
+        self._blocked: dict[Instance, Wait] = {}
+        self._lock = threading.Lock()
+
+    def relayed(self, rank: int, req: int, actor: str, what: str, call: int, concurrent: bool) -> Relay:
+        relay = Relay(rank, req, actor, what, call, concurrent)
+        with self._lock:
+            self._relays[(rank, req)] = relay
+        return relay
+
+    def replying(self, relay: Relay) -> bool:
+        """Its reply goes now: forget it. False when it went already (a cycle's error)."""
+        with self._lock:
+            if relay.replied:
+                return False
+            self._forget(relay)
+            return True
+
+    def _forget(self, relay: Relay) -> None:
+        relay.replied = True
+        if self._relays.get((relay.rank, relay.req)) is relay:
+            del self._relays[(relay.rank, relay.req)]
+        if relay.waiter is not None and (w := self._blocked.get(relay.waiter)) is not None and w.relay is relay:
+            del self._blocked[relay.waiter]
+
+    def blocked(self) -> dict[Instance, str]:
+        """Who is blocked now, on what: (actor mesh id, rank) -> "B.process" (tests, debugging)."""
+        with self._lock:
+            return {inst: w.relay.what for inst, w in self._blocked.items()}
+
+    def on_wait(self, rank: int, d: dict[str, Any]) -> tuple[Relay, str] | None:
+        """Rank `rank` says an endpoint that holds its actor blocks on request d["req"] (or, with
+        "over", no longer does). -> the request to fail now and why, when this wait closes a
+        cycle (it counts as replied from here: the caller replies with the error)."""
+        with self._lock:
+            relay = self._relays.get((rank, d["req"]))
+            if relay is None or relay.replied:
+                return None  # answered already (the reply crossed this notice)
+            inst: Instance = (d["actor"], rank)
+            if d["over"]:
+                w = self._blocked.get(inst)
+                if w is not None and w.relay is relay:
+                    del self._blocked[inst]
+                    relay.waiter = None
+                return None
+            wait = Wait(relay, d["call"], d["ep"])
+            self._blocked[inst] = wait
+            relay.waiter = inst
+            path = self._cycle(inst, wait)
+            if path is None:
+                return None
+            self._forget(relay)
+            return relay, self._message(path)
+
+    def _holds_up(self, wait: Wait, inst: Instance) -> Wait | None:
+        """The wait of `inst`, if its blocked endpoint holds up `wait`'s call there (which it
+        has not answered)."""
+        other = self._blocked.get(inst)
+        if other is None or other.relay.replied:
+            return None
+        if other.call > 0 and inst[1] not in self._unanswered(other.call):
+            return None  # its endpoint returned meanwhile (the word that it no longer waits is on its way)
+        if wait.relay.concurrent and not (other.call > 0 and wait.relay.call > other.call):
+            return None  # a concurrent call may run beside it (one sent before it runs as a task)
+        return other
+
+    def _cycle(self, start: Instance, wait: Wait) -> list[tuple[Instance, Wait]] | None:
+        """The blocked actors from `start` (blocked in `wait`) around to `start` again, each
+        waiting for the next; None when there is no such cycle."""
+        path: list[tuple[Instance, Wait]] = []
+        seen = {start}
+
+        def walk(inst: Instance, w: Wait) -> bool:
+            path.append((inst, w))
+            for r in self._unanswered(w.relay.call):
+                nxt = (w.relay.actor, r)
+                other = self._holds_up(w, nxt)
+                if other is None:
+                    continue
+                if nxt == start:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    if walk(nxt, other):
+                        return True
+            path.pop()
+            return False
+
+        return path if walk(start, wait) else None
+
+    def _message(self, path: list[tuple[Instance, Wait]]) -> str:
+        def endpoint(inst: Instance, w: Wait) -> str:
+            return f"{self._name_of(inst[0])}.{w.ep}"
+
+        hops: list[str] = []
+        holders: list[str] = []  # endpoints that hold up a call queued behind them
+        for i, (inst, w) in enumerate(path):
+            nxt, nw = path[(i + 1) % len(path)]
+            if nw.call == w.relay.call:
+                why = f"which itself waits for {nw.relay.what}"
+            else:
+                why = f"which cannot start before {endpoint(nxt, nw)} returns there"
+                if endpoint(nxt, nw) not in holders:
+                    holders.append(endpoint(nxt, nw))
+            hops.append(f"{endpoint(inst, w)} on rank {inst[1]} waits for {w.relay.what} on rank {nxt[1]}, {why}")
+        first, w0 = path[0]
+        make = " or ".join(holders or [endpoint(inst, w) for inst, w in path])
+        return (f"A cycle of waits between actors: {'; '.join(hops)}. An actor handles one message at a "
+                f"time and each of these endpoints holds its actor until it returns, so none of them can go on: "
+                f"all would wait forever. So this wait ({endpoint(first, w0)} on rank {first[1]} for {w0.relay.what}) "
+                f"fails, and that call is cancelled. Instead do not wait in one of them (.broadcast(), or keep "
+                f"the future and return), or make {make} an `@vr.endpoint(concurrent=True) async def` that awaits it")
