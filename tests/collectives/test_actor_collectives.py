@@ -14,6 +14,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import Owner, fails_within, wait_running, wait_until
+from viceroy.runtime import outcomes
 
 ANSWER = [10.0, 10.0]  # the sum over 4 ranks of (rank + 1)
 
@@ -100,6 +101,26 @@ def test_an_actor_skipping_a_collective_releases_the_others_naming_it(reducers):
     assert took < 5, err
     assert set(err.failures) == {0, 2, 3}, err
     assert "rank 1 finished the call without joining this collective" in str(err), err
+    assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_an_actor_skipping_a_collective_with_a_call_queued_behind_fails_both_instead_of_crossing(
+        reducers, monkeypatch):
+    # Rank 1's actor skipped the all_reduce of its first call and went on to the second's,
+    # which met the others' of the first: both calls "succeeded" with each other's data, and
+    # the others' second all_reduce waited for a partner that had gone. The word that rank 1
+    # finished is held back here so that the two really meet, as they do when rank 1 is quick.
+    monkeypatch.setattr(outcomes, "PEERS_DONE_AFTER_S", 600.0)
+    first, second = reducers.reduce.call(skip_on=1), reducers.reduce.call()
+    err = _failure(first, 30)[1]
+    assert set(err.failures) == {0, 2, 3} and err.partial == {1: [2.0, 2.0]}, err
+    for r in (0, 2, 3):
+        assert ("it started 1 collective over ranks 0-3 in this call, rank 1 only 0: its 1st met collectives "
+                "from outside this call") in err.failures[r].summary, err.failures[r]
+    err = _failure(second, 30)[1]
+    assert not err.partial, err  # rank 1's share of the first call's sum is not passed off as this one's
+    assert "may have met those of" in err.failures[1].summary, err.failures[1]
+    assert {r for r, f in err.failures.items() if f.kind == "interrupted"} == {0, 2, 3}, err
     assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
 
 

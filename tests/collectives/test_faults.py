@@ -15,6 +15,7 @@ import pytest
 import viceroy as vr
 from tests.collectives.conftest import SETUP
 from tests.conftest import fails_within, wait_running, wait_until
+from viceroy.runtime import outcomes
 
 NEXT = "t = torch.ones(2) * (rank + 1); vr.all_reduce(t); t.tolist()"
 
@@ -411,3 +412,43 @@ def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_
     assert "rank 0: viceroy.CollectiveError" in str(info.value), str(info.value)
     assert f2.result(timeout=30).values() == [200.0, 200.0]
     assert_next_collective_is_right(mesh, 2)
+
+
+@pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
+def test_a_collective_skipped_with_a_call_queued_behind_fails_both_calls_instead_of_crossing(
+        torch_mesh, dims, monkeypatch):
+    # Rank 0 finishes the first call without its all_reduce and goes straight on to the
+    # second's, which meets rank 1's of the first: each returned the other's data (1 + 100),
+    # both calls "succeeded", and rank 1's second all_reduce waited for a partner that had
+    # already gone. The word that rank 0 finished, which stops rank 1 when no call is queued,
+    # is held back here so that the two really meet, as they do whenever rank 0 is quick.
+    monkeypatch.setattr(outcomes, "PEERS_DONE_AFTER_S", 600.0)
+    mesh = torch_mesh(**dims)
+    mesh.run(NEXT)
+    f1 = mesh.run("t = torch.ones(1)\nif rank == 1:\n    vr.all_reduce(t)\nfloat(t)", block=False)
+    f2 = mesh.run("t = torch.full((1,), 100.0)\nvr.all_reduce(t)\nfloat(t)", block=False)
+    with pytest.raises(vr.MeshError) as first:
+        f1.result(timeout=30)
+    assert first.value.partial == {0: 1.0}  # rank 0's own value is right: it only skipped
+    assert ("rank 1: viceroy.CollectiveError: it started 1 collective over ranks 0-1 in this call, rank 0 only 0: "
+            "its 1st met collectives from outside this call") in str(first.value), str(first.value)
+    with pytest.raises(vr.MeshError) as second:
+        f2.result(timeout=30)
+    assert not second.value.partial, second.value.partial  # rank 0's 101 is not passed off as this call's
+    failures = second.value.failures
+    assert failures[0].summary.startswith("viceroy.CollectiveError: its collectives over ranks 0-1 may have met those "
+                                          "of mesh.run"), failures[0].summary
+    assert failures[1].kind == "interrupted" and "crossed out of that call" in failures[1].summary, failures[1]
+    assert_next_collective_is_right(mesh, 2)
+
+
+def test_ranks_that_catch_a_collective_error_and_go_on_are_not_taken_for_crossed_calls(torch_mesh):
+    # The ranks that waited for rank 2 started one more all_reduce than it did, and succeeded:
+    # counts alone would say their all_reduce met a collective from outside the call.
+    mesh = torch_mesh(gpus=3)
+    mesh.run(NEXT)
+    code = ("t = torch.ones(1)\nif rank != 2:\n    try:\n        vr.all_reduce(t)\n"
+            "    except vr.CollectiveError as e:\n        t = str(e)\nt if isinstance(t, str) else float(t)")
+    values = mesh.run(code, timeout=60).values()
+    assert values[2] == 1.0 and all("rank 2 finished the call without joining" in v for v in values[:2]), values
+    assert_next_collective_is_right(mesh, 3)

@@ -35,7 +35,9 @@ collective of the failed call: its next collective would meet theirs, as the sam
 the same communicator, and each side would return the other's data. So a rank whose call
 failed (`failed`) starts its next collective only once the controller says that call has ended
 on every rank (op "settled"; `wait_settled`): by then a peer that waited in one has given the
-communicator up, and the next collective builds a fresh one.
+communicator up, and the next collective builds a fresh one. A rank that *finished* its call
+without joining a collective meets it from the next call, where nothing here can tell: the
+controller sees it from the counts once the call ends (crossing.py).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class CallPeers:
         self.outside = outside  # ranks of the actor mesh the call was not sent to
         self.ask = ask  # one-way calls: asks the members of a group who finished it
         self.ask_at = 0.0  # when to ask next (0: once it has waited ASK_EVERY_S)
-        self.counts: dict[str, list[Any]] = {}  # group (by name) -> [collectives started in this call, the last one's signature]
+        # group (by name) -> [collectives started in this call, the last one's signature(, True: one failed)]
+        self.counts: dict[str, list[Any]] = {}
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
         self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
         self.cancelled = False  # interrupted where no signal reaches (an actor's thread): see `check_cancelled`
@@ -114,7 +117,7 @@ def end_call(token: contextvars.Token[CallPeers | None]) -> None:
 
 def counts() -> dict[str, list[Any]]:
     """What to report with the current call's answer: ``{group: [collectives started, the last
-    one's signature]}`` (empty: no collective was started)."""
+    one's signature(, True when one failed: see `broke`)]}`` (empty: no collective was started)."""
     state = _call.get()
     if state is None or not state.counts:  # only this context's thread adds to them
         return {}
@@ -131,6 +134,18 @@ def started(group: str, sig: str | None = None) -> None:
         c = state.counts.setdefault(group, [0, None])
         c[0], c[1] = c[0] + 1, sig
         state.current = (group, c[0])
+
+
+def broke(group: str) -> None:
+    """The current call's collective on `group` failed here (the communicator given up, or a
+    usage error): the members' counts on it are not compared when the call ends (see crossing.py)."""
+    state = _call.get()
+    if state is None:
+        return
+    with _lock:
+        c = state.counts.get(group)
+        if c is not None and len(c) == 2:
+            c.append(True)
 
 
 def peers_done(call_id: int, done: dict[int, dict[str, list[Any]] | None]) -> bool:

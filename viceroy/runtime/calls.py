@@ -48,6 +48,7 @@ class Call:
     died_hint: str = "Bring dead ranks back with mesh.restart(failed_only=True); the others keep their state."
     stuck_hint: str = STUCK_HINT
     on_main_thread: bool = True  # runs on the ranks' main thread (not an actor's endpoint)
+    queue: str = ""  # the queue it waits in on the ranks: "" the main thread's, else its actor mesh's id
     # A rank's death ends the call for the caller STOP_GRACE_S later, whoever is still running
     # it; they are not cancelled (actor endpoints: the others run on, their answers dropped).
     death_ends: bool = False
@@ -57,6 +58,9 @@ class Call:
     collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
     notice_at: float | None = None
     told: set[int] = field(default_factory=set)
+    # Groups (by name) whose collectives crossed out of a call queued before this one, and that
+    # call: what this one's collectives on them returned is not trusted (see crossing.py).
+    distrust: dict[str, str] = field(default_factory=dict)
 
     def missing(self) -> list[int]:
         return [r for r in self.shape.ranks if r not in self.results and r not in self.failures]

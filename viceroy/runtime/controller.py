@@ -214,6 +214,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
             if op == "actor":
                 call.stuck_hint = ACTOR_STUCK_HINT
                 call.on_main_thread = False
+                call.queue = extra.get("actor", "")
             if self._direct and data:  # same host: big buffers through shared memory
                 # Kept for reuse (see shm.Lender); an actor's host answers another way: not lent.
                 lent = self._lender.to(shape.ranks) if op != "actor" else None

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from viceroy.runtime import deaths, shm
+from viceroy.runtime import crossing, deaths, shm
 from viceroy.runtime.calls import STOP_GRACE_S, Call, Query
 from viceroy.runtime.errors import RankFailure
 from viceroy.runtime.logs import RankLogs
-from viceroy.runtime.shape import expand_runs, rank_runs
+from viceroy.runtime.shape import describe_ranks, expand_runs, rank_runs
 from viceroy.runtime.wire import Signer
 
 Event = dict[str, Any]
@@ -278,6 +278,32 @@ class CallOutcomes:
                 if not calls:
                     del self._stuck[r]
 
+    def _check_crossing(self, call: Call) -> None:
+        """Fail the ranks whose collectives crossed out of `call` into calls queued behind it,
+        or met such (see crossing.py); cancel those calls on the groups' ranks."""
+        if call.distrust:
+            self._distrust(call, crossing.distrusted(call, call.distrust))
+        groups = crossing.crossed(call)
+        if not groups:
+            return
+        for bad in groups.values():
+            self._distrust(call, bad)
+        ranks = {r for g in groups for r in crossing.members(g)}
+        why = call.label
+        with self._lock:
+            behind = [c for c in self._calls.values()
+                      if c.id > call.id and c.queue == call.queue and not ranks.isdisjoint(c.shape.ranks)]
+            for c in behind:
+                c.distrust.update(dict.fromkeys(groups, why))
+                self._stop(c, f"cancelled: the collectives of {why}, queued before it, crossed out of that call "
+                              f"into the calls behind it on {describe_ranks(sorted(ranks))}")
+
+    @staticmethod
+    def _distrust(call: Call, bad: dict[int, RankFailure]) -> None:
+        for r, failure in bad.items():
+            call.results.pop(r, None)
+            call.failures[r] = failure
+
     def _set_state(self, r: int, state: str) -> None:
         """Caller holds the lock."""
         self._state[r] = state
@@ -292,6 +318,8 @@ class CallOutcomes:
                 return
         shm.discard(call.shm_paths)  # every rank has mapped it, or never will
         self._tell_settled(call)
+        if call.collectives and call.results:
+            self._check_crossing(call)
         self.logs.flush()
         self._emit({"type": "call_finished", "call": call.id, "ok": not call.failures})
         # Resolving the future wakes the caller: do it last, so this thread does not hold the

@@ -52,11 +52,20 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     and a mismatch (which backends do not notice: they wait for bytes that never come) ends it
     everywhere, naming each rank's. With checking on (`entry.checked`), the members compare it first,
     over the communicator (in tensors like `like`), and a mismatch ends it before anything is sent."""
-    me = context().rank
     if absent := call_peers.not_in_call(group.ranks, sig):  # an actor endpoint called on a slice, say
         raise CollectiveError(f"{what} over {group.label}: {absent}.")
     call_peers.wait_settled(SLICE_S)  # a call that failed here has ended on its peers too
     call_peers.started(group.name, sig)
+    try:
+        _run_started(what, backend, group, device, start, sig, like)
+    except BaseException:
+        call_peers.broke(group.name)  # given up (or caught and gone on from): its counts no longer line up
+        raise
+
+
+def _run_started(what: str, backend: Backend, group: Group, device: int | None,
+                 start: Callable[[Communicator], Pending], sig: str | None, like: Any) -> None:
+    me = context().rank
     entry = building.get(what, backend, group, device)
     if not healthy(entry):
         forget(entry)  # the peers gave it up while we were elsewhere
