@@ -281,6 +281,52 @@ def test_a_broadcast_whose_actor_raises_or_skips_before_a_collective_releases_th
     assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
 
 
+class Gated(vr.Actor):
+    @vr.endpoint
+    def hold(self, gate: str) -> None:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    @vr.endpoint
+    async def reduce_after(self, gate: str | None = None) -> list[float]:
+        import torch
+
+        deadline = time.monotonic() + 60
+        while gate and vr.context().rank == 0 and not os.path.exists(gate) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        t = torch.ones(2)
+        vr.all_reduce(t)
+        return t.tolist()
+
+
+def test_a_broadcast_waiting_in_a_collective_for_a_stopped_actor_fails_saying_it_was_stopped(torch_mesh, tmp_path):
+    # Rank 1's actor was stopped before it ran the broadcast (a stop cancels the async endpoints
+    # queued before it): asked who finished it, nobody answered for rank 1 (its actor was gone
+    # there), and rank 0 waited in the all_reduce for good.
+    mesh = torch_mesh(gpus=2)
+    owner = Owner()
+    actors = mesh.spawn(Gated, owner=owner)
+    assert actors.reduce_after.call().get(timeout=30).values() == [[2.0, 2.0]] * 2  # the group exists
+    held, go = tmp_path / "held", tmp_path / "go"
+    busy = actors.select([1]).hold.call_one(str(held))  # the broadcast queues behind it on rank 1
+    actors.reduce_after.broadcast(str(go))  # rank 0 joins the all_reduce once `go` exists
+    actors.select([1]).stop(timeout=0.1)  # rank 1 is busy: it stops once `hold` returns
+    held.touch()
+    assert busy.get(timeout=10) is None
+    actors.select([1]).stop()  # waits for the stop sent before: rank 1's actor is gone
+    assert "1 stopped" in repr(actors), repr(actors)
+    t0 = time.monotonic()
+    go.touch()
+    wait_until(lambda: 0 in owner.by_rank(), 10, "rank 0's failure to reach the owner")
+    assert time.monotonic() - t0 < 5
+    failure = owner.by_rank()[0]
+    assert "all_reduce('sum') over the whole mesh (ranks 0-1): rank 1's actor was stopped, while the others " \
+           "waited in it." in failure, failure
+    assert "died" not in failure and "without joining" not in failure, failure
+    assert 1 not in owner.by_rank()  # its broadcast was cancelled by the stop: no failure of its own
+
+
 class Learner(vr.Actor):
     @vr.endpoint
     def train(self) -> list[float]:

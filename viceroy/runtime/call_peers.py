@@ -28,6 +28,8 @@ with any of them could only wait for its timeout, so it is refused at once (`not
 An actor's one-way broadcasts have no answers, so the controller cannot say who finished
 them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
 the ranks that finished it answer through the controller with their counts, as `peers_done`.
+A member whose actor was stopped never runs it, nor answers for it: it is said so (`STOPPED`),
+and counts as gone, as a dead one does.
 
 Calls sent without waiting queue on each rank (`block=False`, the tensor engine's batches). A
 rank whose call failed goes straight on to the next, while its peers may still wait in a
@@ -64,6 +66,11 @@ _settled = threading.Condition(_lock)
 # not stop); past this a collective goes ahead all the same, so no word lost can hold it.
 SETTLE_WAIT_S = 30.0
 
+# A member's word in `CallPeers.done`, for an actor's one-way call: its actor was stopped (see above).
+STOPPED = "stopped"
+# A peer that finished a call: the collectives it started in it, or how it is gone (None: died; STOPPED).
+Done = dict[str, list[Any]] | str | None
+
 
 class CallPeers:
     """One call's collectives and what the controller said of its peers."""
@@ -83,7 +90,7 @@ class CallPeers:
         # group (by name) -> [collectives started in this call, the last one's signature(, True: one failed)]
         self.counts: dict[str, list[Any]] = {}
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
-        self.done: dict[int, dict[str, list[Any]] | None] = {}  # peers that finished the call -> their counts (None: died)
+        self.done: dict[int, Done] = {}  # peers that finished the call -> their counts (None: died; STOPPED)
         self.cancelled = False  # interrupted where no signal reaches (an actor's thread): see `check_cancelled`
 
 
@@ -148,7 +155,7 @@ def broke(group: str) -> None:
             c.append(True)
 
 
-def peers_done(call_id: int, done: dict[int, dict[str, list[Any]] | None]) -> bool:
+def peers_done(call_id: int, done: dict[int, Done]) -> bool:
     """The controller's word (control thread): these ranks finished call `call_id`. False when
     no such call runs here."""
     with _lock:
@@ -268,7 +275,7 @@ def skipped(members: Sequence[int]) -> list[int]:
             return []
         group, n = state.current
         done = state.done
-        return [r for r in members if r in done and ((cc := done[r]) is None or cc.get(group, (0,))[0] < n)]
+        return [r for r in members if r in done and (not isinstance(cc := done[r], dict) or cc.get(group, (0,))[0] < n)]
 
 
 def finished_with(members: Sequence[int]) -> dict[int, str]:
@@ -284,26 +291,35 @@ def finished_with(members: Sequence[int]) -> dict[int, str]:
             return {}
         group, n = state.current
         done = state.done
-        return {r: c[1] for r in members if (cc := done.get(r)) and (c := cc.get(group)) and c[0] == n and c[1] is not None}
+        return {r: c[1] for r in members
+                if isinstance(cc := done.get(r), dict) and (c := cc.get(group)) and c[0] == n and c[1] is not None}
 
 
 def died(ranks: Sequence[int]) -> list[int]:
     """Those of `ranks` the controller said died (during the current call)."""
+    return _said(ranks, None)
+
+
+def _said(ranks: Sequence[int], how: str | None) -> list[int]:
+    """Those of `ranks` the controller said are gone `how` (None: died; STOPPED)."""
     state = _call.get()
     if state is None:
         return []
     with _lock:
-        return [r for r in ranks if r in state.done and state.done[r] is None]
+        return [r for r in ranks if r in state.done and state.done[r] == how]
 
 
 def gone(ranks: Sequence[int]) -> str:
-    """What happened to `ranks` (from `skipped`): "rank 3 died", "ranks 1-2 finished the call
-    without joining this collective", or both."""
-    dead = died(ranks)
-    left = [r for r in ranks if r not in dead]
+    """What happened to `ranks` (from `skipped`): "rank 3 died", "rank 1's actor was stopped",
+    "ranks 1-2 finished the call without joining this collective", or several."""
+    dead, stopped = died(ranks), _said(ranks, STOPPED)
+    left = [r for r in ranks if r not in dead and r not in stopped]
     parts = []
     if dead:
         parts.append(f"{describe_ranks(dead)} died")
+    if stopped:
+        parts.append(f"{describe_ranks(stopped)}'s actor was stopped" if len(stopped) == 1
+                     else f"the actors of {describe_ranks(stopped)} were stopped")
     if left:
         parts.append(f"{describe_ranks(left)} finished the call without joining this collective")
     return " and ".join(parts)
@@ -311,5 +327,6 @@ def gone(ranks: Sequence[int]) -> str:
 
 def order_hint(ranks: Sequence[int]) -> str:
     """Advice where some of `ranks` (from `skipped`) left without joining (none where they all
-    died)."""
-    return "" if died(ranks) == list(ranks) else " Every rank of a group must call its collectives, in the same order."
+    died, or their actors were stopped)."""
+    left = set(ranks) - set(died(ranks)) - set(_said(ranks, STOPPED))
+    return " Every rank of a group must call its collectives, in the same order." if left else ""

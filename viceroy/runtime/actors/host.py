@@ -15,7 +15,8 @@ Collectives in endpoints are watched by their call (`call_peers`). A call sent t
 actor mesh knows which actors it was not sent to. A one-way broadcast (header id 0) carries an
 id of its own ("ow", negative): a rank waiting in one of its collectives asks the controller
 (OW_WAIT), which asks the others (kind "ow_status"); those that finished it say so (OW_DONE),
-and the controller passes their word on (kind "ow_peers")."""
+and the controller passes their word on (kind "ow_peers"). One whose actor is gone here (stopped)
+says so: it will never run the call."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             resolve_reply(header["req"], signed, data)
             return
         if kind == "ow_status":  # a peer waits in a collective of one-way call "ow": finished here?
-            asked = actor_thread.get(header["actor"])
-            if asked is not None and (cc := asked.finished_oneway(header["ow"])) is not None:
+            asked = actor_thread.get(header["actor"])  # None: stopped (before the controller knew)
+            cc = call_peers.STOPPED if asked is None else asked.finished_oneway(header["ow"])
+            if cc is not None:
                 rank._publish(answers.OW_DONE, {"actor": header["actor"], "ow": header["ow"], "asker": header["asker"], "cc": cc})
             return
         if kind == "ow_peers":  # the controller's word on a one-way call this rank waits in

@@ -23,6 +23,7 @@ from viceroy.runtime.actors.oneway import Oneway
 from viceroy.runtime.actors.record_lifecycle import RecordLifecycle
 from viceroy.runtime.actors.stopping import PendingStop, stop_all
 from viceroy.runtime.actors.supervision import ActorFailure, deliver
+from viceroy.runtime.call_peers import STOPPED
 from viceroy.runtime.controller import Controller, Event
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
@@ -261,8 +262,9 @@ class Registry:
 
     def _on_oneway_peers(self, rank: int, kind: str, d: dict[str, Any]) -> None:
         """A rank waits in a collective of a broadcast (OW_WAIT): ask the members it names
-        whether they finished it; those whose actor died are said so at once (None). A member
-        finished it (OW_DONE): tell the rank that asked, with the collectives it started."""
+        whether they finished it; those whose actor died (None) or was stopped (STOPPED: its
+        rank no longer has it, and would never answer) are said so at once. A member finished
+        it (OW_DONE): tell the rank that asked, with the collectives it started."""
         record = self.records.get(d["actor"])
         if record is None:
             return
@@ -271,10 +273,12 @@ class Registry:
                                                                 "done": [[rank, d["cc"]]]})
             return
         members = [r for r in d["members"] if r in record.status]
-        died = [r for r in members if record.status[r] == "failed"]
-        if died:
-            self.controller.send_oneway("actor", [rank], {"a": "ow_peers", "ow": d["ow"], "done": [[r, None] for r in died]})
-        if asked := [r for r in members if r not in died]:
+        gone = {r: None if record.status[r] == "failed" else STOPPED
+                for r in members if record.status[r] in ("failed", "stopped")}
+        if gone:
+            self.controller.send_oneway("actor", [rank], {"a": "ow_peers", "ow": d["ow"],
+                                                          "done": [[r, how] for r, how in gone.items()]})
+        if asked := [r for r in members if r not in gone]:
             self.controller.send_oneway("actor", asked, {"a": "ow_status", "actor": d["actor"], "ow": d["ow"],
                                                          "asker": rank})
 
