@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import warnings
 
@@ -133,6 +134,38 @@ def test_choose_sends_to_the_least_loaded_actor(start_mesh):
     assert chosen == [1, 1, 1]
     assert busy.get(timeout=10) == 0
     assert {counters.incr.choose().get() for _ in range(4)} <= {1, 2, 3}
+
+
+class Holder(vr.Actor):
+    @vr.endpoint
+    def hold(self, started: str, gate: str) -> None:
+        open(started, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    @vr.endpoint
+    def where(self) -> int:
+        return vr.context().rank
+
+
+def test_choose_passes_over_an_actor_still_running_a_call_given_up_on(start_mesh, tmp_path):
+    # Interrupted, a sync endpoint runs on to its end; the controller gives its call up (the
+    # future fails), and choose counted that actor idle: every other call went behind it.
+    mesh = start_mesh(gpus=2)
+    holders = mesh.spawn(Holder)
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    busy = holders.slice(gpus=0).hold.call_one(str(started), str(gate))
+    try:
+        wait_until(started.exists, 10, "rank 0's endpoint to start")
+        mesh.interrupt()
+        with pytest.raises(vr.MeshError, match="runs to its end"):
+            busy.get(timeout=10)  # given up on: rank 0 still runs it
+        assert [holders.where.choose().get(timeout=5) for _ in range(4)] == [1] * 4
+    finally:
+        gate.touch()
+    assert holders.slice(gpus=0).where.call_one().get(timeout=10) == 0  # after its late answer
+    assert {holders.where.choose().get(timeout=10) for _ in range(4)} == {0, 1}  # idle again: chosen too
 
 
 def test_stream_yields_results_as_they_arrive(start_mesh):

@@ -329,6 +329,12 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         with self._lock:
             return sorted(r for r, calls in self._stuck.items() if any(calls.values()))
 
+    def still_running(self, call_id: int) -> set[int]:
+        """The ranks still running call `call_id` after it was given up on (until they answer,
+        or die): an actor there is busy with it (see `ActorRecord._forget_answered`)."""
+        with self._lock:
+            return {r for r, calls in self._stuck.items() if call_id in calls}
+
     def pids(self) -> dict[int, int]:
         with self._lock:  # none after shutdown: those numbers may already be another process's
             return {} if self._closed else dict(self._pids)

@@ -1,7 +1,8 @@
 """The controller's side of actors: one `Registry` per mesh, one `ActorRecord` per spawned
 actor mesh. Records know which actors live, are stopped or failed, how many calls each has in
-flight (for `choose`), and relay the requests ranks send for actor meshes they were given
-(failing at once a wait for one that closes a cycle of waits between actors, see `cycles`).
+flight (for `choose`; calls given up on count until they end there), and relay the requests
+ranks send for actor meshes they were given (failing at once a wait for one that closes a
+cycle of waits between actors, see `cycles`).
 Stopping them (`stop()`, and at the mesh's shutdown) is in `stopping`; marking, spawning,
 restarting them and hearing of their deaths in `record_lifecycle`."""
 
@@ -52,7 +53,10 @@ class ActorRecord(RecordLifecycle):
         self.status: dict[int, str] = dict.fromkeys(shape.ranks, "starting")  # live|stopped|failed
         self.reasons: dict[int, str] = {}
         self.unhandled: list[ActorFailure] = []
-        self._inflight: dict[int, set[int]] = {}
+        self._inflight: dict[int, set[int]] = {}  # calls waited on -> the actors that owe an answer
+        # Calls given up on (interrupted, a sync endpoint runs on) -> the actors still running
+        # them: busy for `choose` until they answer (see `_forget_answered`).
+        self._given_up: dict[int, set[int]] = {}
         self._keys = itertools.count()
         self._turn = itertools.count()
         self._lock = threading.Lock()
@@ -100,11 +104,13 @@ class ActorRecord(RecordLifecycle):
         """One message per actor of `shape`. The arguments are pickled in `signed`/`data`, or
         inline in the header (`fields`, see plain.inline)."""
         what = f"{self.name}.{endpoint}" + ("" if adverb == "call" else f" ({adverb})")
+        if adverb == "choose" and self._given_up:
+            self._forget_answered()
         with self._lock:
             if adverb == "choose":
                 live = [r for r in shape.ranks if self.status[r] == "live"]
                 if live:
-                    load = {r: sum(r in p for p in self._inflight.values()) for r in live}
+                    load = {r: sum(r in p for p in (*self._inflight.values(), *self._given_up.values())) for r in live}
                     least = min(load.values())
                     idle = [r for r in live if load[r] == least]
                     shape = shape.select([idle[next(self._turn) % len(idle)]])
@@ -144,9 +150,24 @@ class ActorRecord(RecordLifecycle):
         def finished(f: Future[Any]) -> None:
             with self._lock:
                 self._inflight.pop(key, None)
+                if pending:  # given up on where it still runs (answers came to `result`): still busy there
+                    self._given_up[f.call_id] = pending
 
         fut.add_done_callback(finished)
         return fut
+
+    def _forget_answered(self) -> None:
+        """The actors that answered a call given up on since (or whose rank died) are free
+        again. The controller is asked outside our lock: its IO thread takes ours under its own."""
+        with self._lock:
+            calls = list(self._given_up)
+        running = {call_id: self.controller.still_running(call_id) for call_id in calls}
+        with self._lock:
+            for call_id, ranks in running.items():
+                if (busy := self._given_up.get(call_id)) is not None:
+                    busy &= ranks
+                    if not busy:
+                        del self._given_up[call_id]
 
     def on_oneway_error(self, rank: int, endpoint: str, summary: str, tb: str) -> None:
         deliver(self, ActorFailure(self.label(self.shape), (rank,), "error", f"{self.name}.{endpoint}: {summary}", tb),
