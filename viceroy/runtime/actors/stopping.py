@@ -63,8 +63,8 @@ class Stopping:
         waits = self.send_stop(shape)
         _wait(waits, None if timeout is None else time.monotonic() + timeout)
         self.settle(waits, shape, f"stop() of actor mesh {self.label(shape)}: not stopped yet on {{ranks}} after "
-                    f"{timeout} s (busy in a sync endpoint, which runs to its end): {{they}} stop then, running "
-                    "__cleanup__, and take no new calls meanwhile. repr() says 'stopping' until then.")
+                    f"{timeout} s (busy in a sync endpoint, which runs to its end): the stop follows it, running "
+                    "__cleanup__, and no new calls are taken meanwhile. repr() says 'stopping' until then.")
 
     def send_stop(self, shape: Shape) -> list[PendingStop]:
         """Send a stop to the live actors of `shape`, without waiting; -> the stops to wait on
