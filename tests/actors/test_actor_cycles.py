@@ -64,6 +64,11 @@ class Back(vr.Actor):
         return self.last
 
     @vr.endpoint
+    def process_stream(self, front: vr.ActorMesh) -> int:
+        self.last = next(iter(front.callback.stream())) + 1
+        return self.last
+
+    @vr.endpoint
     async def process_async(self, front: vr.ActorMesh) -> int:
         self.last = await front.callback.call_one() + 1
         return self.last
@@ -100,11 +105,12 @@ def _fails_fast(fut: vr.Future, within: float = 5.0) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("ep", ["process", "process_async"])
+@pytest.mark.parametrize("ep", ["process", "process_async", "process_stream"])
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["one host", "two hosts"])
 def test_two_actors_waiting_for_each_other_fail_at_once_saying_why(start_mesh, dims, ep):
     # Front.step waits for Back.process, which waits for Front.callback, queued behind Front.step:
-    # both waited until their timeout (forever without one), their actors deaf meanwhile.
+    # both waited until their timeout (forever without one), their actors deaf meanwhile. (A
+    # stream's wait was not even told.)
     mesh = start_mesh(**dims)
     front = mesh.select([0]).spawn(Front)
     back = mesh.select([1]).spawn(Back)

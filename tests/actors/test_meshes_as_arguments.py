@@ -233,6 +233,11 @@ class Peer(vr.Actor):
         return self.peers.slice(gpus=vr.context().rank).pong.call_one().get(timeout=10)
 
     @vr.endpoint
+    def stream_all(self) -> list[int]:
+        assert self.peers is not None
+        return list(self.peers.pong.stream())
+
+    @vr.endpoint
     async def ping_all_async(self) -> list[int]:
         assert self.peers is not None
         return (await self.peers.pong.call()).values()
@@ -247,6 +252,11 @@ class Peer(vr.Actor):
         assert self.peers is not None
         self.peers.slice(gpus=rank).nap.call_one(30).get()
 
+    @vr.endpoint
+    def stream_nap(self, rank: int) -> None:
+        assert self.peers is not None
+        list(self.peers.slice(gpus=rank).nap.stream(30))
+
 
 @pytest.fixture
 def peers(start_mesh) -> vr.ActorMesh:
@@ -255,14 +265,15 @@ def peers(start_mesh) -> vr.ActorMesh:
     return actors
 
 
-@pytest.mark.parametrize("endpoint", ["ping_all", "ping_self", "ping_all_async"])
+@pytest.mark.parametrize("endpoint", ["ping_all", "ping_self", "ping_all_async", "stream_all"])
 def test_an_endpoint_waiting_for_a_call_on_its_own_actor_fails_at_once_saying_why(peers, endpoint):
     # It waited forever (its own actor takes the next message only once it returns), and so
-    # did every later call to these actors.
+    # did every later call to these actors (a stream's wait was not even checked).
     with pytest.raises(vr.MeshError) as info:
         getattr(peers, endpoint).call().get(timeout=5)
     msg = str(info.value)
-    assert f"rank 0: RuntimeError: Peer.{endpoint} on rank 0 waits for Peer.pong, which includes this very actor" \
+    pong = "Peer.pong (stream)" if endpoint == "stream_all" else "Peer.pong"
+    assert f"rank 0: RuntimeError: Peer.{endpoint} on rank 0 waits for {pong}, which includes this very actor" \
         in msg, msg
     assert "concurrent=True" in msg, msg
     if endpoint != "ping_self":
@@ -274,13 +285,14 @@ def test_a_concurrent_endpoint_may_await_a_call_on_its_own_actor(peers):
     assert peers.ping_all_concurrent.call().get(timeout=10).values() == [[0, 1], [0, 1]]
 
 
-def test_interrupting_the_mesh_releases_an_endpoint_waiting_for_another_actors_call(start_mesh):
+@pytest.mark.parametrize("endpoint", ["wait_for_nap", "stream_nap"])
+def test_interrupting_the_mesh_releases_an_endpoint_waiting_for_another_actors_call(start_mesh, endpoint):
     # The waiting endpoint ran on until the call it waited for ended (30 s here), its actor
     # deaf to everything meanwhile, and its caller was told it "did not stop".
     mesh = start_mesh(gpus=2)
     peers = mesh.spawn(Peer)
     peers.set_peers.call(peers).get(timeout=10)
-    waiting = peers.slice(gpus=0).wait_for_nap.call_one(1)
+    waiting = getattr(peers.slice(gpus=0), endpoint).call_one(1)
     wait_running(mesh.select([1]), "time.sleep")
     mesh.interrupt()
     with pytest.raises(vr.MeshError) as info:

@@ -209,12 +209,21 @@ class Endpoint:
                 q.put((True, value))
 
         fut = self._send("stream", args, kwargs, on_result=on_result)
+        if isinstance(fut, RankFuture):  # from an endpoint (see rank_client): the values come together
+            return _when_all_answered(fut)
         fut.add_done_callback(lambda f: q.put((False, f)))
         return _drain(q, fut)
 
 
 def _keep(_handle: ActorMesh, _fut: Future[Any]) -> None:
     """A done callback that only holds `_handle` (until the future is done)."""
+
+
+def _when_all_answered(fut: RankFuture) -> Iterator[Any]:
+    """A stream from an endpoint: the values in rank order, once every actor answered. It waits
+    as `RankFuture.get` does: an interrupt of the endpoint ends the wait, and one that can never
+    end (on its own actor, or closing a cycle of waits between actors) fails at once."""
+    yield from fut.get().values()
 
 
 def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator[Any]:

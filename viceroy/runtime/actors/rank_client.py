@@ -72,12 +72,8 @@ class RankClient:
                    "ranks": list(shape.ranks), "ep": endpoint, "adverb": "call" if adverb == "stream" else adverb,
                    "args": payload, "bufs": [bytes(b.raw()) for b in bufs]}
         context_mod.context()._publish(REQUEST, request)
-        if adverb == "stream" and on_result is not None:  # on a rank, stream yields when all answered
-            def feed(f: Future[Any]) -> None:
-                if f.exception() is None:
-                    for r, v in f.get().by_rank().items():
-                        on_result(r, True, v)
-            fut.add_done_callback(feed)
+        # `on_result` goes unused: a stream from a rank yields once every actor answered (the
+        # controller replies once), from the RankFuture (see ActorMesh.stream)
         if adverb == "broadcast":
             fut._set_result(None)
             return fut
