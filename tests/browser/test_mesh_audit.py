@@ -36,12 +36,22 @@ def test_palette_commands_need_a_mesh_and_the_status_item_is_a_keyboard_button(l
     assert enabled(page) == dict.fromkeys(COMMANDS, False)
 
     # JupyterLab restores its layout (the file browser's tab selected) and focuses the notebook
-    # as it settles: both once took the panel away again, or the key press, in CI.
+    # as it settles, at a moment no page event tells: in CI it took the panel away again, or the
+    # focus from the status item between our focus and the check. So the item's focusability is
+    # checked in one step in the page, and Enter (a real key press, which focuses the item first)
+    # is pressed again until the panel shows; showing it twice is harmless.
     page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-    status.focus()
-    expect(status).to_be_focused()
-    status.press("Enter")
-    expect(panel).to_be_visible()
+    takes_focus = "el => { el.focus(); return document.activeElement === el; }"
+    assert status.evaluate(takes_focus), "the status item takes the keyboard's focus"
+    deadline = time.monotonic() + 30
+    while True:
+        status.press("Enter")
+        try:
+            expect(panel).to_be_visible(timeout=2_000)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
     run_cell(page, 0)
     expect(panel.locator(".viceroy-tile[data-state='idle']")).to_have_count(2, timeout=60_000)
     page.wait_for_function(
