@@ -23,6 +23,10 @@ class Front(vr.Actor):
     def step(self, back: vr.ActorMesh, me: vr.ActorMesh, ep: str = "process") -> int:
         return getattr(back, ep).call_one(me).get(timeout=30)
 
+    @vr.endpoint(concurrent=True)
+    async def step_concurrent(self, back: vr.ActorMesh, me: vr.ActorMesh) -> int:
+        return await back.process.call_one(me)
+
     @vr.endpoint
     def step_via(self, middle: vr.ActorMesh, back: vr.ActorMesh, me: vr.ActorMesh) -> int:
         return middle.relay.call_one(back, me).get(timeout=30)
@@ -61,6 +65,11 @@ class Back(vr.Actor):
     @vr.endpoint
     def process(self, front: vr.ActorMesh) -> int:
         self.last = front.callback.call_one().get(timeout=30) + 1
+        return self.last
+
+    @vr.endpoint(concurrent=True)
+    async def process_concurrent(self, front: vr.ActorMesh) -> int:
+        self.last = await front.callback.call_one() + 1
         return self.last
 
     @vr.endpoint
@@ -105,12 +114,13 @@ def _fails_fast(fut: vr.Future, within: float = 5.0) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("ep", ["process", "process_async", "process_stream"])
+@pytest.mark.parametrize("ep", ["process", "process_async", "process_stream", "process_concurrent"])
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["one host", "two hosts"])
 def test_two_actors_waiting_for_each_other_fail_at_once_saying_why(start_mesh, dims, ep):
     # Front.step waits for Back.process, which waits for Front.callback, queued behind Front.step:
     # both waited until their timeout (forever without one), their actors deaf meanwhile. (A
-    # stream's wait was not even told.)
+    # stream's wait was not even told, nor a concurrent endpoint's, whose actor is free but whose
+    # call waits all the same.)
     mesh = start_mesh(**dims)
     front = mesh.select([0]).spawn(Front)
     back = mesh.select([1]).spawn(Back)
@@ -126,6 +136,17 @@ def test_two_actors_waiting_for_each_other_fail_at_once_saying_why(start_mesh, d
     # Both actor meshes go on.
     assert front.callback.call_one().get(timeout=5) == 100
     assert getattr(back, ep).call_one(front).get(timeout=10) == 101
+
+
+def test_the_advice_holds_a_concurrent_endpoint_that_waits_makes_no_cycle(start_mesh):
+    # As the cycle's message says: Front.step_concurrent awaits Back.process, which waits for
+    # Front.callback; Front is free meanwhile, so callback runs. Its wait is told (it could close
+    # a cycle through its own call) but is none here.
+    mesh = start_mesh(gpus=2)
+    front = mesh.select([0]).spawn(Front)
+    back = mesh.select([1]).spawn(Back)
+    assert front.step_concurrent.call_one(back, front).get(timeout=10) == 101
+    assert registry_for(mesh._controller).waits.blocked() == {}
 
 
 def test_the_wait_that_closes_the_cycle_fails_whichever_it_is(start_mesh, tmp_path):

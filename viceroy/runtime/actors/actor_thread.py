@@ -23,7 +23,7 @@ from typing import Any
 from viceroy.runtime import call_peers, devices, serialize
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import answers, output
-from viceroy.runtime.actors.rank_client import Holding, running_actor
+from viceroy.runtime.actors.rank_client import Holding, running_actor, running_concurrent
 from viceroy.runtime.execution import format_user_traceback, restore_filename
 from viceroy.runtime.shape import expand_runs
 
@@ -297,6 +297,8 @@ class ActorHost:
     async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
                               outside: frozenset[int] | tuple[()]) -> None:
         # A task of its own, in a copy of the context, so its output is tagged apart.
+        running_concurrent.set(Holding(self.id, getattr(fn, "__qualname__", "the endpoint"), call_id,
+                                       getattr(fn, "__name__", "")))
         with self._call(call_id, oneway, asyncio.current_task(), outside):
             try:
                 args, kwargs = _arguments(signed, data)

@@ -5,18 +5,20 @@ waits for B's `process`, and `process` waits for A's `callback`, which cannot st
 rank (rank_client._waits_on_self); one through other actors is seen here.
 
 Every request a rank sends (REQUEST) is relayed as a controller call (a `Relay`, kept until its
-reply goes). An endpoint that holds its actor and blocks on a request's reply says so (WAIT,
-rank_client._tell_wait), and again if it stops waiting before the reply. The waiting actor
-instance (actor mesh id, rank) is then blocked on that request (a `Wait`). On each new wait,
-follow who waits for whom: an instance waits for the instances its request's call has not
-answered yet; each of those holds the call up when it is blocked itself (its own endpoint runs,
-the call waits behind it; or it is that call). Back at the instance that started: a cycle, and
-the request that closed it is failed at once (its call cancelled), which unwinds the others.
+reply goes). An endpoint that blocks on a request's reply says so (WAIT,
+rank_client._tell_wait), and again if it stops waiting before the reply. One that holds its
+actor blocks the actor instance (actor mesh id, rank); a concurrent one blocks only its own call
+on that rank (call, rank): either is then blocked on that request (a `Wait`). On each new wait,
+follow who waits for whom: a blocked one waits for the ranks its request's call has not answered
+yet; on each, the call is held up by the instance there when it is blocked itself (its own
+endpoint runs, the call waits behind it; or it is that call), or it is a concurrent call blocked
+itself. Back at the one that started: a cycle, and the request that closed it is failed at once
+(its call cancelled), which unwinds the others.
 
 Only who is blocked now counts: an endpoint that keeps the future and returns blocks nothing,
 and a blocked instance whose endpoint answered its call meanwhile is no longer in the way. A
-call on a concurrent endpoint holds nothing, and is held up only while it waits in the queue
-(sent after the blocked endpoint's call)."""
+call on a concurrent endpoint holds no actor, and is held up by one only while it waits in the
+queue (sent after the blocked endpoint's call)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-Instance = tuple[str, int]  # (actor mesh id, rank): one actor
+Instance = tuple[str, int]  # (actor mesh id, rank): one actor, blocked by an endpoint that holds it
+Awaiting = tuple[int, int]  # (call, rank): a concurrent endpoint's call, blocked (its actor is not)
+Node = Instance | Awaiting
 
 
 @dataclass
@@ -39,16 +43,17 @@ class Relay:
     call: int  # the controller call it became
     concurrent: bool  # the endpoint called overlaps with others (concurrent=True)
     replied: bool = False
-    waiter: Instance | None = None  # the actor blocked on it, if one is
+    waiter: Node | None = None  # who is blocked on it, if one is
 
 
 @dataclass
 class Wait:
-    """An actor blocked on a request's reply, in an endpoint that holds it."""
+    """An endpoint blocked on a request's reply: one that holds its actor, or a concurrent one."""
 
     relay: Relay
     call: int  # the call its endpoint runs in (<= 0: a one-way call, not tracked by the controller)
     ep: str  # its endpoint's name
+    actor: str  # its actor mesh's id
 
 
 class Waits:
@@ -58,7 +63,7 @@ class Waits:
         self._unanswered = unanswered  # Controller.unanswered
         self._name_of = name_of  # actor mesh id -> its class name
         self._relays: dict[tuple[int, int], Relay] = {}
-        self._blocked: dict[Instance, Wait] = {}
+        self._blocked: dict[Node, Wait] = {}  # an actor (Instance) or a concurrent call (Awaiting) -> its wait
         self._lock = threading.Lock()
 
     def relayed(self, rank: int, req: int, actor: str, what: str, call: int, concurrent: bool) -> Relay:
@@ -82,27 +87,28 @@ class Waits:
         if relay.waiter is not None and (w := self._blocked.get(relay.waiter)) is not None and w.relay is relay:
             del self._blocked[relay.waiter]
 
-    def blocked(self) -> dict[Instance, str]:
-        """Who is blocked now, on what: (actor mesh id, rank) -> "B.process" (tests, debugging)."""
+    def blocked(self) -> dict[Node, str]:
+        """Who is blocked now, on what: (actor mesh id, rank), or (call, rank) for a concurrent
+        endpoint -> "B.process" (tests, debugging)."""
         with self._lock:
             return {inst: w.relay.what for inst, w in self._blocked.items()}
 
     def on_wait(self, rank: int, d: dict[str, Any]) -> tuple[Relay, str] | None:
-        """Rank `rank` says an endpoint that holds its actor blocks on request d["req"] (or, with
-        "over", no longer does). -> the request to fail now and why, when this wait closes a
+        """Rank `rank` says an endpoint blocks on request d["req"] (or, with "over", no longer
+        does); one that holds its actor blocks it, a concurrent one ("holds" False) its call. -> the request to fail now and why, when this wait closes a
         cycle (it counts as replied from here: the caller replies with the error)."""
         with self._lock:
             relay = self._relays.get((rank, d["req"]))
             if relay is None or relay.replied:
                 return None  # answered already (the reply crossed this notice)
-            inst: Instance = (d["actor"], rank)
+            inst: Node = (d["actor"], rank) if d.get("holds", True) else (d["call"], rank)
             if d["over"]:
                 w = self._blocked.get(inst)
                 if w is not None and w.relay is relay:
                     del self._blocked[inst]
                     relay.waiter = None
                 return None
-            wait = Wait(relay, d["call"], d["ep"])
+            wait = Wait(relay, d["call"], d["ep"], d["actor"])
             self._blocked[inst] = wait
             relay.waiter = inst
             path = self._cycle(inst, wait)
@@ -123,33 +129,34 @@ class Waits:
             return None  # a concurrent call may run beside it (one sent before it runs as a task)
         return other
 
-    def _cycle(self, start: Instance, wait: Wait) -> list[tuple[Instance, Wait]] | None:
-        """The blocked actors from `start` (blocked in `wait`) around to `start` again, each
-        waiting for the next; None when there is no such cycle."""
-        path: list[tuple[Instance, Wait]] = []
+    def _cycle(self, start: Node, wait: Wait) -> list[tuple[Node, Wait]] | None:
+        """The blocked actors and calls from `start` (blocked in `wait`) around to `start`
+        again, each waiting for the next; None when there is no such cycle."""
+        path: list[tuple[Node, Wait]] = []
         seen = {start}
 
-        def walk(inst: Instance, w: Wait) -> bool:
-            path.append((inst, w))
+        def walk(node: Node, w: Wait) -> bool:
+            path.append((node, w))
             for r in self._unanswered(w.relay.call):
-                nxt = (w.relay.actor, r)
-                other = self._holds_up(w, nxt)
-                if other is None:
-                    continue
-                if nxt == start:
-                    return True
-                if nxt not in seen:
-                    seen.add(nxt)
-                    if walk(nxt, other):
+                inst: Instance = (w.relay.actor, r)
+                awaiting: Awaiting = (w.relay.call, r)  # the call itself, in a concurrent endpoint that waits
+                for nxt, other in ((inst, self._holds_up(w, inst)), (awaiting, self._blocked.get(awaiting))):
+                    if other is None or other.relay.replied:
+                        continue
+                    if nxt == start:
                         return True
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        if walk(nxt, other):
+                            return True
             path.pop()
             return False
 
         return path if walk(start, wait) else None
 
-    def _message(self, path: list[tuple[Instance, Wait]]) -> str:
-        def endpoint(inst: Instance, w: Wait) -> str:
-            return f"{self._name_of(inst[0])}.{w.ep}"
+    def _message(self, path: list[tuple[Node, Wait]]) -> str:
+        def endpoint(_node: Node, w: Wait) -> str:
+            return f"{self._name_of(w.actor)}.{w.ep}"
 
         hops: list[str] = []
         holders: list[str] = []  # endpoints that hold up a call queued behind them
@@ -165,7 +172,7 @@ class Waits:
         first, w0 = path[0]
         make = " or ".join(holders or [endpoint(inst, w) for inst, w in path])
         return (f"A cycle of waits between actors: {'; '.join(hops)}. An actor handles one message at a "
-                f"time and each of these endpoints holds its actor until it returns, so none of them can go on: "
+                f"time and an endpoint that is not concurrent holds its actor until it returns, so none of them can go on: "
                 f"all would wait forever. So this wait ({endpoint(first, w0)} on rank {first[1]} for {w0.relay.what}) "
                 f"fails, and that call is cancelled. Instead do not wait in one of them (.broadcast(), or keep "
                 f"the future and return), or make {make} an `@vr.endpoint(concurrent=True) async def` that awaits it")

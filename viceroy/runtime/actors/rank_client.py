@@ -40,6 +40,10 @@ class Holding(NamedTuple):
 
 # The endpoint running in this context, when it holds its actor.
 running_actor: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("viceroy_running_actor", default=None)
+# The concurrent endpoint running in this context (it holds nothing: its waits may still be part
+# of a cycle, as the call it runs in is waited for).
+running_concurrent: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("viceroy_running_concurrent",
+                                                                                   default=None)
 
 
 class RankClient:
@@ -107,13 +111,19 @@ def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str) -> str |
 
 def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
     """A future of request `req` blocks (`over`: no longer blocks, though not done) in this
-    context: if an endpoint that holds its actor runs here, tell the controller, which fails
-    the wait at once when it closes a cycle of waits between actors. -> whether it was told.
-    Who waits is who waits now (a future kept by one endpoint may be waited for by another).
-    `awaiting`: an ``await``, which blocks the actor only in the endpoint's own task (a task
-    it started may await while the endpoint returns)."""
+    context: if an endpoint runs here, tell the controller, which fails the wait at once when
+    it closes a cycle of waits between actors. -> whether it was told. One that holds its actor
+    blocks it; a concurrent one blocks only its own call ("holds" False). Who waits is who waits
+    now (a future kept by one endpoint may be waited for by another). `awaiting`: an
+    ``await``, which blocks only the endpoint's own task (a task it started may await while the
+    endpoint returns)."""
     holding = running_actor.get()
-    if holding is None:  # a concurrent endpoint: its actor takes other messages meanwhile
+    holds = holding is not None
+    if holding is None:
+        holding = running_concurrent.get()
+    if holding is None:  # no endpoint runs here (a thread the user started, say)
+        return False
+    if not holds and holding.call <= 0:  # a concurrent one-way call: none waits for it, so no cycle
         return False
     if awaiting and not over:
         from viceroy.runtime.actors import actor_thread  # imports this module
@@ -126,7 +136,7 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
         if not mine:
             return False
     context_mod.context()._publish(WAIT, {"req": req, "actor": holding.actor, "call": holding.call,
-                                          "ep": holding.ep, "over": over})
+                                          "ep": holding.ep, "over": over, "holds": holds})
     return True
 
 
