@@ -60,7 +60,7 @@ ASK_EVERY_S = 1.0
 
 # Calls of the main thread that failed here and may still run on other ranks (see `failed`).
 _unsettled: set[int] = set()
-_settled_early: set[int] = set()  # said to have ended before it failed here (given up on)
+_settled_early: set[int] = set()  # said to have ended before it failed here (given up on; see main_call_starts)
 _settled = threading.Condition(_lock)
 # The controller ends a failed call within seconds (fail-fast, then giving up on ranks that do
 # not stop); past this a collective goes ahead all the same, so no word lost can hold it.
@@ -174,6 +174,14 @@ def failed(call_id: int) -> None:
             _settled_early.discard(call_id)
         else:
             _unsettled.add(call_id)
+
+
+def main_call_starts(call_id: int) -> None:
+    """The rank's main thread starts call `call_id`: those before it ended here, so the word
+    that one of them ended everywhere, come before it failed here, is owed to none now."""
+    with _lock:
+        if _settled_early:
+            _settled_early.difference_update([c for c in _settled_early if c < call_id])
 
 
 def settled(call_id: int) -> None:

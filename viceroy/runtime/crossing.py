@@ -85,11 +85,11 @@ def members(group: str) -> list[int]:
     return [int(r) for r in group.split(".")]
 
 
-def _failure(n: int, least: int, short: list[int], members: list[int]) -> RankFailure:
+def _failure(n: int, least: int, short: list[int], over: list[int]) -> RankFailure:
     which = _nth(least + 1) + ("" if n == least + 1 else f" to {_nth(n)}")
     return RankFailure("error", (
         f"viceroy.CollectiveError: it started {n} collective{'s' if n != 1 else ''} over "
-        f"{describe_ranks(members)} in this call, {describe_ranks(short)} only {least}: its {which} met "
+        f"{describe_ranks(over)} in this call, {describe_ranks(short)} only {least}: its {which} met "
         f"collectives from outside this call (a call queued behind it on {describe_ranks(short)}), so what it "
         f"returned is not to be trusted. The calls queued behind this one on those ranks are cancelled. "
         f"{_ORDER}."), exc_type="CollectiveError")

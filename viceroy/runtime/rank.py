@@ -208,6 +208,7 @@ class Rank:
             if "returned" in header and self.segments is not None:
                 self.segments.returned(header["returned"].get(str(self.rank), []))
             call_id = header["id"]
+            call_peers.main_call_starts(call_id)
             with self.state_lock:
                 if self.cancelled:  # ids grow; a cancel for an older call came after it ended
                     self.cancelled = {c for c in self.cancelled if c >= call_id}
