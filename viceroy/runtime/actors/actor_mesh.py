@@ -257,21 +257,23 @@ class RankFuture(Future[Any]):
     mesh.interrupt() is the controller's; a timeout names the endpoint.
 
     `waits_on_self`: why waiting for it can never end, if it cannot: the call includes the
-    very actor whose endpoint would wait (see rank_client.running_actor). `on_wait(over,
+    very actor whose endpoint would wait (see rank_client.running_actor); with
+    `blocking_only`, only a blocking wait can (a concurrent endpoint may await it). `on_wait(over,
     awaiting)`: called as a wait for it (`get`, or `await`) blocks (over False) and, if it was
     told, as one ends before it is done (True); -> whether it was told (rank_client._tell_wait:
     the controller looks for a cycle of waits between actors)."""
 
-    __slots__ = ("on_wait", "waits_on_self")
+    __slots__ = ("blocking_only", "on_wait", "waits_on_self")
 
     def __init__(self, what: str) -> None:
         super().__init__(-1, what=what)
         self.waits_on_self: str | None = None
+        self.blocking_only = False  # waits_on_self holds for a blocking wait only (`await` it: it ends)
         self.on_wait: Callable[[bool, bool], bool] | None = None
 
     def _blocks(self, awaiting: bool) -> Callable[[bool, bool], bool] | None:
         """A wait for it starts: raise if it can never end; -> what to call as it ends early."""
-        if self.waits_on_self is not None and not self.done():
+        if self.waits_on_self is not None and not self.done() and not (awaiting and self.blocking_only):
             raise RuntimeError(self.waits_on_self)
         told = self.on_wait is not None and not self.done() and self.on_wait(False, awaiting)
         return self.on_wait if told else None
@@ -317,6 +319,7 @@ def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
     if isinstance(inner, RankFuture):
         out = RankFuture(inner.what)
         out.waits_on_self = inner.waits_on_self
+        out.blocking_only = inner.blocking_only
         out.on_wait = inner.on_wait
     else:
         out = Future(inner.call_id, inner._on_interrupt, inner.what)

@@ -1,5 +1,6 @@
 """Cycles of waits between actors, found on the controller. A plain endpoint (not concurrent)
-holds its actor until it returns: the actor takes no other message meanwhile. When A's `step`
+holds its actor until it returns: the actor takes no other message meanwhile; a concurrent one
+holds it while it blocks in a wait (`.get()` stops the event loop that runs the endpoints). When A's `step`
 waits for B's `process`, and `process` waits for A's `callback`, which cannot start before
 `step` returns, neither can go on. A wait for a call on the waiting actor itself fails on the
 rank (rank_client._waits_on_self); one through other actors is seen here.
@@ -7,8 +8,8 @@ rank (rank_client._waits_on_self); one through other actors is seen here.
 Every request a rank sends (REQUEST) is relayed as a controller call (a `Relay`, kept until its
 reply goes). An endpoint that blocks on a request's reply says so (WAIT,
 rank_client._tell_wait), and again if it stops waiting before the reply. One that holds its
-actor blocks the actor instance (actor mesh id, rank); a concurrent one blocks only its own call
-on that rank (call, rank): either is then blocked on that request (a `Wait`). On each new wait,
+actor blocks the actor instance (actor mesh id, rank); a concurrent one that awaits blocks only
+its own call on that rank (call, rank): either is then blocked on that request (a `Wait`). On each new wait,
 follow who waits for whom: a blocked one waits for the ranks its request's call has not answered
 yet; on each, the call is held up by the instance there when it is blocked itself (its own
 endpoint runs, the call waits behind it; or it is that call), or it is a concurrent call blocked
@@ -17,8 +18,9 @@ itself. Back at the one that started: a cycle, and the request that closed it is
 
 Only who is blocked now counts: an endpoint that keeps the future and returns blocks nothing,
 and a blocked instance whose endpoint answered its call meanwhile is no longer in the way. A
-call on a concurrent endpoint holds no actor, and is held up by one only while it waits in the
-queue (sent after the blocked endpoint's call)."""
+call on a concurrent endpoint is held up by a blocked actor while it waits in the queue (sent
+after the blocked endpoint's call) or, sent before, while the blocked endpoint stops the actor's
+event loop (a sync endpoint, or `.get()`): one that awaits lets it run as a task."""
 
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ class Wait:
     call: int  # the call its endpoint runs in (<= 0: a one-way call, not tracked by the controller)
     ep: str  # its endpoint's name
     actor: str  # its actor mesh's id
+    concurrent: bool = False  # its endpoint is concurrent (it holds its actor only while it blocks)
+    awaiting: bool = False  # an `await`: the actor's event loop runs, concurrent endpoints go on
 
 
 class Waits:
@@ -95,8 +99,10 @@ class Waits:
 
     def on_wait(self, rank: int, d: dict[str, Any]) -> tuple[Relay, str] | None:
         """Rank `rank` says an endpoint blocks on request d["req"] (or, with "over", no longer
-        does); one that holds its actor blocks it, a concurrent one ("holds" False) its call. -> the request to fail now and why, when this wait closes a
-        cycle (it counts as replied from here: the caller replies with the error)."""
+        does); one that holds its actor blocks it, a concurrent one ("holds" False) its call.
+        -> the request to fail now and why, when this wait closes a cycle (it counts as replied
+        from here: the caller replies with the error). A concurrent call is followed through the
+        latest request it waits for (one awaiting several at once is seen through one)."""
         with self._lock:
             relay = self._relays.get((rank, d["req"]))
             if relay is None or relay.replied:
@@ -108,7 +114,7 @@ class Waits:
                     del self._blocked[inst]
                     relay.waiter = None
                 return None
-            wait = Wait(relay, d["call"], d["ep"], d["actor"])
+            wait = Wait(relay, d["call"], d["ep"], d["actor"], d.get("conc", False), d.get("awaiting", False))
             self._blocked[inst] = wait
             relay.waiter = inst
             path = self._cycle(inst, wait)
@@ -125,8 +131,8 @@ class Waits:
             return None
         if other.call > 0 and inst[1] not in self._unanswered(other.call):
             return None  # its endpoint returned meanwhile (the word that it no longer waits is on its way)
-        if wait.relay.concurrent and not (other.call > 0 and wait.relay.call > other.call):
-            return None  # a concurrent call may run beside it (one sent before it runs as a task)
+        if wait.relay.concurrent and other.awaiting and not (other.call > 0 and wait.relay.call > other.call):
+            return None  # sent before, a concurrent call runs as a task beside an endpoint that awaits
         return other
 
     def _cycle(self, start: Node, wait: Wait) -> list[tuple[Node, Wait]] | None:
@@ -155,24 +161,30 @@ class Waits:
         return path if walk(start, wait) else None
 
     def _message(self, path: list[tuple[Node, Wait]]) -> str:
-        def endpoint(_node: Node, w: Wait) -> str:
+        def endpoint(w: Wait) -> str:
             return f"{self._name_of(w.actor)}.{w.ep}"
 
         hops: list[str] = []
-        holders: list[str] = []  # endpoints that hold up a call queued behind them
+        holders: list[Wait] = []  # the waits of endpoints that hold up a call queued behind them
         for i, (inst, w) in enumerate(path):
             nxt, nw = path[(i + 1) % len(path)]
             if nw.call == w.relay.call:
                 why = f"which itself waits for {nw.relay.what}"
             else:
-                why = f"which cannot start before {endpoint(nxt, nw)} returns there"
-                if endpoint(nxt, nw) not in holders:
-                    holders.append(endpoint(nxt, nw))
-            hops.append(f"{endpoint(inst, w)} on rank {inst[1]} waits for {w.relay.what} on rank {nxt[1]}, {why}")
+                start = "go on" if w.relay.concurrent and w.relay.call < nw.call else "start"  # a task, stalled
+                until = f"while {endpoint(nw)} blocks" if nw.concurrent else f"before {endpoint(nw)} returns"
+                why = f"which cannot {start} {until} there"
+                if all(h is not nw for h in holders):
+                    holders.append(nw)
+            hops.append(f"{endpoint(w)} on rank {inst[1]} waits for {w.relay.what} on rank {nxt[1]}, {why}")
         first, w0 = path[0]
-        make = " or ".join(holders or [endpoint(inst, w) for inst, w in path])
+        holders = holders or [w for node, w in path if isinstance(node[0], str)]  # the instances held
+        make = " or ".join(dict.fromkeys(endpoint(w) for w in holders if not w.concurrent))
+        blocking = " or ".join(dict.fromkeys(endpoint(w) for w in holders if w.concurrent))
+        instead = ["do not wait in one of them (.broadcast(), or keep the future and return)"]
+        instead += [f"make {make} an `@vr.endpoint(concurrent=True) async def` that awaits it"] if make else []
+        instead += [f"`await` it in {blocking} (a blocking wait there stops its actor's event loop)"] if blocking else []
         return (f"A cycle of waits between actors: {'; '.join(hops)}. An actor handles one message at a "
-                f"time and an endpoint that is not concurrent holds its actor until it returns, so none of them can go on: "
-                f"all would wait forever. So this wait ({endpoint(first, w0)} on rank {first[1]} for {w0.relay.what}) "
-                f"fails, and that call is cancelled. Instead do not wait in one of them (.broadcast(), or keep "
-                f"the future and return), or make {make} an `@vr.endpoint(concurrent=True) async def` that awaits it")
+                f"time and an endpoint holds its actor until it returns (a concurrent one while it blocks, in .get()), "
+                f"so none of them can go on: all would wait forever. So this wait ({endpoint(w0)} on rank "
+                f"{first[1]} for {w0.relay.what}) fails, and that call is cancelled. Instead {', or '.join(instead)}")

@@ -82,8 +82,12 @@ class RankClient:
             fut._set_result(None)
             return fut
         fut.on_wait = functools.partial(_tell_wait, req)
-        if (running := running_actor.get()) is not None and running.actor == info.id:
-            fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb)
+        concurrent = (running := running_actor.get()) is None
+        if concurrent:
+            running = running_concurrent.get()
+        if running is not None and running.actor == info.id:
+            fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb, concurrent)
+            fut.blocking_only = concurrent  # a concurrent endpoint may await it: its actor is free
         return fut
 
     def control(self, info: ActorMeshInfo) -> Any:
@@ -93,16 +97,22 @@ class RankClient:
         )
 
 
-def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str) -> str | None:
+def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str, concurrent: bool) -> str | None:
     """Why waiting for a call on `shape` of the actor mesh whose `endpoint` runs here can
     never end (None: it can): the call includes this very actor, which takes its next message
-    only once `endpoint` returns."""
+    only once `endpoint` returns; or, `concurrent`, once a blocking wait in it (`.get()`, which
+    stops the actor's event loop) ends."""
     me = context_mod.context().rank
     if me not in shape.ranks or (adverb == "choose" and len(shape.ranks) > 1):  # choose picks another
         return None
     others = [r for r in shape.ranks if r != me]
     instead = (f"call only the other actors ({describe_ranks(others)}, through a slice or select), "
                if others else "")
+    if concurrent:
+        return (f"{endpoint} on rank {me} blocks in a wait for {what}, which includes this very actor (rank {me}): "
+                f"a blocking wait (.get(), iterating a stream) in an async endpoint stops the actor's event loop, so "
+                f"that call cannot start, and both would wait forever. Instead `await` it ({endpoint} is concurrent: "
+                f"the actor takes other messages meanwhile), or {instead}do not wait for it")
     return (f"{endpoint} on rank {me} waits for {what}, which includes this very actor (rank {me}): an actor "
             f"handles one message at a time, so that call cannot start before {endpoint} returns, and both would "
             f"wait forever. Instead {instead}do not wait for it (.broadcast(), or keep the future), or make "
@@ -113,12 +123,14 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
     """A future of request `req` blocks (`over`: no longer blocks, though not done) in this
     context: if an endpoint runs here, tell the controller, which fails the wait at once when
     it closes a cycle of waits between actors. -> whether it was told. One that holds its actor
-    blocks it; a concurrent one blocks only its own call ("holds" False). Who waits is who waits
-    now (a future kept by one endpoint may be waited for by another). `awaiting`: an
-    ``await``, which blocks only the endpoint's own task (a task it started may await while the
-    endpoint returns)."""
+    blocks it; a concurrent one that awaits blocks only its own call ("holds" False). Who waits
+    is who waits now (a future kept by one endpoint may be waited for by another).
+    `awaiting`: an ``await``, which blocks only the endpoint's own task (a task it started may
+    await while the endpoint returns)."""
     holding = running_actor.get()
-    holds = holding is not None
+    # A concurrent endpoint holds its actor too while it blocks (`.get()` stops the event loop
+    # that runs the actor's endpoints); while it awaits, its call alone waits.
+    holds = holding is not None or not awaiting
     if holding is None:
         holding = running_concurrent.get()
     if holding is None:  # no endpoint runs here (a thread the user started, say)
@@ -136,7 +148,8 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
         if not mine:
             return False
     context_mod.context()._publish(WAIT, {"req": req, "actor": holding.actor, "call": holding.call,
-                                          "ep": holding.ep, "over": over, "holds": holds})
+                                          "ep": holding.ep, "over": over, "holds": holds,
+                                          "conc": running_actor.get() is None, "awaiting": awaiting})
     return True
 
 
