@@ -99,10 +99,10 @@ class Waits:
 
     def on_wait(self, rank: int, d: dict[str, Any]) -> tuple[Relay, str] | None:
         """Rank `rank` says an endpoint blocks on request d["req"] (or, with "over", no longer
-        does); one that holds its actor blocks it, a concurrent one ("holds" False) its call.
-        -> the request to fail now and why, when this wait closes a cycle (it counts as replied
-        from here: the caller replies with the error). A concurrent call is followed through the
-        latest request it waits for (one awaiting several at once is seen through one)."""
+        does); one that holds its actor blocks it, a concurrent one that awaits ("holds" False)
+        its call. -> the request to fail now and why, when this wait closes a cycle (it counts
+        as replied from here: the caller replies with the error). A call waits for one request
+        at a time: only its endpoint's own task is told (rank_client._tell_wait)."""
         with self._lock:
             relay = self._relays.get((rank, d["req"]))
             if relay is None or relay.replied:
