@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Every pip install below takes the versions the tests last passed with (see constraints.txt).
+PIN    := -c constraints.txt
 BENCH_STAMP := $(VENV)/.bench-installed
 # The CPU wheel of torch lies on disk on machines without a GPU; an open requirement could pull
 # a multi-GB CUDA build, so the pin goes in first.
@@ -16,15 +18,15 @@ FRONTEND := $(LABEXT)/node_modules/.viceroy-built
 FRONTEND_SOURCES := $(LABEXT)/package.json $(LABEXT)/yarn.lock $(wildcard $(LABEXT)/tsconfig*.json \
 	$(LABEXT)/src/*.ts $(LABEXT)/src/*/*.ts $(LABEXT)/style/* $(LABEXT)/scripts/*)
 
-.PHONY: setup demo test test-fast lint bench bench-peers lab clean frontend test-frontend
+.PHONY: setup demo test test-fast lint bench bench-peers lab clean frontend test-frontend lock
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q $(PIN) -e ".[test]"
 	touch $@
 
 demo: $(STAMP)  ## the quickstart on a local 4-rank mesh, outputs printed
@@ -51,7 +53,7 @@ lint: $(STAMP) $(FRONTEND)
 	cd $(LABEXT) && $(JLPM) lint
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	$(BIN)/python -m pip install -q $(PIN) -e ".[test,bench]"
 	touch $@
 
 bench: $(STAMP) $(BENCH_STAMP)  ## ratios against baselines measured in the same run (ipyparallel installed for bench_kernel)
@@ -73,8 +75,17 @@ bench-peers: $(STAMP) $(PEERS_STAMP)  ## actors beside Monarch and Ray, measured
 	$(BIN)/python bench/bench_actors.py --peers-python $(PEERS_VENV)/bin/python
 
 lab: $(STAMP)  ## JupyterLab on the quickstart, with the Viceroy kernel
-	$(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/python -m pip install -q $(PIN) -e ".[lab]"
 	$(BIN)/jupyter lab notebooks/01-quickstart.ipynb
+
+LOCK_VENV := .venv-lock
+lock:  ## the newest versions the extras allow, into constraints.txt (then run make test)
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(LOCK_VENV)/bin/python -m pip install -q -e ".[test,bench,lab]"
+	head -n 3 constraints.txt > $(LOCK_VENV)/constraints.txt
+	$(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^torch==' >> $(LOCK_VENV)/constraints.txt
+	mv $(LOCK_VENV)/constraints.txt constraints.txt && rm -rf $(LOCK_VENV)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
