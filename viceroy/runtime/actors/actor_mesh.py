@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import queue
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from viceroy.runtime import call_peers
 from viceroy.runtime.actors.actor import EndpointSpec
+from viceroy.runtime.actors.stream import RankStream, Stream
 from viceroy.runtime.arguments import check_seconds
 from viceroy.runtime.errors import MeshError, RankFailure
 from viceroy.runtime.future import Future
@@ -198,55 +198,28 @@ class Endpoint:
         that a peer left (raised or skipped), within about a second."""
         self._send("broadcast", args, kwargs)
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        """Every actor runs it; yields results as they arrive. When some actors failed, a
-        MeshError listing them is raised after the successful results. An interrupt (Ctrl-C)
-        while it waits cancels the call on the ranks."""
-        q: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    def stream(self, *args: Any, **kwargs: Any) -> Stream | RankStream:
+        """Every actor runs it; yields results as they arrive (``for v in ...``, or ``async for``
+        in an async cell or a concurrent endpoint). When some actors failed, a MeshError listing
+        them is raised after the successful results. An interrupt (Ctrl-C, a cancelled task)
+        while it waits cancels the call on the ranks. From an endpoint the values come together,
+        once every actor answered (see `viceroy.runtime.actors.stream`)."""
+        values = Stream()
 
         def on_result(rank: int, ok: bool, value: Any) -> None:
             if ok:
-                q.put((True, value))
+                values.put(value)
 
         fut = self._send("stream", args, kwargs, on_result=on_result)
         if isinstance(fut, RankFuture):  # from an endpoint (see rank_client): the values come together
-            return _when_all_answered(fut)
-        fut.add_done_callback(lambda f: q.put((False, f)))
-        return _drain(q, fut)
+            return RankStream(fut)
+        return values.follow(fut)
 
 
 def _keep(_handle: ActorMesh, _fut: Future[Any]) -> None:
     """A done callback that only holds `_handle` (until the future is done)."""
 
 
-def _when_all_answered(fut: RankFuture) -> Iterator[Any]:
-    """A stream from an endpoint: the values in rank order, once every actor answered. It waits
-    as `RankFuture.get` does: an interrupt of the endpoint ends the wait, and one that can never
-    end (on its own actor, or closing a cycle of waits between actors) fails at once."""
-    yield from fut.get().values()
-
-
-def _drain(q: queue.SimpleQueue[tuple[bool, Any]], fut: Future[Any]) -> Iterator[Any]:
-    """The values of a stream as they come. Interrupted while it waits (Ctrl-C), the call is
-    cancelled on the ranks, as `Future.get` does, then KeyboardInterrupt goes on."""
-    while True:
-        try:
-            is_value, item = q.get()
-        except KeyboardInterrupt:
-            if fut._on_interrupt is not None and not fut.done():
-                fut._on_interrupt()
-            raise
-        if is_value:
-            yield item
-            continue
-        while not q.empty():  # results posted before the end marker
-            is_value, item = q.get()
-            if is_value:
-                yield item
-        exc = fut.exception()
-        if exc is not None:
-            raise exc
-        return
 
 
 _WAIT_SLICE_S = 0.05  # a rank future waits in slices, to notice its endpoint was interrupted

@@ -1,0 +1,98 @@
+"""`async for` over an endpoint's `stream()`: on the controller (an async cell, asyncio.run) the
+values come as they arrive, a failure after the good ones, and cancelling the task that waits
+cancels the call on the ranks; in a concurrent endpoint, the values of every actor once all
+answered, its own actor mesh's too (awaiting leaves the actor free)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+import viceroy as vr
+from tests.conftest import wait_until
+
+
+class Napper(vr.Actor):
+    @vr.endpoint
+    def nap_rank_delay(self, scale: float) -> int:
+        rank = vr.context().rank
+        time.sleep((2 - rank) * scale)  # the last rank answers first
+        return rank
+
+    @vr.endpoint
+    def fail_on(self, rank: int) -> int:
+        if vr.context().rank == rank:
+            raise ValueError(f"rank {rank} refuses")
+        return vr.context().rank
+
+    @vr.endpoint(concurrent=True)
+    async def nap(self) -> str:
+        print("napping", flush=True)
+        await asyncio.sleep(30)
+        return "woke"
+
+    @vr.endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @vr.endpoint(concurrent=True)
+    async def gather_from(self, others: vr.ActorMesh) -> list[int]:
+        return [v async for v in others.nap_rank_delay.stream(0.0)]
+
+
+async def _arrivals(stream: AsyncIterator[int]) -> list[tuple[int, float]]:
+    t0 = time.monotonic()
+    return [(v, time.monotonic() - t0) async for v in stream]
+
+
+def test_async_for_yields_values_as_they_arrive(start_mesh):
+    mesh = start_mesh(gpus=3)
+    nappers = mesh.spawn(Napper)
+    arrivals = asyncio.run(_arrivals(nappers.nap_rank_delay.stream(0.4)))
+    assert [r for r, _ in arrivals] == [2, 1, 0]
+    assert arrivals[2][1] - arrivals[0][1] >= 0.6  # rank 2's came ~0.8 s before rank 0's, not with it
+
+
+def test_async_for_raises_after_the_good_values_when_an_actor_failed(start_mesh):
+    mesh = start_mesh(gpus=3)
+    nappers = mesh.spawn(Napper)
+    seen: list[int] = []
+
+    async def take() -> None:
+        async for v in nappers.fail_on.stream(1):
+            seen.append(v)
+
+    with pytest.raises(vr.MeshError, match="rank 1: ValueError: rank 1 refuses"):
+        asyncio.run(take())
+    assert sorted(seen) == [0, 2]
+
+
+def test_cancelling_the_task_that_awaits_a_stream_cancels_the_call_on_the_ranks(start_mesh):
+    mesh = start_mesh(gpus=2)
+    nappers = mesh.spawn(Napper)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(_arrivals(nappers.nap.stream()))
+        await asyncio.to_thread(wait_until, lambda: all("napping" in mesh.logs(r) for r in (0, 1)), 10,
+                                "both endpoints to be awaiting")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    t0 = time.monotonic()
+    assert nappers.ping.call().get(timeout=20).values() == ["pong", "pong"]
+    assert time.monotonic() - t0 < 3  # not behind a 30 s nap
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["other actors", "its own actor mesh"])
+def test_a_concurrent_endpoint_iterates_a_stream_with_async_for(start_mesh, own):
+    # Its own actor mesh too: awaiting leaves the actor free to answer (a blocking wait there
+    # fails at once: tests/actors/test_actor_cycles.py).
+    mesh = start_mesh(gpus=2)
+    nappers = mesh.spawn(Napper)
+    gatherer = nappers.slice(gpus=0) if own else mesh.select([1]).spawn(Napper)
+    assert gatherer.gather_from.call_one(nappers).get(timeout=20) == [0, 1]  # in rank order, all at once

@@ -1,0 +1,160 @@
+"""The values of an endpoint's `stream()` call: `for v in s`, or `async for v in s` in an async
+cell or a concurrent endpoint.
+
+On the controller each actor's value is yielded as it arrives (`Stream`); when some actors
+failed, a MeshError listing them is raised after the successful values. From an endpoint on a
+rank the values come together, in rank order, once every actor answered (`RankStream`: the
+controller replies once). Either way, stopping the wait (Ctrl-C, a cancelled task, an interrupt
+of the endpoint that waits) cancels the call on the ranks; values not taken yet stay queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from viceroy.runtime.future import Future
+
+_END = object()  # put once the call's future is done: what arrives after it is still yielded
+
+
+class Stream:
+    """A stream's values as they arrive on the controller (see the module's docstring)."""
+
+    __slots__ = ("_cond", "_ended", "_fut", "_items", "_wake")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._wake: Callable[[], None] | None = None  # an async consumer's waiter
+        self._fut: Future[Any] | None = None
+        self._ended = False
+
+    # --- producer side: the runtime's IO thread ---------------------------------------------
+
+    def put(self, value: Any) -> None:
+        with self._cond:
+            self._items.append(value)
+            self._cond.notify()
+            wake, self._wake = self._wake, None
+        if wake is not None:
+            wake()
+
+    def follow(self, fut: Future[Any]) -> Stream:
+        """The stream ends with `fut`, the call's future (its error raised after the values)."""
+        self._fut = fut
+        fut.add_done_callback(lambda _f: self.put(_END))
+        return self
+
+    # --- consumer side ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                with self._cond:
+                    while not self._items and not self._ended:
+                        self._cond.wait()
+                    item = self._items.popleft() if self._items else _END
+            except KeyboardInterrupt:
+                self._cancel()
+                raise
+            if item is not _END:
+                return item
+            self._end()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._items or self._ended:
+                    item = self._items.popleft() if self._items else _END
+                    waiter = None
+                else:
+                    waiter = loop.create_future()
+                    self._wake = _waker(loop, waiter)
+            if waiter is not None:
+                try:
+                    await waiter
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    self._cancel()
+                    raise
+                continue
+            if item is not _END:
+                return item
+            try:
+                self._end()
+            except StopIteration:
+                raise StopAsyncIteration from None
+
+    def _end(self) -> None:
+        """The end marker was taken: values that came after it go first, then the call's error
+        or the end."""
+        with self._cond:
+            self._ended = True
+            if self._items:
+                return
+        assert self._fut is not None
+        exc = self._fut.exception()
+        if exc is not None:
+            try:
+                raise exc
+            finally:
+                del exc
+        raise StopIteration
+
+    def _cancel(self) -> None:
+        fut = self._fut
+        if fut is not None and fut._on_interrupt is not None and not fut.done():
+            fut._on_interrupt()
+
+
+def _waker(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> Callable[[], None]:
+    def set_done() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(set_done)
+
+    return wake
+
+
+class RankStream:
+    """A stream from an endpoint: every actor's value, in rank order, once all answered. It waits
+    as `RankFuture.get` does (or as awaiting it does): an interrupt of the endpoint ends the
+    wait, and one that can never end (on its own actor, or closing a cycle of waits between
+    actors) fails at once."""
+
+    __slots__ = ("_fut", "_values")
+
+    def __init__(self, fut: Future[Any]) -> None:
+        self._fut = fut
+        self._values: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._values is None:
+            self._values = iter(self._fut.get().values())
+        return next(self._values)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._values is None:
+            self._values = iter((await self._fut).values())
+        try:
+            return next(self._values)
+        except StopIteration:
+            raise StopAsyncIteration from None
