@@ -13,6 +13,7 @@ import pytest
 
 import viceroy as vr
 from tests.conftest import wait_until
+from viceroy.runtime.actors.stream import Stream
 
 
 class Napper(vr.Actor):
@@ -86,6 +87,22 @@ def test_cancelling_the_task_that_awaits_a_stream_cancels_the_call_on_the_ranks(
     t0 = time.monotonic()
     assert nappers.ping.call().get(timeout=20).values() == ["pong", "pong"]
     assert time.monotonic() - t0 < 3  # not behind a 30 s nap
+
+
+def test_a_value_that_comes_after_the_awaiting_task_was_cancelled_wakes_no_one():
+    # It woke the cancelled task's loop, closed by then: RuntimeError in the runtime's IO thread.
+    values = Stream()
+
+    async def cancelled_wait() -> None:
+        task = asyncio.ensure_future(values.__anext__())
+        await asyncio.sleep(0)  # it waits now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_wait())
+    values.put(7)
+    assert next(values) == 7  # kept for whoever takes it next
 
 
 @pytest.mark.parametrize("own", [False, True], ids=["other actors", "its own actor mesh"])

@@ -220,8 +220,6 @@ def _keep(_handle: ActorMesh, _fut: Future[Any]) -> None:
     """A done callback that only holds `_handle` (until the future is done)."""
 
 
-
-
 _WAIT_SLICE_S = 0.05  # a rank future waits in slices, to notice its endpoint was interrupted
 
 

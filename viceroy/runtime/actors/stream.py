@@ -4,8 +4,9 @@ cell or a concurrent endpoint.
 On the controller each actor's value is yielded as it arrives (`Stream`); when some actors
 failed, a MeshError listing them is raised after the successful values. From an endpoint on a
 rank the values come together, in rank order, once every actor answered (`RankStream`: the
-controller replies once). Either way, stopping the wait (Ctrl-C, a cancelled task, an interrupt
-of the endpoint that waits) cancels the call on the ranks; values not taken yet stay queued.
+controller replies once). On the controller, stopping the wait (Ctrl-C, a cancelled task)
+cancels the call on the ranks, and values not taken yet stay queued; from an endpoint, an
+interrupt of the endpoint ends its wait as it ends a `.get()`.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ class Stream:
                     waiter = None
                 else:
                     waiter = loop.create_future()
-                    self._wake = _waker(loop, waiter)
+                    self._wake = wake = _waker(loop, waiter)
             if waiter is not None:
                 try:
                     await waiter
                 except (asyncio.CancelledError, KeyboardInterrupt):
+                    with self._cond:
+                        if self._wake is wake:
+                            self._wake = None
                     self._cancel()
                     raise
                 continue
@@ -123,7 +127,10 @@ def _waker(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> Cal
             waiter.set_result(None)
 
     def wake() -> None:
-        loop.call_soon_threadsafe(set_done)
+        try:
+            loop.call_soon_threadsafe(set_done)
+        except RuntimeError:  # its loop was closed: no one waits any more
+            pass
 
     return wake
 
