@@ -1,7 +1,9 @@
 """Cycles of waits between actors: A's endpoint waits for B's, which waits for a call on A,
 queued behind the first. Both waited forever; the wait that closes the cycle now fails at once,
 naming each endpoint and rank, and both actor meshes go on. Only who is blocked now counts: an
-endpoint that kept the future and returned, or that waits for something else, makes no cycle."""
+endpoint that kept the future and returned, or that waits for something else, makes no cycle.
+A concurrent endpoint counts too: while it awaits, its call waits; while it blocks in .get(), its
+actor does."""
 
 from __future__ import annotations
 

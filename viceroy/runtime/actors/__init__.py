@@ -2,8 +2,10 @@
 
 actor.py        `Actor`, `@endpoint` (what users write)
 actor_mesh.py   `ActorMesh` and its `Endpoint` adverbs (call, call_one, choose, broadcast, stream)
+stream.py       a `stream()`'s values as they come, for `for` and `async for`
 spawn.py        `spawn(mesh, cls, ...)`, behind `Mesh.spawn`
 registry.py     the controller's records of actor meshes; relays calls ranks make
+cycles.py       cycles of waits between actors (calls ranks make), failed at once
 oneway.py       pipelined broadcasts, coalesced into one message per rank
 supervision.py  `ActorFailure`, and where failures go when no caller waits for them
 host.py         the ranks' side: actor messages from the control thread, handed to...
