@@ -12,33 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 import viceroy as vr
+from tests.actors.test_actors import Counter, StreamNapper
 from tests.conftest import wait_until
 from viceroy.runtime.actors.stream import Stream
 
 
-class Napper(vr.Actor):
-    @vr.endpoint
-    def nap_rank_delay(self, scale: float) -> int:
-        rank = vr.context().rank
-        time.sleep((2 - rank) * scale)  # the last rank answers first
-        return rank
-
-    @vr.endpoint
-    def fail_on(self, rank: int) -> int:
-        if vr.context().rank == rank:
-            raise ValueError(f"rank {rank} refuses")
-        return vr.context().rank
-
-    @vr.endpoint(concurrent=True)
-    async def nap(self) -> str:
-        print("napping", flush=True)
-        await asyncio.sleep(30)
-        return "woke"
-
-    @vr.endpoint
-    def ping(self) -> str:
-        return "pong"
-
+class Gatherer(Counter):
     @vr.endpoint(concurrent=True)
     async def gather_from(self, others: vr.ActorMesh) -> list[int]:
         return [v async for v in others.nap_rank_delay.stream(0.0)]
@@ -51,7 +30,7 @@ async def _arrivals(stream: AsyncIterator[int]) -> list[tuple[int, float]]:
 
 def test_async_for_yields_values_as_they_arrive(start_mesh):
     mesh = start_mesh(gpus=3)
-    nappers = mesh.spawn(Napper)
+    nappers = mesh.spawn(Counter, 0)
     arrivals = asyncio.run(_arrivals(nappers.nap_rank_delay.stream(0.5)))
     assert [r for r, _ in arrivals] == [2, 1, 0]
     assert arrivals[2][1] - arrivals[0][1] >= 0.6  # rank 2's came ~1 s before rank 0's, not with it
@@ -59,7 +38,7 @@ def test_async_for_yields_values_as_they_arrive(start_mesh):
 
 def test_async_for_raises_after_the_good_values_when_an_actor_failed(start_mesh):
     mesh = start_mesh(gpus=3)
-    nappers = mesh.spawn(Napper)
+    nappers = mesh.spawn(Counter, 0)
     seen: list[int] = []
 
     async def take() -> None:
@@ -73,7 +52,7 @@ def test_async_for_raises_after_the_good_values_when_an_actor_failed(start_mesh)
 
 def test_cancelling_the_task_that_awaits_a_stream_cancels_the_call_on_the_ranks(start_mesh):
     mesh = start_mesh(gpus=2)
-    nappers = mesh.spawn(Napper)
+    nappers = mesh.spawn(StreamNapper)
 
     async def main() -> None:
         task = asyncio.ensure_future(_arrivals(nappers.nap.stream()))
@@ -110,6 +89,6 @@ def test_a_concurrent_endpoint_iterates_a_stream_with_async_for(start_mesh, own)
     # Its own actor mesh too: awaiting leaves the actor free to answer (a blocking wait there
     # fails at once: tests/actors/test_actor_cycles.py).
     mesh = start_mesh(gpus=2)
-    nappers = mesh.spawn(Napper)
-    gatherer = nappers.slice(gpus=0) if own else mesh.select([1]).spawn(Napper)
+    nappers = mesh.spawn(Gatherer, 0)
+    gatherer = nappers.slice(gpus=0) if own else mesh.select([1]).spawn(Gatherer, 0)
     assert gatherer.gather_from.call_one(nappers).get(timeout=20) == [0, 1]  # in rank order, all at once
