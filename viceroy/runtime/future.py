@@ -45,8 +45,7 @@ class Future(Generic[T]):
                 "wait longer with .get(), or stop it with mesh.interrupt()"
             ) from None
         except KeyboardInterrupt:
-            if self._on_interrupt is not None and not self._cf.done():
-                self._on_interrupt()
+            self._stop_call()
             raise
         if exc is not None:  # raised here, not by the stdlib's result(): its frames would show
             try:             # in the user's traceback (on a rank, an actor calling an actor)
@@ -86,9 +85,14 @@ class Future(Generic[T]):
         try:
             return (yield from waiter.__await__())
         except (asyncio.CancelledError, KeyboardInterrupt):
-            if self._on_interrupt is not None and not self._cf.done():
-                self._on_interrupt()
+            self._stop_call()
             raise
+
+    def _stop_call(self) -> None:
+        """Its waiter was interrupted (Ctrl-C, a cancelled task): interrupt the ranks running
+        the call, if it still runs."""
+        if self._on_interrupt is not None and not self._cf.done():
+            self._on_interrupt()
 
     def __repr__(self) -> str:
         state = "done" if self._cf.done() else "running"

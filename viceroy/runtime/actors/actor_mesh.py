@@ -228,7 +228,7 @@ class RankFuture(Future[Any]):
     mesh.interrupt() is the controller's; a timeout names the endpoint.
 
     `waits_on_self`: why waiting for it can never end, if it cannot: the call includes the
-    very actor whose endpoint would wait (see rank_client.running_actor); with
+    very actor whose endpoint would wait (see rank_client.running_endpoint); with
     `blocking_only`, only a blocking wait can (a concurrent endpoint may await it). `on_wait(over,
     awaiting)`: called as a wait for it (`get`, or `await`) blocks (over False) and, if it was
     told, as one ends before it is done (True); -> whether it was told (rank_client._tell_wait:

@@ -23,7 +23,7 @@ from typing import Any
 from viceroy.runtime import call_peers, devices, serialize
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import answers, output
-from viceroy.runtime.actors.rank_client import Holding, running_actor, running_concurrent
+from viceroy.runtime.actors.rank_client import Running, running_endpoint
 from viceroy.runtime.execution import format_user_traceback, restore_filename
 from viceroy.runtime.shape import expand_runs
 
@@ -269,12 +269,15 @@ class ActorHost:
              outside: frozenset[int] | tuple[()]) -> None:
         """A call handled on the actor's thread: sync, or async awaited to its end. Either
         holds the actor until it returns: it must not wait for a call to this very actor."""
-        holding = running_actor.set(Holding(self.id, getattr(fn, "__qualname__", "the endpoint"), call_id,
-                                            getattr(fn, "__name__", "")))
+        running = running_endpoint.set(self._running(fn, call_id, concurrent=False))
         try:
             self._run_holding(call_id, fn, signed, data, oneway, outside)
         finally:
-            running_actor.reset(holding)
+            running_endpoint.reset(running)
+
+    def _running(self, fn: Any, call_id: int, concurrent: bool) -> Running:
+        return Running(self.id, getattr(fn, "__qualname__", "the endpoint"), call_id, getattr(fn, "__name__", ""),
+                       concurrent)
 
     def _run_holding(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
                      outside: frozenset[int] | tuple[()]) -> None:
@@ -297,8 +300,7 @@ class ActorHost:
     async def _run_concurrent(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
                               outside: frozenset[int] | tuple[()]) -> None:
         # A task of its own, in a copy of the context, so its output is tagged apart.
-        running_concurrent.set(Holding(self.id, getattr(fn, "__qualname__", "the endpoint"), call_id,
-                                       getattr(fn, "__name__", "")))
+        running_endpoint.set(self._running(fn, call_id, concurrent=True))
         with self._call(call_id, oneway, asyncio.current_task(), outside):
             try:
                 args, kwargs = _arguments(signed, data)

@@ -1,20 +1,20 @@
 """Cycles of waits between actors, found on the controller. A plain endpoint (not concurrent)
 holds its actor until it returns: the actor takes no other message meanwhile; a concurrent one
-holds it while it blocks in a wait (`.get()` stops the event loop that runs the endpoints). When A's `step`
-waits for B's `process`, and `process` waits for A's `callback`, which cannot start before
-`step` returns, neither can go on. A wait for a call on the waiting actor itself fails on the
-rank (rank_client._waits_on_self); one through other actors is seen here.
+holds it while it blocks in a wait (`.get()` stops the event loop that runs the endpoints).
+When A's `step` waits for B's `process`, and `process` waits for A's `callback`, which cannot
+start before `step` returns, neither can go on. A wait for a call on the waiting actor itself
+fails on the rank (rank_client._waits_on_self); one through other actors is seen here.
 
 Every request a rank sends (REQUEST) is relayed as a controller call (a `Relay`, kept until its
 reply goes). An endpoint that blocks on a request's reply says so (WAIT,
 rank_client._tell_wait), and again if it stops waiting before the reply. One that holds its
 actor blocks the actor instance (actor mesh id, rank); a concurrent one that awaits blocks only
-its own call on that rank (call, rank): either is then blocked on that request (a `Wait`). On each new wait,
-follow who waits for whom: a blocked one waits for the ranks its request's call has not answered
-yet; on each, the call is held up by the instance there when it is blocked itself (its own
-endpoint runs, the call waits behind it; or it is that call), or it is a concurrent call blocked
-itself. Back at the one that started: a cycle, and the request that closed it is failed at once
-(its call cancelled), which unwinds the others.
+its own call on that rank (call, rank): either is then blocked on that request (a `Wait`). On
+each new wait, follow who waits for whom: a blocked one waits for the ranks its request's call
+has not answered yet; on each, the call is held up by the instance there when it is blocked
+itself (its own endpoint runs, the call waits behind it; or it is that call), or it is a
+concurrent call blocked itself. Back at the one that started: a cycle, and the request that
+closed it is failed at once (its call cancelled), which unwinds the others.
 
 Only who is blocked now counts: an endpoint that keeps the future and returns blocks nothing,
 and a blocked instance whose endpoint answered its call meanwhile is no longer in the way. A
@@ -56,8 +56,13 @@ class Wait:
     call: int  # the call its endpoint runs in (<= 0: a one-way call, not tracked by the controller)
     ep: str  # its endpoint's name
     actor: str  # its actor mesh's id
-    concurrent: bool = False  # its endpoint is concurrent (it holds its actor only while it blocks)
+    concurrent: bool = False  # its endpoint is concurrent
     awaiting: bool = False  # an `await`: the actor's event loop runs, concurrent endpoints go on
+
+    @property
+    def holds(self) -> bool:
+        """Its endpoint holds its actor: one not concurrent, or a concurrent one that blocks."""
+        return not (self.concurrent and self.awaiting)
 
 
 class Waits:
@@ -99,22 +104,22 @@ class Waits:
 
     def on_wait(self, rank: int, d: dict[str, Any]) -> tuple[Relay, str] | None:
         """Rank `rank` says an endpoint blocks on request d["req"] (or, with "over", no longer
-        does); one that holds its actor blocks it, a concurrent one that awaits ("holds" False)
-        its call. -> the request to fail now and why, when this wait closes a cycle (it counts
-        as replied from here: the caller replies with the error). A call waits for one request
-        at a time: only its endpoint's own task is told (rank_client._tell_wait)."""
+        does); one that holds its actor blocks it, a concurrent one that awaits only its call.
+        -> the request to fail now and why, when this wait closes a cycle (it counts as replied
+        from here: the caller replies with the error). A call waits for one request at a time:
+        only its endpoint's own task is told (rank_client._tell_wait)."""
         with self._lock:
             relay = self._relays.get((rank, d["req"]))
             if relay is None or relay.replied:
                 return None  # answered already (the reply crossed this notice)
-            inst: Node = (d["actor"], rank) if d.get("holds", True) else (d["call"], rank)
+            wait = Wait(relay, d["call"], d["ep"], d["actor"], d["conc"], d["awaiting"])
+            inst: Node = (wait.actor, rank) if wait.holds else (wait.call, rank)
             if d["over"]:
                 w = self._blocked.get(inst)
                 if w is not None and w.relay is relay:
                     del self._blocked[inst]
                     relay.waiter = None
                 return None
-            wait = Wait(relay, d["call"], d["ep"], d["actor"], d.get("conc", False), d.get("awaiting", False))
             self._blocked[inst] = wait
             relay.waiter = inst
             path = self._cycle(inst, wait)
@@ -178,7 +183,7 @@ class Waits:
                     holders.append(nw)
             hops.append(f"{endpoint(w)} on rank {inst[1]} waits for {w.relay.what} on rank {nxt[1]}, {why}")
         first, w0 = path[0]
-        holders = holders or [w for node, w in path if isinstance(node[0], str)]  # the instances held
+        holders = holders or [w for _, w in path if w.holds]
         make = " or ".join(dict.fromkeys(endpoint(w) for w in holders if not w.concurrent))
         blocking = " or ".join(dict.fromkeys(endpoint(w) for w in holders if w.concurrent))
         instead = ["do not wait in one of them (.broadcast(), or keep the future and return)"]

@@ -2,9 +2,8 @@
 an endpoint's arguments) gets a `RankClient`, which sends its calls to the controller as
 requests; the controller sends them on like its own calls and replies to the rank, where
 `resolve_reply` settles the waiting `Future` (``.get()`` in sync endpoints, ``await`` in async
-ones). An endpoint that holds its actor (`running_actor`) and blocks on such a future tells the
-controller (WAIT, see `_tell_wait`), which fails a wait that closes a cycle between actors
-(actors/cycles.py)."""
+ones). An endpoint (`running_endpoint`) that blocks on such a future tells the controller (WAIT,
+see `_tell_wait`), which fails a wait that closes a cycle between actors (actors/cycles.py)."""
 
 from __future__ import annotations
 
@@ -28,22 +27,21 @@ _replies: dict[int, Future[Any]] = {}
 _lock = threading.Lock()
 
 
-class Holding(NamedTuple):
-    """An endpoint that holds its actor until it returns (not a concurrent one): the actor
-    handles nothing else meanwhile."""
+class Running(NamedTuple):
+    """An endpoint running. One that is not concurrent holds its actor until it returns (the
+    actor handles nothing else meanwhile); a concurrent one holds it only while it blocks in a
+    wait (`.get()` stops the event loop that runs the actor's endpoints)."""
 
     actor: str  # the actor mesh's id
     qualname: str  # the endpoint's function
     call: int  # the call it runs in (the controller's id; a one-way call's is <= 0)
     ep: str  # the endpoint's name
+    concurrent: bool  # @vr.endpoint(concurrent=True)
 
 
-# The endpoint running in this context, when it holds its actor.
-running_actor: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("viceroy_running_actor", default=None)
-# The concurrent endpoint running in this context (it holds nothing: its waits may still be part
-# of a cycle, as the call it runs in is waited for).
-running_concurrent: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("viceroy_running_concurrent",
-                                                                                   default=None)
+# The endpoint running in this context (a concurrent one's task has a context of its own).
+running_endpoint: contextvars.ContextVar[Running | None] = contextvars.ContextVar("viceroy_running_endpoint",
+                                                                                 default=None)
 
 
 class RankClient:
@@ -82,12 +80,9 @@ class RankClient:
             fut._set_result(None)
             return fut
         fut.on_wait = functools.partial(_tell_wait, req)
-        concurrent = (running := running_actor.get()) is None
-        if concurrent:
-            running = running_concurrent.get()
-        if running is not None and running.actor == info.id:
-            fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb, concurrent)
-            fut.blocking_only = concurrent  # a concurrent endpoint may await it: its actor is free
+        if (running := running_endpoint.get()) is not None and running.actor == info.id:
+            fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb, running.concurrent)
+            fut.blocking_only = running.concurrent  # a concurrent endpoint may await it: its actor is free
         return fut
 
     def control(self, info: ActorMeshInfo) -> Any:
@@ -122,21 +117,15 @@ def _waits_on_self(endpoint: str, what: str, shape: Shape, adverb: str, concurre
 def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
     """A future of request `req` blocks (`over`: no longer blocks, though not done) in this
     context: if an endpoint runs here, tell the controller, which fails the wait at once when
-    it closes a cycle of waits between actors. -> whether it was told. One that holds its actor
-    blocks it; a concurrent one that awaits blocks only its own call ("holds" False). Who waits
-    is who waits now (a future kept by one endpoint may be waited for by another).
+    it closes a cycle of waits between actors. -> whether it was told. Who waits is who waits
+    now (a future kept by one endpoint may be waited for by another).
     `awaiting`: an ``await``, which blocks only the endpoint's own task (a task it started may
     await while the endpoint returns)."""
-    holding = running_actor.get()
-    # A concurrent endpoint holds its actor too while it blocks (`.get()` stops the event loop
-    # that runs the actor's endpoints); while it awaits, its call alone waits.
-    holds = holding is not None or not awaiting
-    if holding is None:
-        holding = running_concurrent.get()
+    holding = running_endpoint.get()
     if holding is None:  # no endpoint runs here (a thread the user started, say)
         return False
-    if not holds and holding.call <= 0:  # a concurrent one-way call: none waits for it, so no cycle
-        return False
+    if holding.concurrent and awaiting and holding.call <= 0:  # it holds nothing, and none waits
+        return False  # for a one-way call: it can be in no cycle
     if awaiting and not over:
         from viceroy.runtime.actors import actor_thread  # imports this module
 
@@ -148,8 +137,8 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
         if not mine:
             return False
     context_mod.context()._publish(WAIT, {"req": req, "actor": holding.actor, "call": holding.call,
-                                          "ep": holding.ep, "over": over, "holds": holds,
-                                          "conc": running_actor.get() is None, "awaiting": awaiting})
+                                          "ep": holding.ep, "over": over, "conc": holding.concurrent,
+                                          "awaiting": awaiting})
     return True
 
 

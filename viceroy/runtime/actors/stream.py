@@ -20,6 +20,7 @@ from typing import Any
 from viceroy.runtime.future import Future
 
 _END = object()  # put once the call's future is done: what arrives after it is still yielded
+_NOTHING = object()  # no value in yet
 
 
 class Stream:
@@ -56,18 +57,17 @@ class Stream:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            try:
-                with self._cond:
-                    while not self._items and not self._ended:
-                        self._cond.wait()
-                    item = self._items.popleft() if self._items else _END
-            except KeyboardInterrupt:
-                self._cancel()
-                raise
-            if item is not _END:
-                return item
-            self._end()
+        try:
+            with self._cond:
+                while (item := self._poll()) is _NOTHING:
+                    self._cond.wait()
+        except KeyboardInterrupt:
+            self._stop()
+            raise
+        if item is _END:
+            self._raise_error()
+            raise StopIteration
+        return item
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
@@ -76,36 +76,35 @@ class Stream:
         loop = asyncio.get_running_loop()
         while True:
             with self._cond:
-                if self._items or self._ended:
-                    item = self._items.popleft() if self._items else _END
-                    waiter = None
-                else:
-                    waiter = loop.create_future()
+                if (item := self._poll()) is _NOTHING:
+                    waiter: asyncio.Future[None] = loop.create_future()
                     self._wake = wake = _waker(loop, waiter)
-            if waiter is not None:
-                try:
-                    await waiter
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    with self._cond:
-                        if self._wake is wake:
-                            self._wake = None
-                    self._cancel()
-                    raise
-                continue
+            if item is not _NOTHING:
+                break
+            try:
+                await waiter
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                with self._cond:
+                    if self._wake is wake:
+                        self._wake = None
+                self._stop()
+                raise
+        if item is _END:
+            self._raise_error()
+            raise StopAsyncIteration
+        return item
+
+    def _poll(self) -> Any:
+        """The next value; _END once the call ended and every value was taken (the values that
+        came after the end marker go first); _NOTHING when none is in yet. Caller holds the lock."""
+        while self._items:
+            item = self._items.popleft()
             if item is not _END:
                 return item
-            try:
-                self._end()
-            except StopIteration:
-                raise StopAsyncIteration from None
-
-    def _end(self) -> None:
-        """The end marker was taken: values that came after it go first, then the call's error
-        or the end."""
-        with self._cond:
             self._ended = True
-            if self._items:
-                return
+        return _END if self._ended else _NOTHING
+
+    def _raise_error(self) -> None:
         assert self._fut is not None
         exc = self._fut.exception()
         if exc is not None:
@@ -113,12 +112,10 @@ class Stream:
                 raise exc
             finally:
                 del exc
-        raise StopIteration
 
-    def _cancel(self) -> None:
-        fut = self._fut
-        if fut is not None and fut._on_interrupt is not None and not fut.done():
-            fut._on_interrupt()
+    def _stop(self) -> None:
+        if self._fut is not None:
+            self._fut._stop_call()
 
 
 def _waker(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> Callable[[], None]:
