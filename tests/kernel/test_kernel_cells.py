@@ -326,6 +326,17 @@ def test_bad_input_to_the_python_api_shows_the_users_frames_and_the_message_only
     assert "no dim 'gpu'" in again and "viceroy/" not in again, "%tb shows what the cell showed"
 
 
+def test_a_shape_error_of_the_tensor_engine_shows_the_users_line_and_torchs_message_only(mesh_kernel: Kernel):
+    mesh_kernel.ok("import torch\nwith mesh.activate():\n    a = torch.ones(4, 3)", timeout=120)
+    ex = mesh_kernel.execute("b = torch.ones(2, 2)\nwith mesh.activate():\n    c = torch.cat([a, b])")
+    assert ex.status == "error" and len(ex.errors) == 1
+    text = error_text(ex.errors[0])
+    assert ex.errors[0]["ename"] == "RuntimeError"
+    assert "----> 3     c = torch.cat([a, b])" in text, "the user's line is shown"
+    assert "Sizes of tensors must match except in dimension 0" in text and "nothing was sent to the ranks" in text
+    assert "viceroy/" not in text and "torch/" not in text, "neither the engine's frames nor torch's checks"
+
+
 def test_an_error_inside_viceroy_that_is_no_refusal_keeps_its_whole_traceback(mesh_kernel: Kernel):
     # A bug in the runtime (here: a method called on None) must stay debuggable: every frame shown.
     ex = mesh_kernel.execute("from viceroy.runtime.shape import Shape\nShape.slice(None, gpus=0)")

@@ -3,7 +3,9 @@
 import copy
 import gc
 import inspect as pyinspect
+import os
 import threading
+import traceback
 
 import psutil
 import pytest
@@ -13,6 +15,7 @@ from tests.conftest import wait_until
 
 torch = pytest.importorskip("torch")
 from viceroy.runtime.tensors import MeshTensor, assemble, inspect, worker  # noqa: E402
+from viceroy.runtime.tensors.plans import NOTHING_SENT, as_the_users  # noqa: E402
 
 
 @pytest.fixture
@@ -120,6 +123,42 @@ def test_a_shape_error_is_raised_here_and_nothing_reaches_the_ranks(tmesh):
     with tmesh.activate(), pytest.raises(RuntimeError, match=r"\[4, 3\] X \[5, 2\]"):
         a @ b
     assert seen == []
+
+
+def test_torchs_refusal_of_an_op_is_raised_by_the_engine_saying_nothing_was_sent(tmesh):
+    """A shape, index or size torch refuses (its C++ checks, or its Python meta kernels many
+    frames down) is raised from the engine's own frame, without torch's frames below it, so a
+    kernel can show the user's line and torch's message only; a note says the ranks got nothing."""
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    with tmesh.activate():
+        a = torch.ones(4, 3)
+    ops = {
+        "shape '[7, -1]' is invalid": lambda: a.view(7, -1),  # C++
+        "index 9 is out of bounds": lambda: a[9],  # C++, an IndexError
+        "Sizes of tensors must match": lambda: torch.cat([a, torch.ones(2, 2)]),  # Python meta kernel
+        "negative dimension -1": lambda: torch.zeros(-1),  # a factory
+    }
+    for message, op in ops.items():
+        with tmesh.activate(), pytest.raises((RuntimeError, IndexError), match=message.replace("[", r"\[")) as info:
+            op()
+        files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+        assert not any(f.startswith(torch_dir) for f in files), (message, files)
+        assert files[-1].endswith(os.path.join("viceroy", "runtime", "tensors", "plans.py")), (message, files)
+        assert info.value.__notes__ == [NOTHING_SENT]
+        assert info.value.__suppress_context__
+
+
+def test_an_error_raised_outside_torch_keeps_its_traceback_and_gets_no_note():
+    def users_own():
+        raise ValueError("the user's function failed")
+
+    try:
+        users_own()
+    except ValueError as e:
+        exc = e
+    assert as_the_users(exc) is exc
+    assert traceback.extract_tb(exc.__traceback__)[-1].name == "users_own"
+    assert not hasattr(exc, "__notes__")
 
 
 def test_an_in_place_op_that_cannot_keep_the_dtype_is_refused_here(tmesh):

@@ -9,6 +9,7 @@ the short road itself (`mesh_tensor.torch_function`) reads the plan's `kind`, `m
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
@@ -72,7 +73,9 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
                 out = _run_meta(func, args, kwargs, in_leaves)
                 _check_dtypes(func, args, kwargs, in_leaves)
         except (RuntimeError, NotImplementedError) as exc:
-            raise _explained(name, args, exc) from None
+            raise as_the_users(_explained(name, args, exc)) from None
+        except Exception as exc:  # (IndexError: ``t[9]``; TypeError, ValueError: bad arguments)
+            raise as_the_users(exc)
         # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
         # checked each time: only running it changes the MeshTensor's own meta tensor.
         changed = False
@@ -122,14 +125,16 @@ def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> to
             return func(*args, **{**kwargs, "device": "meta"})
         except RuntimeError as exc:
             if "Expected cond to be True" not in str(exc):
-                raise
+                raise as_the_users(exc)
             # The meta kernels of randn and normal word a bad size as this placeholder; the CPU
             # kernel refuses it as the user would read it without a mesh (at once: it is bad).
             try:
                 func(*args, **{**kwargs, "device": "cpu"})
             except RuntimeError as worded:
-                raise worded from None
+                raise as_the_users(worded) from None
             raise
+        except Exception as exc:
+            raise as_the_users(exc)
 
 
 # In-place arithmetic whose result type must cast back to the target's dtype; torch's meta
@@ -216,6 +221,7 @@ def _run_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
     return func(*args, **kwargs)
 
 
+_CALLS_INTO_TORCH = frozenset({_run_meta.__code__, _check_cast.__code__, factory_meta.__code__})
 _NO_VALUES = ("no data", "item() cannot be called on meta", "cannot be called on meta tensors")
 _INDEXING = {"__getitem__": "", "__setitem__": " = v"}  # (what ``t[index]`` is followed by)
 _MASKS = (torch.bool, torch.uint8)  # index tensors torch takes as masks, 0-d ones too
@@ -243,6 +249,33 @@ def _index_what(name: str, index: Any) -> str:
     mask = any(isinstance(x, torch.Tensor) and x.dtype in _MASKS for x in parts)
     return (f"indexing with a boolean mask (t[mask]{_INDEXING[name]})" if mask
             else f"indexing with tensors (t[index]{_INDEXING[name]})")
+
+
+NOTHING_SENT = "(checked on the controller, on meta tensors: nothing was sent to the ranks)"
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def as_the_users(exc: BaseException) -> BaseException:
+    """torch refusing an op (a shape, dtype, index or argument it does not take, found while
+    the op ran on meta tensors) as the user's error: raised from the engine without the frames of
+    torch's checks below it, so that a kernel shows the user's line and torch's message, as for
+    the same op on a local tensor (`viceroy.kernel.tracebacks.trim_refusals`), and saying that
+    nothing reached the ranks. Raised anywhere else (in a function the user handed to torch, or
+    by a bug of the engine), it keeps its whole traceback, to be debugged."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return exc  # one of ours, made just now: raised from the engine already
+    code = tb.tb_frame.f_code
+    # The innermost frame is torch's (its Python checks), or one of ours whose call into torch
+    # raised from C (torch's C++ checks leave no frame of their own).
+    if not (code.co_filename.startswith(_TORCH_DIR) or code in _CALLS_INTO_TORCH):
+        return exc
+    if NOTHING_SENT not in getattr(exc, "__notes__", ()):
+        exc.add_note(NOTHING_SENT)
+    exc.__suppress_context__ = True  # what torch handled on its way to raising it is torch's
+    return exc.with_traceback(None)
 
 
 def _explained(name: str, args: tuple[Any, ...], exc: BaseException) -> BaseException:
