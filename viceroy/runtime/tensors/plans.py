@@ -75,7 +75,7 @@ def make_plan(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
         except (RuntimeError, NotImplementedError) as exc:
             raise as_the_users(_explained(name, args, exc)) from None
         except Exception as exc:  # (IndexError: ``t[9]``; TypeError, ValueError: bad arguments)
-            raise as_the_users(exc)
+            raise as_the_users(exc)  # noqa: B904 (the same exception: its chain stays)
         # An op that changed an input's shape, stride or dtype (``unsqueeze_``, ``out=``) is
         # checked each time: only running it changes the MeshTensor's own meta tensor.
         changed = False
@@ -125,7 +125,7 @@ def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> to
             return func(*args, **{**kwargs, "device": "meta"})
         except RuntimeError as exc:
             if "Expected cond to be True" not in str(exc):
-                raise as_the_users(exc)
+                raise as_the_users(exc)  # noqa: B904 (the same exception: its chain stays)
             # The meta kernels of randn and normal word a bad size as this placeholder; the CPU
             # kernel refuses it as the user would read it without a mesh (at once: it is bad).
             try:
@@ -134,7 +134,7 @@ def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> to
                 raise as_the_users(worded) from None
             raise
         except Exception as exc:
-            raise as_the_users(exc)
+            raise as_the_users(exc)  # noqa: B904 (the same exception: its chain stays)
 
 
 # In-place arithmetic whose result type must cast back to the target's dtype; torch's meta
