@@ -4,6 +4,7 @@ adverb, from sync and async endpoints, and the answers (and failures) come back 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -300,3 +301,54 @@ def test_interrupting_the_mesh_releases_an_endpoint_waiting_for_another_actors_c
     assert info.value.failures[0].kind == "interrupted", info.value
     assert "did not stop" not in str(info.value), info.value
     assert peers.slice(gpus=0).pong.call_one().get(timeout=5) == 0  # free again, while rank 1 naps on
+
+
+# --- an endpoint giving up on a call it made --------------------------------------------------
+
+
+class Sleeper(vr.Actor):
+    @vr.endpoint(concurrent=True)
+    async def nap(self, marks: str) -> str:
+        open(f"{marks}.started", "w").close()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            open(f"{marks}.cancelled", "w").close()
+            raise
+        return "slept"
+
+    @vr.endpoint
+    def ready(self) -> int:
+        return vr.context().rank
+
+
+class Impatient(vr.Actor):
+    def __init__(self, sleepers: vr.ActorMesh) -> None:
+        self.sleeper = sleepers.slice(gpus=1)
+
+    @vr.endpoint(concurrent=True)
+    async def give_up(self, marks: str, how: str) -> str:
+        async def stream() -> list[str]:
+            return [v async for v in self.sleeper.nap.stream(marks)]
+
+        waiting = self.sleeper.nap.call_one(marks) if how == "call" else stream()
+        try:
+            await asyncio.wait_for(waiting, timeout=0.5)
+        except TimeoutError:
+            return "gave up"
+        return "did not give up"
+
+
+@pytest.mark.parametrize("how", ["call", "stream"])
+def test_an_endpoint_that_stops_awaiting_a_call_cancels_it_where_it_runs(start_mesh, tmp_path, how):
+    """``asyncio.wait_for`` (or any cancel of the awaiting task) gives up on the call: as on the
+    controller, the call is cancelled on its ranks. It ran on (here for 60 s, holding what it
+    held) with nobody left to take its answer."""
+    mesh = start_mesh(gpus=2)
+    sleepers = mesh.spawn(Sleeper)
+    impatient = mesh.slice(gpus=0).spawn(Impatient, sleepers)
+    marks = str(tmp_path / "nap")
+    assert impatient.give_up.call_one(marks, how).get(timeout=30) == "gave up"
+    assert os.path.exists(f"{marks}.started")
+    wait_until(lambda: os.path.exists(f"{marks}.cancelled"), 10, "the call given up on to be cancelled on rank 1")
+    assert sleepers.ready.call().get(timeout=10).values() == [0, 1]

@@ -225,7 +225,8 @@ _WAIT_SLICE_S = 0.05  # a rank future waits in slices, to notice its endpoint wa
 
 class RankFuture(Future[Any]):
     """The future of a call made from a rank (see rank_client): it has no call id, and
-    mesh.interrupt() is the controller's; a timeout names the endpoint.
+    mesh.interrupt() is the controller's; a timeout names the endpoint. Cancelling the task that
+    awaits it asks the controller to cancel the call (rank_client._give_up).
 
     `waits_on_self`: why waiting for it can never end, if it cannot: the call includes the
     very actor whose endpoint would wait (see rank_client.running_endpoint); with
@@ -292,6 +293,7 @@ def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
         out.waits_on_self = inner.waits_on_self
         out.blocking_only = inner.blocking_only
         out.on_wait = inner.on_wait
+        out._on_interrupt = inner._on_interrupt  # (giving up on it cancels the call)
     else:
         out = Future(inner.call_id, inner._on_interrupt, inner.what)
 

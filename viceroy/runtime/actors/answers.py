@@ -19,6 +19,9 @@ OW_DONE = "viceroy.actors.oneway_done"  # ...and a peer finished that call (see 
 # An endpoint that holds its actor blocks on a request's reply ("over": no longer): the controller
 # looks for a cycle of such waits between actors (see actors/cycles.py)
 WAIT = "viceroy.actors.wait"
+# An endpoint gave up on a request it awaited (its task was cancelled): the controller cancels the
+# call it relayed, as it does its own calls whose awaiting task is cancelled (Future.__await__)
+GIVE_UP = "viceroy.actors.give_up"
 ONEWAY = 0  # the header id of broadcasts: nothing is sent back, unless it fails; ids <= 0 are one-way
 
 rank: Any = None  # the Rank object, set by `host.handle` on the first actor message

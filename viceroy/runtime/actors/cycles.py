@@ -81,6 +81,12 @@ class Waits:
             self._relays[(rank, req)] = relay
         return relay
 
+    def relay_of(self, rank: int, req: int) -> Relay | None:
+        """Request `req` of rank `rank`, while its reply has not gone."""
+        with self._lock:
+            relay = self._relays.get((rank, req))
+            return None if relay is None or relay.replied else relay
+
     def replying(self, relay: Relay) -> bool:
         """Its reply goes now: forget it. False when it went already (a cycle's error)."""
         with self._lock:

@@ -3,7 +3,8 @@ an endpoint's arguments) gets a `RankClient`, which sends its calls to the contr
 requests; the controller sends them on like its own calls and replies to the rank, where
 `resolve_reply` settles the waiting `Future` (``.get()`` in sync endpoints, ``await`` in async
 ones). An endpoint (`running_endpoint`) that blocks on such a future tells the controller (WAIT,
-see `_tell_wait`), which fails a wait that closes a cycle between actors (actors/cycles.py)."""
+see `_tell_wait`), which fails a wait that closes a cycle between actors (actors/cycles.py); one
+that gives up awaiting it tells the controller too (GIVE_UP), which cancels the call."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from viceroy.runtime import context as context_mod
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, RankFuture
-from viceroy.runtime.actors.answers import REQUEST, WAIT
+from viceroy.runtime.actors.answers import GIVE_UP, REQUEST, WAIT
 from viceroy.runtime.errors import MeshError
 from viceroy.runtime.future import Future
 from viceroy.runtime.shape import Shape, describe_ranks
@@ -80,6 +81,7 @@ class RankClient:
             fut._set_result(None)
             return fut
         fut.on_wait = functools.partial(_tell_wait, req)
+        fut._on_interrupt = functools.partial(_give_up, req)  # (a task awaiting it was cancelled)
         if (running := running_endpoint.get()) is not None and running.actor == info.id:
             fut.waits_on_self = _waits_on_self(running.qualname, fut.what, shape, adverb, running.concurrent)
             fut.blocking_only = running.concurrent  # a concurrent endpoint may await it: its actor is free
@@ -140,6 +142,14 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
                                           "ep": holding.ep, "over": over, "conc": holding.concurrent,
                                           "awaiting": awaiting})
     return True
+
+
+def _give_up(req: int) -> None:
+    """The task awaiting request `req` was cancelled (``asyncio.wait_for`` timed out, say): the
+    controller cancels the call it relayed, on its ranks (queued: dropped; a running async
+    endpoint: cancelled), as it cancels its own. Its reply, when it comes, settles a future nobody
+    awaits."""
+    context_mod.context()._publish(GIVE_UP, {"req": req})
 
 
 def resolve_reply(req: int, signed: list[Any], data: list[Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from viceroy.runtime import serialize
 from viceroy.runtime.actors import plain
 from viceroy.runtime.actors.actor_mesh import ActorMesh, ActorMeshInfo, OnResult, failed_future
-from viceroy.runtime.actors.answers import ONEWAY_ERROR, OW_DONE, OW_WAIT, REQUEST, WAIT
+from viceroy.runtime.actors.answers import GIVE_UP, ONEWAY_ERROR, OW_DONE, OW_WAIT, REQUEST, WAIT
 from viceroy.runtime.actors.cycles import Waits
 from viceroy.runtime.actors.oneway import Oneway
 from viceroy.runtime.actors.record_lifecycle import RecordLifecycle
@@ -274,6 +274,11 @@ class Registry:
             except Exception:  # the mesh closed meanwhile; never break the IO thread
                 if not self.controller.closed:
                     raise
+        elif event["type"] == "publish" and event["kind"] == GIVE_UP:
+            relay = self.waits.relay_of(event["rank"], event["data"]["req"])
+            if relay is not None and not self.controller.closed:
+                self.controller.cancel(relay.call, f"cancelled: the endpoint on rank {relay.rank} that awaited it "
+                                                   "gave up (its task was cancelled)")
         elif event["type"] == "publish" and event["kind"] in (OW_WAIT, OW_DONE):
             try:
                 self._on_oneway_peers(event["rank"], event["kind"], event["data"])
