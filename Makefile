@@ -18,7 +18,7 @@ FRONTEND := $(LABEXT)/node_modules/.viceroy-built
 FRONTEND_SOURCES := $(LABEXT)/package.json $(LABEXT)/yarn.lock $(wildcard $(LABEXT)/tsconfig*.json \
 	$(LABEXT)/src/*.ts $(LABEXT)/src/*/*.ts $(LABEXT)/style/* $(LABEXT)/scripts/*)
 
-.PHONY: setup demo test test-fast lint bench bench-peers lab clean frontend test-frontend lock
+.PHONY: setup demo test test-fast lint bench bench-peers lab clean frontend test-frontend lock system-deps
 
 setup: $(STAMP)
 
@@ -32,11 +32,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)  ## the quickstart on a local 4-rank mesh, outputs printed
 	$(BIN)/python -m viceroy demo
 
-test: $(STAMP) $(FRONTEND)  ## every tier, as CI runs it
+test: $(STAMP) $(FRONTEND) system-deps  ## every tier, as CI runs it
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) $(FRONTEND)  ## without the slow tier
+test-fast: $(STAMP) $(FRONTEND) system-deps  ## without the slow tier
 	$(BIN)/python -m pytest -m "not slow"
+
+system-deps:  ## sshd, Slurm, munge, iproute2, rsync, Chromium: apt-installed when missing (as root)
+	.ci/system-deps
 
 frontend: $(FRONTEND)  ## build the labextension and the widget ESM (after a change in labextension/)
 

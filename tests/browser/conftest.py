@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip the browser tests where there is no Chromium or no Playwright (CI has both)."""
     missing = None
     if not Path(CHROMIUM).exists():
-        missing = f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"
+        missing = f"no Chromium at {CHROMIUM} (apt-get install chromium; make test does, as root)"
     else:
         try:
             import playwright  # noqa: F401

@@ -1,4 +1,4 @@
-"""Real components the launcher tests start themselves: an OpenSSH server on loopback (`.ci/run`
+"""Real components the launcher tests start themselves: an OpenSSH server on loopback (`make test`
 installs openssh-server), and "hosts" as network namespaces, each with an sshd of its own."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _accepts(address: str, port: int, prefix: list[str]) -> bool:
 
 def _need_sshd() -> None:
     if not os.path.exists(SSHD) or shutil.which("ssh") is None:
-        pytest.skip("openssh-server is not installed here (apt-get install openssh-server; .ci/run does)")
+        pytest.skip("openssh-server is not installed here (apt-get install openssh-server; make test does, as root)")
     if os.geteuid() != 0:
         pytest.skip("the test sshd logs in as root")
 

@@ -28,7 +28,7 @@ def skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
-        return "iproute2 is not installed (apt-get install iproute2; .ci/run does)"
+        return "iproute2 is not installed (apt-get install iproute2; make test does, as root)"
     return None
 
 

@@ -2,7 +2,7 @@
 slurmctld and slurmd (Debian's slurm-wlm) with a configuration in a temp dir and non-default
 ports. Two partitions of the one node: `debug` (the default, shared by up to 64 jobs) and `whole`
 (a job there has the node to itself, so the next one queues behind it). Daemons are stopped by
-the pids in their pid files. `.ci/run` installs slurm-wlm and munge."""
+the pids in their pid files. `make test` installs slurm-wlm and munge (.ci/system-deps)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 def skip_reason() -> str | None:
     missing = [d for d in DAEMONS if shutil.which(d) is None and not os.path.exists(f"/usr/sbin/{d}")]
     if missing:
-        return f"{', '.join(missing)} not installed (apt-get install slurm-wlm munge; .ci/run does)"
+        return f"{', '.join(missing)} not installed (apt-get install slurm-wlm munge; make test does, as root)"
     if os.geteuid() != 0:
         return "the test Slurm cluster runs its daemons as root"
     return None

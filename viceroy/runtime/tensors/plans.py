@@ -221,7 +221,7 @@ def _run_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], in_leave
     return func(*args, **kwargs)
 
 
-_CALLS_INTO_TORCH = frozenset({_run_meta.__code__, _check_cast.__code__, factory_meta.__code__})
+_CALLS_INTO_TORCH = frozenset({_run_meta.__code__, _check_cast.__code__, _check_dtypes.__code__, factory_meta.__code__})
 _NO_VALUES = ("no data", "item() cannot be called on meta", "cannot be called on meta tensors")
 _INDEXING = {"__getitem__": "", "__setitem__": " = v"}  # (what ``t[index]`` is followed by)
 _MASKS = (torch.bool, torch.uint8)  # index tensors torch takes as masks, 0-d ones too
@@ -269,7 +269,8 @@ def as_the_users(exc: BaseException) -> BaseException:
         return exc  # one of ours, made just now: raised from the engine already
     code = tb.tb_frame.f_code
     # The innermost frame is torch's (its Python checks), or one of ours whose call into torch
-    # raised from C (torch's C++ checks leave no frame of their own).
+    # raised from C (torch's C++ checks leave no frame of their own), or that raised torch's words
+    # again (_check_dtypes).
     if not (code.co_filename.startswith(_TORCH_DIR) or code in _CALLS_INTO_TORCH):
         return exc
     if NOTHING_SENT not in getattr(exc, "__notes__", ()):
