@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -328,21 +329,30 @@ class Impatient(vr.Actor):
 
     @vr.endpoint(concurrent=True)
     async def give_up(self, marks: str, how: str) -> str:
+        """Await the nap; once it runs on rank 1, give up: `wait_for` timing out (a call), or the
+        awaiting task cancelled (a stream)."""
         async def stream() -> list[str]:
             return [v async for v in self.sleeper.nap.stream(marks)]
 
-        waiting = self.sleeper.nap.call_one(marks) if how == "call" else stream()
+        task = asyncio.ensure_future(self.sleeper.nap.call_one(marks) if how == "call" else stream())
+        deadline = time.monotonic() + 30
+        while not os.path.exists(f"{marks}.started") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         try:
-            await asyncio.wait_for(waiting, timeout=0.5)
-        except TimeoutError:
+            if how == "call":
+                await asyncio.wait_for(task, timeout=0.2)  # cancels the task as it times out
+            else:
+                task.cancel()
+                await task
+        except (TimeoutError, asyncio.CancelledError):
             return "gave up"
         return "did not give up"
 
 
 @pytest.mark.parametrize("how", ["call", "stream"])
 def test_an_endpoint_that_stops_awaiting_a_call_cancels_it_where_it_runs(start_mesh, tmp_path, how):
-    """``asyncio.wait_for`` (or any cancel of the awaiting task) gives up on the call: as on the
-    controller, the call is cancelled on its ranks. It ran on (here for 60 s, holding what it
+    """``asyncio.wait_for`` timing out (or any cancel of the awaiting task) gives up on the call:
+    as on the controller, the call is cancelled on its ranks. It ran on (here for 60 s, holding what it
     held) with nobody left to take its answer."""
     mesh = start_mesh(gpus=2)
     sleepers = mesh.spawn(Sleeper)
