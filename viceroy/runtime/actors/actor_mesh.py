@@ -293,9 +293,9 @@ def _first_value(inner: Future[ValueMesh[Any]]) -> Future[Any]:
         out.waits_on_self = inner.waits_on_self
         out.blocking_only = inner.blocking_only
         out.on_wait = inner.on_wait
-        out._on_interrupt = inner._on_interrupt  # (giving up on it cancels the call)
     else:
-        out = Future(inner.call_id, inner._on_interrupt, inner.what)
+        out = Future(inner.call_id, what=inner.what)
+    out._on_interrupt = inner._on_interrupt  # giving up on it (Ctrl-C, a cancelled task) stops the call
 
     def copy(f: Future[ValueMesh[Any]]) -> None:
         exc = f.exception()

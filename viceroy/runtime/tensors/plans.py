@@ -123,17 +123,15 @@ def factory_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> to
     with torch._C.DisableTorchFunctionSubclass():
         try:
             return func(*args, **{**kwargs, "device": "meta"})
-        except RuntimeError as exc:
-            if "Expected cond to be True" not in str(exc):
-                raise as_the_users(exc)  # noqa: B904 (the same exception: its chain stays)
-            # The meta kernels of randn and normal word a bad size as this placeholder; the CPU
-            # kernel refuses it as the user would read it without a mesh (at once: it is bad).
-            try:
-                func(*args, **{**kwargs, "device": "cpu"})
-            except RuntimeError as worded:
-                raise as_the_users(worded) from None
-            raise
         except Exception as exc:
+            if isinstance(exc, RuntimeError) and "Expected cond to be True" in str(exc):
+                # The meta kernels of randn and normal word a bad size as this placeholder; the
+                # CPU kernel refuses it as the user would read it without a mesh (at once: it is bad).
+                try:
+                    func(*args, **{**kwargs, "device": "cpu"})
+                except RuntimeError as worded:
+                    raise as_the_users(worded) from None
+                raise
             raise as_the_users(exc)  # noqa: B904 (the same exception: its chain stays)
 
 
