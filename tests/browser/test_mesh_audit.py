@@ -37,12 +37,15 @@ def test_palette_commands_need_a_mesh_and_the_status_item_is_a_keyboard_button(l
 
     # JupyterLab restores its layout (the file browser's tab selected) and focuses the notebook
     # as it settles, at a moment no page event tells: in CI it took the panel away again, or the
-    # focus from the status item between our focus and the check. So the item's focusability is
-    # checked in one step in the page, and Enter (a real key press, which focuses the item first)
-    # is pressed again until the panel shows; showing it twice is harmless.
+    # focus from the status item between our focus and the check, and once even within one step
+    # in the page (focus, then read document.activeElement). So the item is focused and checked in
+    # one step, repeated until it holds (within 30 s: an item that cannot take the focus fails),
+    # and Enter (a real key press, which focuses the item first) is pressed again until the panel
+    # shows; showing it twice is harmless.
     page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-    takes_focus = "el => { el.focus(); return document.activeElement === el; }"
-    assert status.evaluate(takes_focus), "the status item takes the keyboard's focus"
+    page.wait_for_function(
+        "el => { el.focus(); return document.activeElement === el; }", arg=status.element_handle(), timeout=30_000
+    )  # the status item takes the keyboard's focus
     deadline = time.monotonic() + 30
     while True:
         status.press("Enter")
