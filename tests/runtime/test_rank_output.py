@@ -147,3 +147,39 @@ len(handled)
     assert handled > 0
     assert log.count("handled") == handled
     assert [line for line in log if line != "handled"] == [f"line {i}" for i in range(3000)]
+
+
+def test_a_signal_handler_that_prints_inside_the_check_of_the_pipes_is_not_refused(start_mesh):
+    # A line written checks the fd-level pipes first (a poll). A signal landing in that poll
+    # runs its handler inside it; a handler that printed checked them again, and select.poll
+    # refused the second poll of one object: "RuntimeError: concurrent poll() invocation" from
+    # the handler's print (CI, once in ~3000 signals). Here the signal is sent once the main
+    # thread is seen waiting in that check, held open by the test.
+    mesh = start_mesh(gpus=1)
+    code = """
+import signal, sys, threading, time
+class Landed(Exception):
+    pass
+def handler(signum, frame):
+    print("handled")
+    raise Landed
+signal.signal(signal.SIGUSR1, handler)
+main, ident = threading.get_native_id(), threading.get_ident()
+def fire():
+    deadline = time.monotonic() + 30
+    while "poll" not in open(f"/proc/self/task/{main}/wchan").read():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the main thread never waited in the check")
+        time.sleep(0.001)
+    signal.pthread_kill(ident, signal.SIGUSR1)
+threading.Thread(target=fire).start()
+try:
+    sys.stdout.capture._pipes.poll(30_000)  # the check a line's write makes, held open
+    landed = False
+except Landed:
+    landed = True
+print("after")
+landed
+"""
+    assert mesh.run(code, timeout=60).values() == [True]
+    assert mesh.logs(0, tail=100).splitlines()[-2:] == ["handled", "after"]

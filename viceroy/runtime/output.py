@@ -124,7 +124,7 @@ class OutputCapture:
             # What was written at the fd level before this goes first. Checked where lines
             # start: print() writes a line in pieces, and a line is not cut in two for it.
             if self._line_start:
-                ready = self._pipes.poll(0)
+                ready = self._ready_pipes()
                 if ready:
                     self._take_pipes(ready)
             self._append(stream, data)
@@ -284,7 +284,7 @@ class OutputCapture:
         `everything` (or a flush was asked, or fd-level output arrived, which must not pass
         them), the queue goes only once its lines are due, and a last unfinished line stays."""
         with self._queue_lock:
-            ready = self._pipes.poll(0)
+            ready = self._ready_pipes()
             asked = self._due == 0.0  # a flush
             if not (everything or ready or (self._due is not None and time.monotonic() >= self._due)):
                 return
@@ -314,6 +314,19 @@ class OutputCapture:
         else:
             self._queue.pop()
         return stream, rest
+
+    def _ready_pipes(self) -> list[tuple[int, int]]:
+        """The fd-level pipes that hold output (holding the queue lock). A signal handler that
+        prints, run inside this very check (the poll syscall was interrupted, and Python runs
+        handlers before retrying it), checks with a poll object of its own: select.poll refuses
+        a second poll of one object while the first is not over."""
+        try:
+            return self._pipes.poll(0)
+        except RuntimeError:  # "concurrent poll() invocation": this thread, further out
+            nested = select.poll()
+            for fd in self._fds:
+                nested.register(fd, select.POLLIN)
+            return nested.poll(0)
 
     def _take_pipes(self, ready: list[tuple[int, int]]) -> None:
         """Move what the `ready` fd-level pipes hold into the queue (holding the queue lock)."""
