@@ -183,3 +183,47 @@ landed
 """
     assert mesh.run(code, timeout=60).values() == [True]
     assert mesh.logs(0, tail=100).splitlines()[-2:] == ["handled", "after"]
+
+
+def test_a_display_from_a_signal_handler_that_landed_inside_a_send_goes_right_after_it(start_mesh):
+    # A signal handler that publishes (a display), run while its thread is in the middle of
+    # sending a message, was refused with a RuntimeError raised there, which cut that message
+    # in two all the same. Now its message goes whole, right after the one it interrupted. Here
+    # the main thread publishes 8 MiB over the rank's link, and the signal is sent once the
+    # thread is seen waiting in that send.
+    mesh = start_mesh(gpus=1)
+    events: list[dict] = []
+    mesh.subscribe(lambda ev: ev["type"] == "publish" and events.append(ev))
+    code = """
+import signal, threading, time, viceroy as vr
+def handler(signum, frame):
+    vr.context().publish("from-handler", "small")
+signal.signal(signal.SIGUSR1, handler)
+main, ident, done = threading.get_native_id(), threading.get_ident(), threading.Event()
+def fire():
+    deadline = time.monotonic() + 30
+    while "send" not in open(f"/proc/self/task/{main}/wchan").read():
+        if done.is_set() or time.monotonic() > deadline:
+            return
+        time.sleep(0.0005)
+    signal.pthread_kill(ident, signal.SIGUSR1)
+firing = threading.Thread(target=fire)
+firing.start()
+big = bytes(range(256)) * (1 << 15)
+tries = 0
+while firing.is_alive() and tries < 20:  # until the signal has been sent
+    vr.context().publish("big", big)
+    tries += 1
+done.set()
+firing.join()
+vr.context().publish("end", tries)
+"""
+    mesh.run(code, timeout=60)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("from-handler") == 1, kinds
+    at = kinds.index("from-handler")
+    assert kinds[:at] == ["big"] * at and at >= 1, kinds  # it came after the send it landed in
+    assert kinds[at + 1:] == ["big"] * (len(kinds) - at - 2) + ["end"], kinds
+    big = bytes(range(256)) * (1 << 15)
+    assert all(e["data"] == big for e in events if e["kind"] == "big")
+    assert events[at]["data"] == "small"

@@ -52,6 +52,9 @@ class Rank:
         # must not send: `OutputCapture` leaves its output to the reader).
         self.send_lock = threading.RLock()
         self.sender: int | None = None  # the thread sending a message now
+        # Messages to send, in order: a signal handler's, sent while its thread was in the
+        # middle of one, waits here to go right after it (see `_send`).
+        self.outbox: collections.deque[list[Any]] = collections.deque()
         self.interrupt_deferred = False
 
         self.state_lock = threading.Lock()
@@ -93,19 +96,22 @@ class Rank:
         header["r"] = self.rank
         frames = self.signer.pack(header, signed, data)
         with self.send_lock:
-            # A message goes frame by frame, in Python: an interrupt raised between two
-            # frames (user code publishing a display, say) would leave half a message that
-            # garbles the next one, the call's result perhaps. Not in the middle of one.
+            # A message goes in pieces, from Python: an interrupt raised between two (user
+            # code publishing a display, say) would leave half a message that garbles the next
+            # one, the call's result perhaps. A signal handler run there that sends a message
+            # of its own (a display) would cut that one in two, and refusing it, by raising
+            # there, too: its message goes right after, by the send further out.
+            self.outbox.append(frames)
             me = threading.get_ident()
-            if self.sender == me:  # a signal handler, run between two frames of this thread's
-                raise RuntimeError(  # message, sends one of its own: it would cut that one in two
-                    f"viceroy: rank {self.rank} cannot send {header.get('op')!r} from a signal handler that "
-                    "interrupted a message being sent; print instead, or display after the handler returns")
-            self.sender = me
-            try:
-                self.channels.deliver(frames)
-            finally:
-                self.sender = None
+            if self.sender == me:
+                return
+            while self.outbox:  # again: one a handler added just after the inner loop ended
+                self.sender = me
+                try:
+                    while self.outbox:
+                        self.channels.deliver(self.outbox.popleft())
+                finally:
+                    self.sender = None
         if self.interrupt_deferred and threading.get_ident() == self.main_ident:
             self.interrupt_deferred = False
             self._on_sigint(signal.SIGINT, None)
