@@ -27,6 +27,7 @@ from viceroy.runtime.execution import (
     restore_filename,
     user_location,
 )
+from viceroy.runtime.held_signals import HeldSignals
 from viceroy.runtime.output import OutputCapture, owned
 from viceroy.runtime.rank_channels import RankChannels
 from viceroy.runtime.wire import Signer
@@ -52,10 +53,12 @@ class Rank:
         # must not send: `OutputCapture` leaves its output to the reader).
         self.send_lock = threading.RLock()
         self.sender: int | None = None  # the thread sending a message now
-        # Messages to send, in order: a signal handler's, sent while its thread was in the
-        # middle of one, waits here to go right after it (see `_send`).
+        # Messages to send, in order: one sent while its thread was in the middle of one
+        # waits here to go right after it (see `_send`).
         self.outbox: collections.deque[list[Any]] = collections.deque()
-        self.interrupt_deferred = False
+        # Signal handlers set on the rank (the user's, its own) wait for a message half sent.
+        self.signals = HeldSignals()
+        self.signals.install()
 
         self.state_lock = threading.Lock()
         self.current: int | None = None
@@ -95,26 +98,28 @@ class Rank:
     def _send(self, header: dict[str, Any], signed: list[Any] = [], data: list[Any] = []) -> None:  # noqa: B006
         header["r"] = self.rank
         frames = self.signer.pack(header, signed, data)
+        me = threading.get_ident()
+        main = me == self.main_ident
         with self.send_lock:
-            # A message goes in pieces, from Python: an interrupt raised between two (user
-            # code publishing a display, say) would leave half a message that garbles the next
-            # one, the call's result perhaps. A signal handler run there that sends a message
-            # of its own (a display) would cut that one in two, and refusing it, by raising
-            # there, too: its message goes right after, by the send further out.
+            # A message goes in pieces, from Python. A signal handler run between two on the
+            # main thread waits for the rest (`HeldSignals`): had it raised there (an interrupt,
+            # a timeout), half a message would garble the ones after it, the call's result
+            # perhaps. A message sent by a handler that is not held (set past signal.signal),
+            # or by a finalizer run there, goes right after, by the send further out.
             self.outbox.append(frames)
-            me = threading.get_ident()
             if self.sender == me:
                 return
-            while self.outbox:  # again: one a handler added just after the inner loop ended
+            while self.outbox:  # again: one added just after the inner loop ended
+                self.signals.sending = main
                 self.sender = me
                 try:
                     while self.outbox:
                         self.channels.deliver(self.outbox.popleft())
                 finally:
                     self.sender = None
-        if self.interrupt_deferred and threading.get_ident() == self.main_ident:
-            self.interrupt_deferred = False
-            self._on_sigint(signal.SIGINT, None)
+                    self.signals.sending = False
+        if main:
+            self.signals.run_held()
 
     def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
         """One rank's answer to a call, in the same shape as an agent's aggregate."""
@@ -200,9 +205,7 @@ class Rank:
             time.sleep(_RESEND_INTERRUPT_S)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.sender == self.main_ident:  # this (the main) thread has a message half sent
-            self.interrupt_deferred = True  # raised once it is all sent
-            return
+        # (Held while the main thread sends a message: raised once it is all sent.)
         if self.in_user_code and self.interrupt_target is not None and self.interrupt_target == self.current:
             raise KeyboardInterrupt
 

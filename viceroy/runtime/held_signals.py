@@ -1,0 +1,68 @@
+"""On a rank, a signal handler waits for the message its main thread is sending.
+
+Python runs a signal handler on the main thread between two bytecodes, wherever that thread is.
+A rank's main thread sends its answers, displays and flushed output itself, in pieces written
+from Python. A handler that raised between two pieces (a timeout through ``signal.alarm``, say)
+would leave half a message on the link, and every message after it would be misread: the rank
+would hang. So on a rank ``signal.signal`` installs the handler inside a wrapper which, while the
+main thread is inside a message, keeps the signal and returns; the handler runs as soon as the
+message is out, with the frame the signal came in. ``signal.getsignal`` and the value
+``signal.signal`` returns give back handlers as they were set. A handler installed past
+``signal.signal`` (through ``_signal``, or in C) is not held.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+Handler = Callable[[int, "FrameType | None"], Any]
+
+
+class HeldSignals:
+    """`sending`: whether the main thread is inside a message now (set by the rank around
+    each one it sends); `run_held()` after it runs the handlers that waited, in order."""
+
+    def __init__(self) -> None:
+        self.sending = False
+        self._held: list[tuple[Handler, int, FrameType | None]] = []
+
+    def install(self) -> None:
+        """Wrap the handlers set from now on (and route `signal.getsignal` around the wrappers)."""
+        real_signal, real_getsignal = signal.signal, signal.getsignal
+
+        @functools.wraps(real_signal)
+        def set_handler(signalnum: int, handler: Any) -> Any:
+            return _as_set(real_signal(signalnum, self._wrap(handler) if callable(handler) else handler))
+
+        @functools.wraps(real_getsignal)
+        def get_handler(signalnum: int) -> Any:
+            return _as_set(real_getsignal(signalnum))
+
+        signal.signal = set_handler
+        signal.getsignal = get_handler
+
+    def _wrap(self, handler: Handler) -> Handler:
+        def held(signum: int, frame: FrameType | None) -> Any:
+            if self.sending:
+                self._held.append((handler, signum, frame))
+                return None
+            return handler(signum, frame)
+
+        held.__viceroy_holds__ = handler  # type: ignore[attr-defined]
+        return held
+
+    def run_held(self) -> None:
+        """Run the handlers whose signals came while a message was being sent (one that
+        raises ends this; those after it run after the next message)."""
+        while self._held:
+            handler, signum, frame = self._held.pop(0)
+            handler(signum, frame)
+
+
+def _as_set(handler: Any) -> Any:
+    """The handler as the user set it, not our wrapper around it."""
+    return getattr(handler, "__viceroy_holds__", handler)
