@@ -89,6 +89,26 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(torch_mesh):
     assert_next_collective_is_right(mesh, 4)
 
 
+def test_a_rank_whose_collective_an_interrupted_peer_ended_counts_as_interrupted_too(torch_mesh):
+    # The cancels of an interrupt go out rank by rank: a rank whose collective was ended by a
+    # member interrupted first answered with that CollectiveError ("... the connection to rank
+    # 2 was lost (it died, or left the collective)"), which the error then showed first, as
+    # the call's failure, though nothing failed (CI: an actor call cancelled on ranks 0, 2 and 3
+    # reported rank 3 so). Here rank 1 ignores SIGINT, so it always hears of it from a peer.
+    mesh = torch_mesh(gpus=3)
+    mesh.run(NEXT)
+    code = ("if rank == 2:\n    time.sleep(60)\nelse:\n    previous = signal.getsignal(signal.SIGINT)\n"
+            "    if rank == 1:\n        signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "    try:\n        vr.all_reduce(torch.ones(2))\n"
+            "    finally:\n        signal.signal(signal.SIGINT, previous)")
+    fut = mesh.run(code, block=False)
+    wait_running(mesh.slice(gpus=slice(0, 2)), "vr.all_reduce")
+    failures = fails_within(fut, mesh.interrupt, 5, timeout=10).failures
+    assert {r: f.kind for r, f in failures.items()} == {0: "interrupted", 1: "interrupted", 2: "interrupted"}, failures
+    assert failures[1].summary == "interrupted" and not failures[1].traceback, failures[1]
+    assert_next_collective_is_right(mesh, 3)
+
+
 def test_a_frozen_rank_0_does_not_hold_the_others_past_an_interrupt(torch_mesh):
     # Rank 0 hosts the rendezvous store: frozen, it answers nothing and its connections stay
     # open, so the others' store requests (their agreement check, their give-up record) must

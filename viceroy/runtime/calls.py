@@ -53,6 +53,9 @@ class Call:
     # it; they are not cancelled (actor endpoints: the others run on, their answers dropped).
     death_ends: bool = False
     cancelled: bool = True  # stopped (see outcomes._stop) by a cancel sent to the ranks
+    # Cancelled, and not for a rank's failure (fail-fast): called off (an interrupt, a timeout,
+    # a cancel). A collective that then fails on a rank was ended by a member cancelled first.
+    called_off: bool = False
     # Telling the ranks still running it who finished (see call_peers): the collectives each
     # answered rank started, when to tell first, and who was told of already.
     collectives: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -167,13 +170,17 @@ class Call:
                     "error", f"its result could not be unpickled on the controller: {type(exc).__name__}: {exc}"
                 )
         else:
-            kind = item.get("kind", "error")
-            summary = item.get("summary", "failed")
+            kind, summary = item.get("kind", "error"), item.get("summary", "failed")
+            tb, etype = item.get("tb", ""), item.get("etype", "")
+            if self.called_off and kind == "error" and etype == "CollectiveError":
+                # Cut by a member that the cancel reached first (they go out rank by rank, and
+                # each aborts what it waits in): not a failure of its own, whatever broke first.
+                kind, tb, etype = "interrupted", "", ""
             if kind == "interrupted" and self.stop_reason and self.cancelled:
                 summary = self.stop_reason
             if item.get("where"):
                 summary += f" (at {item['where']})"
-            self.failures[r] = RankFailure(kind, summary, item.get("tb", ""), item.get("etype", ""))
+            self.failures[r] = RankFailure(kind, summary, tb, etype)
         self._stream([r])
         return r in self.failures and self.failures[r].kind != "interrupted"
 

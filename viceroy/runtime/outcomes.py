@@ -60,14 +60,15 @@ class CallOutcomes:
     def _emit(self, event: Event) -> None:
         raise NotImplementedError
 
-    def _stop(self, call: Call, reason: str, cancel: bool = True) -> None:
+    def _stop(self, call: Call, reason: str, cancel: bool = True, failed: bool = False) -> None:
         """Cancel a call on the ranks that have not answered (`cancel` False: only stop waiting
         for them); those still busy after STOP_GRACE_S are given up on (see `_check_deadlines`).
-        Caller holds the lock."""
+        `failed`: for a rank's failure (fail-fast), not called off. Caller holds the lock."""
         if call.stop_reason is not None and (call.cancelled or not cancel):
             return
         if call.stop_reason is None:
             call.stop_deadline = time.monotonic() + STOP_GRACE_S
+            call.called_off = cancel and not failed
         call.stop_reason = reason  # a cancel (Ctrl-C) after giving up on them still goes out
         call.cancelled = cancel
         missing = [r for r in call.missing() if self._state[r] != "dead"]
@@ -145,7 +146,7 @@ class CallOutcomes:
                         self._returns.released(r, entry[1])
                     continue
                 if call.record(item, sig, dat, self.token, functools.partial(self._returns.released, r)) and call.fail_fast:
-                    self._stop(call, f"stopped by fail-fast after rank {r} failed")
+                    self._stop(call, f"stopped by fail-fast after rank {r} failed", failed=True)
                 done: Event = {"type": "rank_done", "call": call.id, "rank": r, "ok": r in call.results}
                 if r in call.failures:  # how it failed, for views of the mesh
                     f = call.failures[r]
@@ -235,7 +236,7 @@ class CallOutcomes:
                                     else RankFailure("died", f"died ({reason})" + (f": {why}" if why else "")
                                                      + (_STACKS_HINT.format(r=r) if reason in _CRASHES else "")))
                 if call.fail_fast:
-                    self._stop(call, f"stopped by fail-fast after rank {r} died")
+                    self._stop(call, f"stopped by fail-fast after rank {r} died", failed=True)
                 if not call.missing():
                     finished.append(call)
                 elif call.stop_reason is None:  # peers waiting in a collective for it stop
