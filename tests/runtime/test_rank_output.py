@@ -3,6 +3,8 @@ however it was written (print, os.write, forked children), and a rank's writes n
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -259,3 +261,22 @@ def test_a_display_from_a_handler_that_runs_inside_a_send_goes_right_after_it(st
     at = kinds.index("from-handler")
     assert at >= 1 and events[at]["data"] == "small", kinds  # after the send it landed in
     assert _published_in_order(events, "from-handler") >= at
+
+
+def test_a_signal_handler_that_raises_between_calls_is_told_and_the_rank_goes_on(start_mesh):
+    # A handler the user set (a timeout through signal.alarm, say) whose signal came once the
+    # call was over raised in the runtime's wait for the next call, and the rank died with
+    # "exit code 1". Outside the user's code its exception is now printed and the rank goes on;
+    # SystemExit still ends it (a SIGTERM handler that exits).
+    mesh = start_mesh(gpus=1)
+    mesh.run("import signal, sys\nclass Late(Exception):\n    pass\n"
+             "def late(signum, frame):\n    raise Late('the alarm rang')\n"
+             "signal.signal(signal.SIGUSR1, late)")
+    told = "[viceroy] rank 0: the SIGUSR1 handler raised Late: the alarm rang outside the code of a call"
+    for n in (1, 2):
+        os.kill(mesh.pids()[0], signal.SIGUSR1)  # the call is over: the rank waits for the next
+        wait_until(lambda: mesh.logs(0).count(told) == n, 10, f"report {n} of the handler's exception")  # noqa: B023
+        assert mesh.run("rank").values() == [0]
+    mesh.run("signal.signal(signal.SIGUSR1, lambda signum, frame: sys.exit(3))")
+    os.kill(mesh.pids()[0], signal.SIGUSR1)
+    wait_until(lambda: mesh.states()[0] == "dead", 10, "the rank to exit")

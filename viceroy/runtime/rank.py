@@ -57,7 +57,7 @@ class Rank:
         # waits here to go right after it (see `_send`).
         self.outbox: collections.deque[list[Any]] = collections.deque()
         # Signal handlers set on the rank (the user's, its own) wait for a message half sent.
-        self.signals = HeldSignals()
+        self.signals = HeldSignals(self.rank, lambda: self.in_user_code)
         self.signals.install()
 
         self.state_lock = threading.Lock()
