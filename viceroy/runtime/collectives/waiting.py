@@ -7,6 +7,7 @@ data plane is a loop of short native waits (`SLICE_S`) with Python in between.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import signal
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 SLICE_S = 0.05
+_SIGINT = int(signal.SIGINT)
 
 
 def sleep_slice(seconds: float) -> None:
@@ -28,15 +30,17 @@ def interrupts_held() -> Iterator[None]:
     The Python-level handler is swapped rather than the signal masked: a signal that arrived
     just before the block, whose handler Python has not run yet, then runs the placeholder
     too. A held interrupt is dropped: the rank runtime resends its interrupt until the call
-    ends."""
-    if threading.current_thread() is not threading.main_thread():
+    ends. Swapped with the C-level `_signal.signal` (0.6 us the pair; `signal.signal` converts to
+    and from enums, and on a rank wraps the handler: ~10 us, on every collective); a handler set
+    outside Python (getsignal None) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or _signal.getsignal(_SIGINT) is None:
         yield
         return
-    previous = signal.signal(signal.SIGINT, _hold)
+    previous = _signal.signal(_SIGINT, _hold)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_SIGINT, previous)
 
 
 def _hold(signum: int, frame: Any) -> None:
