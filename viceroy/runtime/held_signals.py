@@ -30,12 +30,12 @@ Handler = Callable[[int, "FrameType | None"], Any]
 
 
 class HeldSignals:
-    """`sending`: whether the main thread is inside a message now (set by the rank around
-    each one it sends); `run_held()` after it runs the handlers that waited, in order.
+    """`sending()`: whether the main thread is inside a message now; the rank calls
+    `run_held()` after each it sends, to run the handlers that waited, in order.
     `in_user_code()`: whether the main thread runs the user's code (where a handler raises)."""
 
-    def __init__(self, rank: int, in_user_code: Callable[[], bool]) -> None:
-        self.sending = False
+    def __init__(self, rank: int, sending: Callable[[], bool], in_user_code: Callable[[], bool]) -> None:
+        self._sending = sending
         self._rank = rank
         self._in_user_code = in_user_code
         self._held: list[tuple[Handler, int, FrameType | None]] = []
@@ -57,7 +57,7 @@ class HeldSignals:
 
     def _wrap(self, handler: Handler) -> Handler:
         def held(signum: int, frame: FrameType | None) -> Any:
-            if self.sending:
+            if self._sending():
                 self._held.append((handler, signum, frame))
                 return None
             return self._run(handler, signum, frame)

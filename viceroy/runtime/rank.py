@@ -22,7 +22,6 @@ from viceroy.runtime import call_peers, crash_report, devices, handles, resource
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
-    format_user_traceback,
     register_source,
     restore_filename,
     user_location,
@@ -30,6 +29,7 @@ from viceroy.runtime.execution import (
 from viceroy.runtime.held_signals import HeldSignals
 from viceroy.runtime.output import OutputCapture, owned
 from viceroy.runtime.rank_channels import RankChannels
+from viceroy.runtime.user_errors import described
 from viceroy.runtime.wire import Signer
 
 _RESEND_INTERRUPT_S = 0.1
@@ -57,7 +57,8 @@ class Rank:
         # waits here to go right after it (see `_send`).
         self.outbox: collections.deque[list[Any]] = collections.deque()
         # Signal handlers set on the rank (the user's, its own) wait for a message half sent.
-        self.signals = HeldSignals(self.rank, lambda: self.in_user_code)
+        self.signals = HeldSignals(self.rank, sending=lambda: self.sender == self.main_ident,
+                                   in_user_code=lambda: self.in_user_code)
         self.signals.install()
 
         self.state_lock = threading.Lock()
@@ -99,7 +100,6 @@ class Rank:
         header["r"] = self.rank
         frames = self.signer.pack(header, signed, data)
         me = threading.get_ident()
-        main = me == self.main_ident
         with self.send_lock:
             # A message goes in pieces, from Python. A signal handler run between two on the
             # main thread waits for the rest (`HeldSignals`): had it raised there (an interrupt,
@@ -110,15 +110,13 @@ class Rank:
             if self.sender == me:
                 return
             while self.outbox:  # again: one added just after the inner loop ended
-                self.signals.sending = main
                 self.sender = me
                 try:
                     while self.outbox:
                         self.channels.deliver(self.outbox.popleft())
                 finally:
                     self.sender = None
-                    self.signals.sending = False
-        if main:
+        if me == self.main_ident:
             self.signals.run_held()
 
     def _send_result(self, item: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
@@ -308,7 +306,7 @@ class Rank:
             return ({"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
                      "summary": "interrupted", "where": where}, [], [])
         except BaseException as exc:  # SystemExit too: the rank lives on
-            etype, summary, tb = _described(exc)
+            etype, summary, tb = described(exc)
             return ({"op": "result", "id": call_id, "ok": False, "kind": "error",
                      "etype": etype, "summary": summary, "tb": tb}, [], [])
         if value is None:
@@ -324,49 +322,6 @@ class Rank:
                                 "the rank (assign it to a variable).",
                      "tb": ""}, [], [])
         return {"op": "result", "id": call_id, "ok": True}, [payload], [b.raw() for b in bufs]
-
-
-def _described(exc: BaseException) -> tuple[str, str, str]:
-    """(type name, one-line summary, traceback) of a user error; never raises, whatever the
-    exception does when asked to describe itself."""
-    try:
-        etype, summary, tb = format_user_traceback(exc)
-        return etype, _explained(exc) or summary, tb
-    except Exception as e:
-        name = type(exc).__name__
-        return name, f"{name}: (its message could not be shown: {type(e).__name__}: {e})", "".join(traceback.format_tb(exc.__traceback__))
-
-
-def _explained(exc: BaseException) -> str | None:
-    """A better summary for errors we know the cause of: ``exit()`` in rank code, a task
-    started with no loop running, a debugger or a password prompt with no terminal, a stock torch.distributed group whose connections were cut to release a
-    blocked collective."""
-    if isinstance(exc, SystemExit):
-        code = "" if exc.code is None else repr(exc.code)
-        return (f"SystemExit: exit({code}) ends only the call on a rank: the rank stays up, its state "
-                "kept; to end the ranks, shut the mesh down (mesh.shutdown(), %mesh down)")
-    if type(exc) is RuntimeError and str(exc) == "no running event loop":  # create_task in a sync cell
-        return ("RuntimeError: no running event loop: a rank's event loop runs only while a cell awaits (a "
-                "notebook's own loop always runs): give this code an `await` (e.g. `await asyncio.sleep(0)`); the "
-                "tasks it starts stay on the rank's loop and run on while later cells await")
-    if type(exc).__name__ == "BdbQuit" and type(exc).__module__ == "bdb":
-        return ("bdb.BdbQuit: the debugger (breakpoint(), pdb.set_trace()) quit at once: ranks have no terminal "
-                "to read its commands from. Print what you need to see, or see where ranks are with %mesh stacks "
-                "(mesh.stacks()); to step through the code, run it on the controller")
-    if isinstance(exc, EOFError) and _raised_in(exc, "getpass.py"):
-        return ("EOFError: getpass() on a rank: ranks have no terminal to read a password from. Pass the secret in "
-                "instead: an environment variable on every rank (%mesh up --env HF_TOKEN=...), %mesh push token=..., "
-                "or a file the ranks read")
-    if "torch.distributed" not in sys.modules:
-        return None
-    from viceroy.runtime.collectives.stock import explain
-
-    return explain(exc)
-
-
-def _raised_in(exc: BaseException, file: str) -> bool:
-    """Whether a frame of `exc`'s traceback is in a file named `file` (a library's module)."""
-    return any(os.path.basename(f.f_code.co_filename) == file for f, _ in traceback.walk_tb(exc.__traceback__))
 
 
 def _all_stacks(main_ident: int, main_busy: bool, awaiting: list[Any]) -> str:
