@@ -80,6 +80,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 sys.path.insert(0, "bench")
 from common import table  # noqa: E402
@@ -110,6 +111,8 @@ timer.start()
 
 
 sub_rows = []  # rows a check adds under its own (its steps)
+LOG = os.environ.get("GPU_CHECK_LOG", "bench/out/gpu_check.log")  # each failure in full
+os.makedirs(os.path.dirname(LOG) or ".", exist_ok=True)
 
 
 def check(name, fn):
@@ -118,8 +121,10 @@ def check(name, fn):
     try:
         detail = fn()
         row = (name, "ok", str(detail or ""), f"{time.perf_counter() - t0:.2f} s")
-    except Exception as exc:  # report and go on
+    except Exception as exc:  # report and go on; the whole error goes to the log
         failed = True
+        with open(LOG, "a") as log:
+            log.write(f"==== {name}\n{''.join(traceback.format_exception(exc))}\n")
         first = str(exc).strip().splitlines()
         detail = f"{type(exc).__name__}: {' / '.join(first[:2]) if first else ''}"
         row = (name, "FAILED", detail[:200], f"{time.perf_counter() - t0:.2f} s")
@@ -239,6 +244,33 @@ def _one_rank_checks():
             done.append(dt + " (moved)")
         return ", ".join(done)
 
+    def timing():
+        # One rank: NCCL copies locally, so this measures what each side adds per operation
+        # (ours: CuPy's binding and our stream handling; torch's: ProcessGroupNCCL), not a network.
+        import statistics
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", rank=0, world_size=1, store=PrefixStore(f"raw/{time.time()}", rendezvous.client(30)))
+        res = {}
+        for nbytes, iters in ((4, 200), (256 << 20, 10)):
+            ours = torch.ones(max(1, nbytes // 4), device="cuda"); raw = ours.clone()
+            sides = {"viceroy": lambda: _done(comm.all_reduce(ours, "sum")),
+                     "raw": lambda: (dist.all_reduce(raw), torch.cuda.synchronize())}
+            times = {k: [] for k in sides}
+            for f in sides.values():
+                f(); f()
+            for r in range(6):
+                for k in (sides if r % 2 == 0 else list(reversed(sides))):
+                    torch.cuda.synchronize(); t0 = time.perf_counter()
+                    for _ in range(iters):
+                        sides[k]()
+                    times[k].append((time.perf_counter() - t0) / iters)
+            res[nbytes] = {k: statistics.median(v) for k, v in times.items()}
+        small, big = res[4], res[256 << 20]
+        return (f"4 B: viceroy {small['viceroy'] * 1e6:.1f} us vs raw {small['raw'] * 1e6:.1f} us "
+                f"({small['viceroy'] / small['raw']:.2f}x); 256 MiB: viceroy {big['viceroy'] * 1e3:.2f} ms "
+                f"vs raw {big['raw'] * 1e3:.2f} ms ({big['viceroy'] / big['raw']:.2f}x); one rank, same process")
+
     def abort():
         comm.abort()
         try:
@@ -248,7 +280,7 @@ def _one_rank_checks():
         raise AssertionError("an aborted communicator took work")
 
     for name, fn in (("basic", basic), ("side stream", side_stream), ("send/recv to self", self_exchange),
-                     ("dtypes", dtypes), ("abort", abort)):
+                     ("dtypes", dtypes), ("timing", timing), ("abort", abort)):
         step(name, fn)
     return out
 '''
@@ -342,18 +374,62 @@ def results_on_host():
     # A rank's CUDA tensor comes back to the controller as a CPU tensor (no CUDA started here).
     v = mesh.slice(gpus=slice(0, 1)).run("torch.arange(3.0, device='cuda')", timeout=T).item(gpus=0)
     assert v.device.type == "cpu" and v.tolist() == [0.0, 1.0, 2.0], v
+    # large ones (through pinned memory): transposed, bfloat16 (no numpy dtype), twice each
     import torch
+
+    code = "torch.arange(1 << 20, device='cuda').to(torch.{}).view(1024, -1).t()"
+    for dtype in ("float32", "bfloat16", "float32", "bfloat16"):
+        got = mesh.slice(gpus=slice(0, 1)).run(code.format(dtype), timeout=T).item(gpus=0)
+        want = torch.arange(1 << 20).to(getattr(torch, dtype)).view(1024, -1).t()
+        assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got[:2, :2])
     assert not torch.cuda.is_initialized(), "the controller started CUDA to read a result"
-    return "cuda tensor result -> CPU tensor on the controller"
+    return "cuda tensor results -> CPU tensors on the controller (small; 2-4 MiB transposed, float32 and bfloat16)"
 
 
 def fetch_bandwidth():
+    # A CUDA tensor pulled from rank 0 to the controller (the rank copies it to page-locked host
+    # memory, then into shared memory), against what its two copies cost alone, in the same run:
+    # the rank's device-to-host copy and a host memcpy here (dst.copy_(src)).
+    import statistics
+
+    import torch
+
     nbytes = 256 << 20
-    mesh.slice(gpus=slice(0, 1)).run(f"big = torch.ones({nbytes // 4}, device='cuda')", timeout=T)
-    t0 = time.perf_counter()
-    mesh.slice(gpus=slice(0, 1)).run("big.cpu()", timeout=T)
-    dt = time.perf_counter() - t0
-    return f"{nbytes / dt / 1e9:.2f} GB/s (256 MiB, rank 0 -> controller)"
+    one = mesh.slice(gpus=slice(0, 1))
+    one.run(f"big = torch.ones({nbytes // 4}, device='cuda'); big.cpu(); None", timeout=T)
+
+    def pull():
+        t0 = time.perf_counter()
+        got = one.run("big", timeout=T).item(gpus=0)
+        dt = time.perf_counter() - t0
+        assert got.shape == (nbytes // 4,) and got.device.type == "cpu", got.shape
+        return dt
+
+    pull()  # the first maps the shared memory
+    took = statistics.median(pull() for _ in range(5))
+    pageable, d2h = one.run(
+        "import statistics\n"
+        "def _d2h(copy):\n"
+        "    torch.cuda.synchronize(); t0 = time.perf_counter(); copy(); return time.perf_counter() - t0\n"
+        "def _median(copy):\n"
+        "    _d2h(copy); return statistics.median(_d2h(copy) for _ in range(5))\n"
+        "_median(big.cpu), _median(lambda: torch.empty(big.shape, pin_memory=True).copy_(big))",
+        timeout=T).item(gpus=0)
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    dst.copy_(src)
+
+    def memcpy():
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        return time.perf_counter() - t0
+
+    host = statistics.median(memcpy() for _ in range(5))
+    gbs = {k: nbytes / v / 1e9 for k, v in (("pull", took), ("d2h", d2h), ("memcpy", host))}
+    ceiling = nbytes / (d2h + host) / 1e9  # the two copies back to back
+    return (f"pull {gbs['pull']:.2f} GB/s; the rank's copy to pinned memory {gbs['d2h']:.2f} GB/s "
+            f"(big.cpu(): {nbytes / pageable / 1e9:.2f} GB/s), host memcpy "
+            f"{gbs['memcpy']:.2f} GB/s, both in turn {ceiling:.2f} GB/s: pull at {gbs['pull'] / ceiling:.0%} "
+            "(256 MiB, rank 0 -> controller, median of 5)")
 
 
 def nccl_bandwidth():

@@ -239,6 +239,16 @@ def test_nccl_is_skipped_with_a_clear_message_without_cupy_or_a_gpu():
     assert "cupy" not in sys.modules  # never half-imported
 
 
+@pytest.mark.parametrize("uid", [bytes(range(256))[::2], tuple(range(-128, 128, 2))], ids=["cupy14", "cupy13"])
+def test_the_nccl_unique_id_crosses_the_store_in_the_form_cupy_gave_it(uid):
+    # CuPy 14 gives (and takes back) the id as bytes, CuPy 13 as a tuple of signed chars; the
+    # ranks past the first build their communicator from what the store hands them.
+    from viceroy.runtime.collectives.nccl import unique_id_from, unique_id_text
+
+    back = unique_id_from(unique_id_text(uid).encode())  # TCPStore.get gives bytes
+    assert back == uid and type(back) is type(uid)
+
+
 def test_importing_viceroy_imports_neither_torch_nor_cupy():
     code = "import sys, viceroy; print('torch' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -319,10 +319,10 @@ class NcclBackend(Backend):
         with cupy.cuda.Device(device if device is not None else devices.own() or 0):
             if index == 0:
                 uid = nccl.get_unique_id()
-                store.set("uid", json.dumps(list(uid)))
+                store.set("uid", unique_id_text(uid))
             else:
                 store.wait(["uid"], timedelta(seconds=timeout))
-                uid = tuple(json.loads(store.get("uid")))
+                uid = unique_id_from(store.get("uid"))
             comm = nccl.NcclCommunicator(size, uid, index)
             try:
                 _warm_up(comm, index, size, timeout)
@@ -331,6 +331,19 @@ class NcclBackend(Backend):
                     comm.abort()
                 raise
         return NcclCommunicator(comm, size, timeout)
+
+
+def unique_id_text(uid: bytes | tuple[int, ...]) -> str:
+    """NCCL's unique id as text for the store, in the form this CuPy gave it: bytes from CuPy 14
+    on, a tuple of (signed char) ints before. NcclCommunicator takes back only that form."""
+    if isinstance(uid, bytes | bytearray):
+        return json.dumps({"bytes": bytes(uid).hex()})
+    return json.dumps({"ints": list(uid)})
+
+
+def unique_id_from(text: str | bytes) -> bytes | tuple[int, ...]:
+    got = json.loads(text)
+    return bytes.fromhex(got["bytes"]) if "bytes" in got else tuple(got["ints"])
 
 
 def _warm_up(comm: Any, index: int, size: int, timeout: float) -> None:
