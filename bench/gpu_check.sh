@@ -11,6 +11,8 @@
 # that releases a blocked nccl all_reduce and a rebuild after it; device-to-host fetch bandwidth
 # (a CUDA tensor pulled to the controller); the tensor engine on CUDA tensors (ops on each
 # rank's own GPU, fetch, vr.reduce, and a to_mesh ring over nccl send/recv in one group call);
+# stock torch.distributed on the GPU (env:// init, DDP, vr.device_mesh(), a DTensor) and the
+# view's GPU figures (mesh.stats(), before and after CUDA starts on the rank);
 # and, with 2+ GPUs, nccl all_reduce bus bandwidth at 256 MiB vs raw torch.distributed nccl in
 # the same processes (goal >= 95 %).
 #
@@ -473,6 +475,45 @@ def nccl_bandwidth():
     return f"viceroy {bus['viceroy'] / 1e9:.1f} GB/s vs raw {bus['raw'] / 1e9:.1f} GB/s: {ratio:.0%} (goal >= 95 %)"
 
 
+STOCK = """
+import torch, torch.distributed as dist, viceroy as vr
+from torch.distributed.tensor import Shard, distribute_tensor
+from viceroy.runtime.collectives import install_torch_hooks
+install_torch_hooks()
+dist.init_process_group()  # env://, as `%mesh up --torch-dist` does: gloo for CPU tensors, nccl for CUDA
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1).cuda())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 8, device="cuda"); y = x.sum(dim=1, keepdim=True)
+losses = []
+for _ in range(30):
+    opt.zero_grad(); loss = torch.nn.functional.mse_loss(model(x), y); loss.backward(); opt.step()
+    losses.append(loss.item())
+dm = vr.device_mesh()
+d = distribute_tensor(torch.arange(8.0, device="cuda"), dm, [Shard(0)])
+keep = torch.empty(1 << 28, device="cuda")  # 1 GiB held, for the view's figures
+(str(dist.get_backend()), losses[0], losses[-1], dm.device_type, dm.mesh_dim_names,
+ d.full_tensor().sum().item(), str(d.to_local().device), str(next(model.parameters()).device))
+"""
+
+
+def stock_torch_dist():
+    # A fresh mesh: the view's GPU figures before CUDA starts on the rank (through NVML) and
+    # after (through torch); then what `--torch-dist` sets up, and stock code on the rank's GPU.
+    m = vr.Mesh.local(gpus=1, echo=False, env=ENV)
+    try:
+        before = m.stats()["ranks"][0]
+        backend, first, last, kind, names, total, dev, param = m.run(STOCK, timeout=T).item(gpus=0)
+        after = m.stats()["ranks"][0]
+    finally:
+        m.shutdown()
+    assert last < first / 4, (first, last)
+    assert (kind, names, total, dev, param) == ("cuda", ("gpus",), 28.0, "cuda:0", "cuda:0"), (kind, names, total, dev, param)
+    assert after["gpu_mem"] is not None and after["gpu_mem"] >= 1 << 30 and after["gpu_util"] is not None, after
+    return (f"backend {backend}; DDP loss {first:.3f} -> {last:.4f}; device_mesh {kind} {names}, DTensor; "
+            f"view figures before CUDA (NVML) {before}, after {after}")
+
+
 def two_ranks_one_gpu():
     # NCCL: "Using the same CUDA device multiple times as different ranks of the same NCCL
     # communicator is not supported and may lead to hangs." What matters here: the error comes
@@ -515,6 +556,7 @@ finally:
         except Exception as exc:
             rows.append(("mesh.shutdown()", "FAILED", f"{type(exc).__name__}: {exc}"[:160], ""))
 if mesh is not None:
+    check("stock torch.distributed on the GPU: DDP, device_mesh, DTensor; GPU figures", stock_torch_dist)
     check("2 ranks on 1 GPU: a clear error, not a hang", two_ranks_one_gpu)
 timer.cancel()
 report_and_exit(1 if failed else 0)
