@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import struct
 import time
 
 import pytest
@@ -472,3 +473,38 @@ def test_ranks_that_catch_a_collective_error_and_go_on_are_not_taken_for_crossed
     values = mesh.run(code, timeout=60).values()
     assert values[2] == 1.0 and all("rank 2 finished the call without joining" in v for v in values[:2]), values
     assert_next_collective_is_right(mesh, 3)
+
+
+@pytest.mark.parametrize("ending", ["peer closes with data unread", "peer resets", "cut here"])
+def test_a_watch_sees_a_connection_end_in_one_look(ending):
+    # Before every operation a gloo communicator asks its Watch whether all its connections are
+    # still up; a peer that gave the group up while this rank was elsewhere closed them.
+    import socket
+
+    from viceroy.runtime.collectives import sockets
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        mine = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    other = socket.create_server(("127.0.0.1", 0))  # a second, healthy connection in the same watch
+    mine2 = socket.create_connection(other.getsockname())
+    theirs2, _ = other.accept()
+    conns = [(s.fileno(), os.readlink(f"/proc/self/fd/{s.fileno()}")) for s in (mine, mine2)]
+    watch = sockets.Watch(conns)
+    try:
+        assert watch.all_established()
+        if ending == "peer closes with data unread":
+            theirs.sendall(b"x" * 1000)
+            theirs.close()
+        elif ending == "peer resets":
+            theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            theirs.close()
+        else:
+            watch.cut()
+        wait_until(lambda: not watch.all_established(), 10, f"the watch to see it ({ending})", interval=0.001)
+        if ending == "peer closes with data unread":
+            assert len(mine.recv(1000, socket.MSG_PEEK)) == 1000  # it was still there to read
+    finally:
+        watch.close()
+        for s in (mine, mine2, theirs, theirs2, other):
+            s.close()
