@@ -1,5 +1,6 @@
 """A local mesh driven from plain Python: running code, namespaces, sub-meshes, transfers."""
 
+import contextlib
 import os
 import re
 import sys
@@ -255,6 +256,36 @@ def test_futures_are_awaitable(start_mesh):
         return await mesh.run("rank + 1", block=False)
 
     assert asyncio.run(main()).values() == [1, 2]
+
+
+def test_cancelling_the_task_that_awaits_a_call_stops_it_without_holding_the_loop(start_mesh):
+    # asyncio.wait_for timing out, or a task cancelled: the call is cancelled on its ranks, with
+    # that reason, and the event loop goes on at once (rank 1 ignores the interrupt and would
+    # hold a loop that waited for the call to end).
+    import asyncio
+
+    mesh = start_mesh(gpus=2)
+    code = ("import signal, time\n"
+            "if rank == 1: signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "time.sleep(3)")
+    fut = mesh.run(code, block=False)
+    wait_running(mesh, "time.sleep(3)")  # rank 1's SIGINT is ignored by then
+
+    async def main():
+        task = asyncio.ensure_future(fut)
+        await asyncio.sleep(0)  # the task awaits the future
+        t0 = time.monotonic()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 0.5
+    with pytest.raises(vr.MeshError) as err:
+        fut.get(timeout=20)
+    text = str(err.value)
+    assert "cancelled (the task awaiting it was cancelled)" in text and "KeyboardInterrupt" not in text, text
+    assert mesh.run("1").values() == [1, 1]
 
 
 def test_async_code_runs_on_ranks(start_mesh):

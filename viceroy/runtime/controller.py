@@ -9,6 +9,7 @@ One `Controller` per started mesh; `Mesh` objects are views (sub-meshes) over it
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import secrets
@@ -196,7 +197,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         with self._lock:
             self._check_open()
             call_id = next(self._ids)
-            fut: Future[Any] = Future(call_id, lambda: self.cancel(call_id, "interrupted (KeyboardInterrupt on the controller)", wait=1.0))
+            fut: Future[Any] = Future(call_id, functools.partial(self._given_up, call_id))
             dead = [r for r in shape.ranks if r in self._dead] if self._dead else None
             if dead:
                 fut._set_exception(MeshError(
@@ -266,6 +267,15 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         if wait:
             with contextlib.suppress(BaseException):
                 call.future._cf.exception(wait)
+
+    def _given_up(self, call_id: int, cancelled: bool) -> None:
+        """Its future's waiter gave up. Ctrl-C: the call is interrupted, and the controller waits
+        up to 1 s for it to end, so the KeyboardInterrupt comes once the ranks have stopped. A
+        cancelled task: the call is cancelled without waiting, which would hold the event loop."""
+        if cancelled:
+            self.cancel(call_id, "cancelled (the task awaiting it was cancelled)")
+        else:
+            self.cancel(call_id, "interrupted (KeyboardInterrupt on the controller)", wait=1.0)
 
     def unanswered(self, call_id: int) -> list[int]:
         """The ranks that have not answered call `call_id` yet ([] once it ended, or unknown)."""

@@ -21,14 +21,16 @@ class Future(Generic[T]):
     >>> fut.get(timeout=5)          # or `await fut` in an async cell, or fut.result()
 
     Interrupting the controller while it waits in `get` (Ctrl-C, the notebook's stop button)
-    interrupts the ranks running this call, then raises KeyboardInterrupt.
+    interrupts the ranks running this call, then raises KeyboardInterrupt. Cancelling a task
+    that awaits it (``asyncio.wait_for`` timing out, say) cancels the call on its ranks, and
+    the event loop goes on at once.
     """
 
     __slots__ = ("_cf", "_on_interrupt", "call_id", "what")
 
-    def __init__(self, call_id: int = -1, on_interrupt: Callable[[], None] | None = None, what: str = "") -> None:
+    def __init__(self, call_id: int = -1, on_interrupt: Callable[[bool], None] | None = None, what: str = "") -> None:
         self._cf: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._on_interrupt = on_interrupt
+        self._on_interrupt = on_interrupt  # called with True for a cancelled task, False for Ctrl-C
         self.call_id = call_id
         self.what = what  # what a timeout names ("Counter.incr"); "" -> "call <id>"
 
@@ -84,15 +86,18 @@ class Future(Generic[T]):
         self._cf.add_done_callback(lambda cf: loop.call_soon_threadsafe(copy, cf))
         try:
             return (yield from waiter.__await__())
-        except (asyncio.CancelledError, KeyboardInterrupt):
+        except asyncio.CancelledError:
+            self._stop_call(cancelled=True)
+            raise
+        except KeyboardInterrupt:
             self._stop_call()
             raise
 
-    def _stop_call(self) -> None:
-        """Its waiter was interrupted (Ctrl-C, a cancelled task): interrupt the ranks running
-        the call, if it still runs."""
+    def _stop_call(self, cancelled: bool = False) -> None:
+        """Its waiter was interrupted (Ctrl-C), or was a task that was cancelled: stop the call
+        on the ranks running it, if it still runs."""
         if self._on_interrupt is not None and not self._cf.done():
-            self._on_interrupt()
+            self._on_interrupt(cancelled)
 
     def __repr__(self) -> str:
         state = "done" if self._cf.done() else "running"

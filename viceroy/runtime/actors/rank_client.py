@@ -144,11 +144,11 @@ def _tell_wait(req: int, over: bool, awaiting: bool) -> bool:
     return True
 
 
-def _give_up(req: int) -> None:
+def _give_up(req: int, cancelled: bool = True) -> None:
     """The task awaiting request `req` was cancelled (``asyncio.wait_for`` timed out, say): the
     controller cancels the call it relayed, on its ranks (queued: dropped; a running async
     endpoint: cancelled), as it cancels its own. Its reply, when it comes, settles a future nobody
-    awaits."""
+    awaits. (`cancelled`, False for Ctrl-C on the controller, changes nothing here: a rank has none.)"""
     context_mod.context()._publish(GIVE_UP, {"req": req})
 
 
