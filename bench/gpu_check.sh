@@ -408,8 +408,13 @@ def results_on_host():
         got = mesh.slice(gpus=slice(0, 1)).run(code.format(dtype), timeout=T).item(gpus=0)
         want = torch.arange(1 << 20).to(getattr(torch, dtype)).view(1024, -1).t()
         assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got[:2, :2])
+    # over PINNED_MAX: through a page-locked piece at a time (320 MiB, transposed, int32)
+    got = mesh.slice(gpus=slice(0, 1)).run(
+        "torch.arange(80 << 20, device='cuda', dtype=torch.int32).view(-1, 1024).t()", timeout=T).item(gpus=0)
+    assert torch.equal(got, torch.arange(80 << 20, dtype=torch.int32).view(-1, 1024).t()), got[:2, :2]
     assert not torch.cuda.is_initialized(), "the controller started CUDA to read a result"
-    return "cuda tensor results -> CPU tensors on the controller (small; 2-4 MiB transposed, float32 and bfloat16)"
+    return ("cuda tensor results -> CPU tensors on the controller (small; 2-4 MiB transposed, float32 and "
+            "bfloat16; 320 MiB transposed int32, in pieces)")
 
 
 def fetch_bandwidth():
@@ -424,15 +429,15 @@ def fetch_bandwidth():
     one = mesh.slice(gpus=slice(0, 1))
     one.run(f"big = torch.ones({nbytes // 4}, device='cuda'); big.cpu(); None", timeout=T)
 
-    def pull():
+    def pull_named(name, numel):
         t0 = time.perf_counter()
-        got = one.run("big", timeout=T).item(gpus=0)
+        got = one.run(name, timeout=T).item(gpus=0)
         dt = time.perf_counter() - t0
-        assert got.shape == (nbytes // 4,) and got.device.type == "cpu", got.shape
+        assert got.shape == (numel,) and got.device.type == "cpu", got.shape
         return dt
 
-    pull()  # the first maps the shared memory
-    took = statistics.median(pull() for _ in range(5))
+    pull_named("big", nbytes // 4)  # the first maps the shared memory
+    took = statistics.median(pull_named("big", nbytes // 4) for _ in range(5))
     pageable, d2h = one.run(
         "import statistics\n"
         "def _d2h(copy):\n"
@@ -450,12 +455,18 @@ def fetch_bandwidth():
         return time.perf_counter() - t0
 
     host = statistics.median(memcpy() for _ in range(5))
+    # Over PINNED_MAX (1 GiB): in pieces through page-locked memory, against .cpu() on the rank
+    one.run("del big; huge = torch.ones(1 << 28, device='cuda'); None", timeout=T)
+    huge = statistics.median(pull_named("huge", 1 << 28) for _ in range(3))
+    huge_cpu = one.run("_median(huge.cpu)", timeout=T).item(gpus=0)
+    one.run("del huge; torch.cuda.empty_cache(); None", timeout=T)
     gbs = {k: nbytes / v / 1e9 for k, v in (("pull", took), ("d2h", d2h), ("memcpy", host))}
     ceiling = nbytes / (d2h + host) / 1e9  # the two copies back to back
     return (f"pull {gbs['pull']:.2f} GB/s; the rank's copy to pinned memory {gbs['d2h']:.2f} GB/s "
             f"(big.cpu(): {nbytes / pageable / 1e9:.2f} GB/s), host memcpy "
             f"{gbs['memcpy']:.2f} GB/s, both in turn {ceiling:.2f} GB/s: pull at {gbs['pull'] / ceiling:.0%} "
-            "(256 MiB, rank 0 -> controller, median of 5)")
+            "(256 MiB, rank 0 -> controller, median of 5); "
+            f"1 GiB in pieces: pull {(1 << 30) / huge / 1e9:.2f} GB/s, its .cpu() alone {(1 << 30) / huge_cpu / 1e9:.2f} GB/s")
 
 
 def nccl_bandwidth():
