@@ -71,8 +71,8 @@ def _host_copy(t: Any, torch: Any) -> Any:
     page-locked memory from torch's caching host allocator instead, which DMA fills at full speed
     (53-55 GB/s there) and which the next answer reuses. That cache keeps what it has allocated
     (rounded up to a power of two), so a tensor over PINNED_MAX goes through one page-locked
-    piece of STAGE bytes at a time into ordinary memory, and the rank keeps no more than that
-    locked. bench/gpu_check.sh measures each way."""
+    piece of STAGE bytes at a time into ordinary memory: what stays locked on the rank is bounded
+    by the block sizes up to PINNED_MAX, whatever it returns. bench/gpu_check.sh measures each way."""
     t = t.detach()
     nbytes = t.numel() * t.element_size()
     if t.device.type != "cuda" or nbytes < PINNED_MIN:
