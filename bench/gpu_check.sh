@@ -552,7 +552,7 @@ def stock_torch_dist():
 def two_ranks_one_gpu():
     # NCCL: "Using the same CUDA device multiple times as different ranks of the same NCCL
     # communicator is not supported and may lead to hangs." What matters here: the error comes
-    # back to every rank, in time, with NCCL's reason, and nothing hangs.
+    # back to every rank, in time, naming the ranks that share the GPU, and nothing hangs.
     if ngpu != 1:
         return "skipped: only on a machine with one GPU"
     m2 = vr.Mesh.local(gpus=2, echo=False, env={"VICEROY_COLLECTIVE_TIMEOUT": "40"})
@@ -567,7 +567,8 @@ def two_ranks_one_gpu():
             assert "timed out after" not in text, f"hung until the call's timeout: {text[-300:]}"
             why = next((ln.strip() for ln in text.splitlines() if "CollectiveError" in ln), None)
             assert why, f"not a CollectiveError: {text[-300:]}"
-            return f"refused: {why[:180]}"
+            assert "ranks 0-1 share GPU 0 of" in why and "one rank per GPU" in why, why
+            return f"refused: {why[:400]}"
     finally:
         m2.shutdown()
 

@@ -11,8 +11,9 @@ after the communicator's timeout (NCCL over shared memory or NVLink never report
 Aborting calls ``ncclCommAbort``; every use of the raw communicator holds one lock, so an abort
 from another thread never frees it under a call in flight.
 
-Not yet run on a GPU: written against CuPy's ``cupy_backends/cuda/libs/nccl.pyx``;
-``bench/gpu_check.sh`` exercises it where there is one.
+First run on a GPU in session 32 (one H200, CuPy 14, NCCL 2.28): ``bench/gpu_check.sh``
+exercises every operation there on a one-rank communicator, and NCCL between ranks where a
+machine has several GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import socket
 import sys
 import threading
 import time
@@ -29,6 +31,7 @@ from typing import Any
 
 from viceroy.runtime import devices
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
+from viceroy.runtime.shape import describe_ranks
 
 SKIPPED = "skipped: needs CuPy and a GPU"
 _usable = False  # unavailable() found CuPy, NCCL and a GPU once: a process keeps them
@@ -316,7 +319,16 @@ class NcclBackend(Backend):
         import cupy
         from cupy.cuda import nccl
 
-        with cupy.cuda.Device(device if device is not None else devices.own() or 0):
+        from viceroy.runtime.context import context
+
+        dev = cupy.cuda.Device(device if device is not None else devices.own() or 0)
+        with dev:
+            # NCCL refuses two members on one GPU with only "invalid usage": say which, and why.
+            store.set(f"gpu/{index}", json.dumps([context().rank, socket.gethostname(), dev.pci_bus_id, dev.id]))
+            keys = [f"gpu/{i}" for i in range(size)]
+            store.wait(keys, timedelta(seconds=timeout))
+            if shared := shared_gpus([json.loads(store.get(k)) for k in keys]):
+                raise NcclFailure(shared)
             if index == 0:
                 uid = nccl.get_unique_id()
                 store.set("uid", unique_id_text(uid))
@@ -331,6 +343,23 @@ class NcclBackend(Backend):
                     comm.abort()
                 raise
         return NcclCommunicator(comm, size, timeout)
+
+
+def shared_gpus(members: list[list[Any]]) -> str:
+    """Why these members cannot form one NCCL communicator, or "": each is ``[rank, host, PCI bus
+    id, device index]``, and NCCL takes one member per GPU."""
+    by_gpu: dict[tuple[str, str], list[list[Any]]] = {}
+    for m in members:
+        by_gpu.setdefault((m[1], m[2]), []).append(m)
+    shared = [ms for ms in by_gpu.values() if len(ms) > 1]
+    if not shared:
+        return ""
+    what = "; ".join(f"{describe_ranks(sorted(m[0] for m in ms))} share GPU {ms[0][3]} of {ms[0][1]} ({ms[0][2]})"
+                     for ms in shared)
+    found = ", ".join(f"{len({m[2] for m in members if m[1] == h})} on {h}" for h in sorted({m[1] for m in members}))
+    return (f"{what}, and NCCL takes one rank per GPU: start at most as many ranks per host as it has "
+            f"GPUs (the group found {found}), or use --backend gloo (GPU tensors then go through the "
+            "CPU), or move these tensors to the CPU")
 
 
 def unique_id_text(uid: bytes | tuple[int, ...]) -> str:
