@@ -305,11 +305,15 @@ def test_a_collective_timeout_in_the_env_that_is_no_number_of_seconds_is_named(s
 
 def test_ranks_sharing_a_gpu_are_named_before_nccl_refuses_them():
     # NCCL's own word for two members on one GPU is "invalid usage": the group says which.
+    # Members are [rank, host name, boot id, PCI bus id, device index].
     from viceroy.runtime.collectives.nccl import shared_gpus
 
-    one_each = [[0, "a", "0000:1b:00.0", 0], [1, "a", "0000:2c:00.0", 1], [2, "b", "0000:1b:00.0", 0]]
-    assert shared_gpus(one_each) == ""  # the same bus id on another host is another GPU
-    why = shared_gpus([[0, "a", "0000:1b:00.0", 0], [1, "a", "0000:1b:00.0", 0], [2, "a", "0000:1b:00.0", 0],
-                       [3, "b", "0000:1b:00.0", 0], [4, "b", "0000:2c:00.0", 1]])
+    one_each = [[0, "a", "boot-a", "0000:1b:00.0", 0], [1, "a", "boot-a", "0000:2c:00.0", 1],
+                [2, "b", "boot-b", "0000:1b:00.0", 0],
+                [3, "a", "boot-c", "0000:1b:00.0", 0]]  # another machine of the same name
+    assert shared_gpus(one_each) == ""
+    why = shared_gpus([[0, "a", "boot-a", "0000:1b:00.0", 0], [1, "a", "boot-a", "0000:1b:00.0", 0],
+                       [2, "a", "boot-a", "0000:1b:00.0", 0], [3, "b", "boot-b", "0000:1b:00.0", 0],
+                       [4, "b", "boot-b", "0000:2c:00.0", 1]])
     assert why.startswith("ranks 0-2 share GPU 0 of a (0000:1b:00.0), and NCCL takes one rank per GPU"), why
     assert "(the group found 1 on a, 2 on b)" in why and "--backend gloo" in why

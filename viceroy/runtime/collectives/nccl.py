@@ -324,7 +324,7 @@ class NcclBackend(Backend):
         dev = cupy.cuda.Device(device if device is not None else devices.own() or 0)
         with dev:
             # NCCL refuses two members on one GPU with only "invalid usage": say which, and why.
-            store.set(f"gpu/{index}", json.dumps([context().rank, socket.gethostname(), dev.pci_bus_id, dev.id]))
+            store.set(f"gpu/{index}", json.dumps([context().rank, socket.gethostname(), _boot_id(), dev.pci_bus_id, dev.id]))
             keys = [f"gpu/{i}" for i in range(size)]
             store.wait(keys, timedelta(seconds=timeout))
             if shared := shared_gpus([json.loads(store.get(k)) for k in keys]):
@@ -345,18 +345,29 @@ class NcclBackend(Backend):
         return NcclCommunicator(comm, size, timeout)
 
 
+def _boot_id() -> str:
+    """This machine, as its kernel names it since boot: containers of one machine share it (and
+    its GPUs); machines that share a host name (two containers called "localhost") do not."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
 def shared_gpus(members: list[list[Any]]) -> str:
-    """Why these members cannot form one NCCL communicator, or "": each is ``[rank, host, PCI bus
-    id, device index]``, and NCCL takes one member per GPU."""
+    """Why these members cannot form one NCCL communicator, or "": each is ``[rank, host name,
+    boot id, PCI bus id, device index]``, and NCCL takes one member per GPU."""
     by_gpu: dict[tuple[str, str], list[list[Any]]] = {}
     for m in members:
-        by_gpu.setdefault((m[1], m[2]), []).append(m)
+        by_gpu.setdefault((m[2], m[3]), []).append(m)
     shared = [ms for ms in by_gpu.values() if len(ms) > 1]
     if not shared:
         return ""
-    what = "; ".join(f"{describe_ranks(sorted(m[0] for m in ms))} share GPU {ms[0][3]} of {ms[0][1]} ({ms[0][2]})"
+    what = "; ".join(f"{describe_ranks(sorted(m[0] for m in ms))} share GPU {ms[0][4]} of {ms[0][1]} ({ms[0][3]})"
                      for ms in shared)
-    found = ", ".join(f"{len({m[2] for m in members if m[1] == h})} on {h}" for h in sorted({m[1] for m in members}))
+    machines = {m[2]: m[1] for m in members}
+    found = ", ".join(f"{len({m[3] for m in members if m[2] == b})} on {name}" for b, name in sorted(machines.items(), key=lambda kv: kv[1]))
     return (f"{what}, and NCCL takes one rank per GPU: start at most as many ranks per host as it has "
             f"GPUs (the group found {found}), or use --backend gloo (GPU tensors then go through the "
             "CPU), or move these tensors to the CPU")
