@@ -112,8 +112,7 @@ def is_open(sock: Socket) -> bool:
             return False
 
 
-_ESTABLISHED = 1  # tcpi_state, the first byte of struct tcp_info
-_CLOSED = getattr(select, "EPOLLRDHUP", 0) | getattr(select, "EPOLLHUP", 0) | getattr(select, "EPOLLERR", 0)
+_CLOSED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR  # the peer's end, or ours, is gone
 
 
 class Watch:
@@ -121,7 +120,7 @@ class Watch:
     closed its end, even when unread data is still queued: one epoll_wait for all of them,
     asked before every operation (a TCP_INFO query per connection cost 2-3 us each here). An
     epoll set may be waited on from several threads at once (actors' collectives), unlike a
-    poll object. Where there is no epoll, each connection's TCP state is read instead."""
+    poll object. (Linux only, as is the rest of this module: /proc/self/fd.)"""
 
     def __init__(self, conns: list[Socket]) -> None:
         self._socks: list[socket.socket] = []
@@ -131,17 +130,13 @@ class Watch:
                     self._socks.append(socket.socket(fileno=os.dup(fd)))
             except OSError:
                 continue
-        self._epoll = select.epoll() if hasattr(select, "epoll") and _CLOSED else None
-        if self._epoll is not None:
-            for s in self._socks:
-                self._epoll.register(s, _CLOSED)
+        self._epoll = select.epoll()
+        for s in self._socks:
+            self._epoll.register(s, _CLOSED)
 
     def all_established(self) -> bool:
         try:
-            if self._epoll is not None:
-                return not self._epoll.poll(0)
-            return all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _ESTABLISHED
-                       for s in self._socks)
+            return not self._epoll.poll(0)
         except (OSError, ValueError):  # ValueError: closed (a communicator aborted meanwhile)
             return False
 
@@ -151,8 +146,7 @@ class Watch:
                 s.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        if self._epoll is not None:
-            self._epoll.close()
+        self._epoll.close()
         for s in self._socks:
             s.close()
         self._socks = []
