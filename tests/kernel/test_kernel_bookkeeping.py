@@ -153,3 +153,43 @@ def test_top_level_await_still_runs_async_and_other_cells_skip_the_check(kernel:
         "print([sh.should_run_async(c, transformed_cell=c) for c in ('x = 1', 'await asyncio.sleep(0)', 's = \"await\"')])"
     )
     assert ex.stream().strip() == "[False, True, False]"
+
+
+def test_shell_requests_are_handed_on_without_a_task_each(kernel: Kernel):
+    """ipykernel's shell channel thread made every request (every cell) an asyncio task, run a
+    loop turn later; ViceroyKernel.shell_channel_thread_main hands it on at once."""
+    kernel.ok(
+        "import asyncio, threading\n"
+        "k = get_ipython().kernel\n"
+        "loop_3390 = k.shell_channel_thread.io_loop.asyncio_loop\n"
+        "tasks_3390 = []\n"
+        "def count_3390(loop, coro, **kw):\n"
+        "    tasks_3390.append(getattr(coro, '__qualname__', repr(coro)))\n"
+        "    return asyncio.Task(coro, loop=loop, **kw)\n"
+        "set_3390 = threading.Event()\n"
+        "k.shell_channel_thread.io_loop.add_callback(lambda: (loop_3390.set_task_factory(count_3390), set_3390.set()))\n"
+        "assert set_3390.wait(10)"
+    )
+    for i in range(3):
+        kernel.ok(f"x_3390 = {i}")
+    ex = kernel.ok(
+        "unset_3390 = threading.Event()\n"
+        "k.shell_channel_thread.io_loop.add_callback(lambda: (loop_3390.set_task_factory(None), unset_3390.set()))\n"
+        "assert unset_3390.wait(10)\n"
+        "print(tasks_3390, x_3390)"
+    )
+    assert ex.stream().strip() == "[] 2"
+
+
+def test_a_request_for_a_subshell_that_is_not_there_is_answered_with_an_error(kernel: Kernel):
+    kc = kernel.kc
+    msg = kc.session.msg("execute_request", {"code": "y_5512 = 1", "silent": False})
+    msg["header"]["subshell_id"] = "no-such-subshell-5512"
+    kc.shell_channel.send(msg)
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "UnknownSubshellError"
+    assert "no-such-subshell-5512" in reply["content"]["evalue"]
+    ex = kernel.ok("print('y_5512' in globals())")  # nothing ran, and the kernel goes on
+    assert ex.stream().strip() == "False"
