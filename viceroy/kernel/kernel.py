@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import inspect
 import re
 import signal
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -101,6 +103,38 @@ def _memoize_signature_checks() -> None:
     ipkernel._accepts_parameters = accepts_parameters
 
 
+_M = 0x5BD1E995  # murmur2's multiplier
+
+
+@functools.lru_cache(maxsize=256)
+def murmur2_x86(data: str, seed: int) -> int:
+    """ipykernel's `murmur2_x86`, the same value: ipykernel hashes every cell's text with it to
+    name the file the cell is compiled under (and the debugger names the cell's file alike),
+    one Python step per byte: 0.4 ms for a 2 KB cell, 1.5 ms for 10 KB, each time it runs. Here a
+    step per 4-byte word (half the time), and a cell run again is named at once."""
+    raw = data.encode("utf8")
+    length = len(raw)
+    h = seed ^ length
+    end = length & ~3
+    for (k,) in struct.iter_unpack("<I", raw[:end]):
+        k = (k * _M) & 0xFFFFFFFF
+        k ^= k >> 24
+        h = ((h * _M) & 0xFFFFFFFF) ^ ((k * _M) & 0xFFFFFFFF)
+    if length & 3:
+        h = ((h ^ int.from_bytes(raw[end:], "little")) * _M) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * _M) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def _hash_cells_faster() -> None:
+    """ipykernel's cell file names (`ipykernel.compiler.get_file_name`), from `murmur2_x86`."""
+    from ipykernel import compiler
+
+    if hasattr(compiler, "murmur2_x86"):
+        compiler.murmur2_x86 = murmur2_x86
+
+
 async def _maybe_await(x: Any) -> Any:
     return await x if inspect.isawaitable(x) else x
 
@@ -140,6 +174,7 @@ class ViceroyKernel(IPythonKernel):
         _answer_sync_cells_without_compiling(self.shell)
         _cell_magics_without_tokenizing(self.shell)
         _memoize_signature_checks()
+        _hash_cells_faster()
         self.shell.extension_manager.load_extension("viceroy")
         install_mesh_error_rendering(self.shell)
         trim_refusals(self.shell)
