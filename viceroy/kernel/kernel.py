@@ -139,16 +139,6 @@ async def _maybe_await(x: Any) -> Any:
     return await x if inspect.isawaitable(x) else x
 
 
-try:  # ipykernel 7.4's shell-channel handler, which ViceroyKernel.shell_channel_thread_main does at once
-    from ipykernel.subshell_manager import UnknownSubshellError
-
-    _FORWARDS_AT_ONCE = inspect.iscoroutinefunction(IPythonKernel.shell_channel_thread_main) and hasattr(
-        IPythonKernel, "_send_unknown_subshell_reply"
-    )
-except (ImportError, AttributeError):  # an older ipykernel 7: its own handler runs
-    _FORWARDS_AT_ONCE = False
-
-
 class ViceroyKernel(IPythonKernel):
     """The notebook's kernel is the mesh controller."""
 
@@ -231,39 +221,6 @@ class ViceroyKernel(IPythonKernel):
             return cell
 
         return transform_cell
-
-    def shell_channel_thread_main(self, msg: list[Any]) -> Any:
-        """Hand a message from the shell socket to the shell or subshell it is for, as
-        ipykernel 7.4 does, but at once. ipykernel's handler is a coroutine, so every request
-        (every cell) became an asyncio task, run on a later turn of the shell channel thread's
-        loop under a lock nothing else takes: a turn and a wake-up more for that thread, and
-        ~0.1 ms more for each cell, on the path of its reply. Messages are still handed on in
-        the order they came. Another ipykernel's handler runs as it is."""
-        if not _FORWARDS_AT_ONCE:
-            return super().shell_channel_thread_main(msg)
-        session = self.session
-        if session is None:
-            return None
-        idents, frames = session.feed_identities(msg, copy=False)
-        try:
-            parsed = session.deserialize(frames, content=False, copy=False)
-            header = parsed["header"]
-            subshell_id = header.get("subshell_id")
-            if header["msg_type"] in ("comm_msg", "comm_close") and hasattr(self, "comm_manager"):
-                content = session.unpack(parsed["content"])
-                comm = self.comm_manager.get_comm(content.get("comm_id"))
-                route = getattr(comm, "_reply_subshell_for", None)
-                if route is not None:
-                    subshell_id = route(content.get("data"), subshell_id)
-            try:
-                socket = self.shell_channel_thread.manager.get_shell_channel_to_subshell_socket(subshell_id)
-            except UnknownSubshellError as err:
-                self._send_unknown_subshell_reply(idents, parsed, err)
-                return None
-            socket.send_multipart(msg, copy=False)
-        except Exception:
-            self.log.error("Invalid message", exc_info=True)
-        return None
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """Shutdown and restart both stop the mesh and every process of it."""
