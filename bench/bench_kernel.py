@@ -107,6 +107,7 @@ def main() -> None:
     ours: list[list[float]] = [[], []]
     stock_a1: list[float] = []
     px: list[float] = []
+    per_round: list[float] = []  # each round's %%mesh median over its %px median
     cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         from viceroy.kernel.kernelspec import write_kernel_spec
@@ -131,11 +132,14 @@ def main() -> None:
                 _in_turn([(pkc, "%px a=1")], 30)  # warm-up
             _in_turn(viceroy_runs, 30)
             for _ in range(args.rounds):
-                for i, t in enumerate(_in_turn(viceroy_runs, args.reps // args.rounds)):
-                    ours[i] += t
+                plain_round, mesh_round = _in_turn(viceroy_runs, args.reps // args.rounds)
+                ours[0] += plain_round
+                ours[1] += mesh_round
                 stock_a1 += _in_turn([(skc, "a=1")], args.reps // args.rounds)[0]
                 if have_ipp:
-                    px += _in_turn([(pkc, "%px a=1")], max(20, args.reps // (3 * args.rounds)))[0]
+                    px_round = _in_turn([(pkc, "%px a=1")], max(20, args.reps // (3 * args.rounds)))[0]
+                    px += px_round
+                    per_round.append(statistics.median(mesh_round) / statistics.median(px_round))
             # After the timed rounds: how much CPU each cell takes, all processes counted. A
             # cell that keeps the CPUs busy slows down with the machine; one that mostly waits
             # (timers, polls) does not, which is why the ratio to %px moves with this VM's speed.
@@ -165,6 +169,9 @@ def main() -> None:
     print(f"\nbench_kernel: medians of {len(ours[0])} executions of each Viceroy cell and {len(px)} of %px, "
           f"in {args.rounds} rounds; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
     print(table(rows, ("measurement", "viceroy", "baseline (same run)", "ratio", "goal")))
+    if per_round:
+        print("\n%%mesh a=1 over %px a=1, round by round (this VM's speed drifts between rounds): "
+              + ", ".join(f"{r:.2f}x" for r in per_round))
     walls = {"a=1": plain, "%%mesh a=1": mesh, "%px a=1": statistics.median(px) if px else 0.0}
     print("\nCPU per cell, the kernel and all under it plus this client (wall: median above): "
           + "; ".join(f"{k} {fmt_time(v)} in {fmt_time(walls[k])}" for k, v in cpu.items()))
