@@ -176,3 +176,29 @@ def test_plain_python_cells_skip_the_tokenizer(kernel: Kernel):
     kernel.ok("w_2291 = !echo hi")
     ex = kernel.ok("m_2291.do_token_transforms = tokens_2291\nprint(len(calls_2291), calls_2291[0], z_2291, w_2291)")
     assert ex.stream().split("\n") == ["1 w_2291 = !echo hi", " 42 ['hi']", ""]
+
+
+def test_a_cells_value_is_shown_unless_it_ends_with_a_semicolon_without_tokenizing_it(kernel: Kernel):
+    """IPython's display hook tokenized every cell with a value to show, looking for a final
+    ``;``; a cell with no ``;`` in it is answered without (ViceroyKernel:
+    _quiet_check_without_tokenizing). What is shown is as before."""
+    shown = {
+        "x_7310 = 6\nx_7310 * 7": "42",
+        "x_7310 * 7;": None,
+        "x_7310 * 7  # ;": "42",
+        "s_7310 = ';'\ns_7310": "';'",
+        "x_7310 * 7; x_7310 + 1": "7",
+        "x_7310 * 7 ;  # quiet": None,
+    }
+    for code, value in shown.items():
+        results = kernel.ok(code).of_type("execute_result")
+        assert [r["data"]["text/plain"] for r in results] == ([value] if value else []), code
+    kernel.ok(
+        "import tokenize\n"
+        "tokenized_7310 = []\n"
+        "generate_7310 = tokenize.generate_tokens\n"
+        "tokenize.generate_tokens = lambda *a, **k: tokenized_7310.append(1) or generate_7310(*a, **k)"
+    )
+    assert kernel.ok("x_7310 + 100").of_type("execute_result")[0]["data"]["text/plain"] == "106"
+    ex = kernel.ok("tokenize.generate_tokens = generate_7310\nprint(len(tokenized_7310))")
+    assert ex.stream().strip() == "0"

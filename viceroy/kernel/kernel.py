@@ -94,6 +94,21 @@ _IPYTHON_SYNTAX = re.compile(r"[%!?]|^[ \t]*[,;/]", re.MULTILINE)
 _CELL_MAGIC_HELP = re.compile(r"%%\w+\?")  # ``%%mesh?``: IPython's help transform takes it
 
 
+def _quiet_check_without_tokenizing(shell: Any) -> None:
+    """A cell whose last line has a value to show is tokenized once more, whole, by IPython's
+    display hook, to learn whether it ends with a ``;`` (which silences the value): ~0.8 ms for a
+    40-line cell. One without a ``;`` anywhere cannot end with one and is answered at once."""
+    hook = shell.displayhook
+    ends_with_semicolon = getattr(hook, "semicolon_at_end_of_expression", None)
+    if ends_with_semicolon is None:
+        return
+
+    def semicolon_at_end_of_expression(expression: str) -> bool:
+        return ";" in expression and bool(ends_with_semicolon(expression))
+
+    hook.semicolon_at_end_of_expression = semicolon_at_end_of_expression
+
+
 def _memoize_signature_checks() -> None:
     """ipykernel asks ``inspect.signature`` which parameters ``run_cell_async`` takes on every
     cell (tens of microseconds); the answer only changes with the function, so remember it."""
@@ -178,6 +193,7 @@ class ViceroyKernel(IPythonKernel):
         self.shell.transform_cell = self._transform_once(self.shell.transform_cell)
         _answer_sync_cells_without_compiling(self.shell)
         _transform_without_tokenizing(self.shell)
+        _quiet_check_without_tokenizing(self.shell)
         _memoize_signature_checks()
         _hash_cells_faster()
         self.shell.extension_manager.load_extension("viceroy")
