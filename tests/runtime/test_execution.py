@@ -78,24 +78,3 @@ def test_after_call_hooks_run_once_each_after_code_and_functions_even_failing_on
         assert capsys.readouterr().err.count("an after-call hook failed: RuntimeError: hook bug") == 3
     finally:
         execution._after_each_call[:] = saved
-
-
-def test_the_names_code_reads_and_its_syntax_check_share_one_parse(monkeypatch):
-    """The controller picks the handles a cell reads (`names_read`) and then checks its syntax:
-    one parse of the cell's text for both."""
-    import ast
-
-    import pytest
-
-    from viceroy.runtime import execution
-
-    parses = []
-    real_parse = ast.parse
-    monkeypatch.setattr(execution.ast, "parse", lambda *a, **kw: parses.append(1) or real_parse(*a, **kw))
-    source = "\n\ndef f_6081(a):\n    return a + t_6081.x\nstored_6081 = [f_6081(v) for v in vals_6081]\nt_6081\n"
-    # read: in functions, comprehensions, the last line; not read: what is only stored, attributes
-    assert execution.names_read(source) == {"t_6081", "f_6081", "vals_6081", "v", "a"}
-    execution.check_syntax(source, "Cell In[4]")
-    assert len(parses) == 1
-    with pytest.raises(SyntaxError):
-        execution.names_read("x = (\n")

@@ -7,6 +7,8 @@ runtime's threads) and are handled on the thread running the cell.
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 import threading
 import time
@@ -21,7 +23,6 @@ from viceroy.extension.errors import interrupted, render_mesh_error, syntax_erro
 from viceroy.extension.inbox import Inbox
 from viceroy.extension.live import LiveOutput
 from viceroy.extension.output import format_rank_set
-from viceroy.runtime.execution import names_read
 from viceroy.runtime.handles import is_handle
 from viceroy.runtime.shape import describe_ranks
 
@@ -145,7 +146,7 @@ class CellRunner:
                 timeout=opts.timeout,
                 fail_fast=opts.fail_fast,
                 label=label,
-                **self._handles_used_by(sent),  # `sent` parsed once: its syntax is checked next
+                **self._handles_used_by(code),
             )
         except SyntaxError as e:
             raise syntax_error(e, hint=ipython_syntax_hint(sent, e)) from None
@@ -287,13 +288,15 @@ def ipython_syntax_hint(code: str, err: SyntaxError) -> str:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def names_read_by(code: str) -> frozenset[str]:
     """The names ``code`` reads (cached: a notebook reruns the same cells); none if it does not
     parse, which the runtime then reports with the line."""
     try:
-        return names_read(code)
+        tree = ast.parse(code)
     except SyntaxError:
         return frozenset()
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
 
 
 def cell_title(label: str, code: str) -> str:

@@ -45,27 +45,17 @@ def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
     return with_filename(body, filename), None if last is None else with_filename(last, filename)
 
 
-@lru_cache(maxsize=4)  # the controller asks `names_read` and then compiles the same text
-def _parse(source: str) -> ast.Module:
-    return ast.parse(source, _UNNAMED, "exec", type_comments=False)
-
-
 @lru_cache(maxsize=256)
 def _compile_text(source: str) -> tuple[CodeType, CodeType | None]:
-    statements = _parse(source).body
+    filename = _UNNAMED
+    tree = ast.parse(source, filename, "exec", type_comments=False)
     last: CodeType | None = None
-    if statements and isinstance(statements[-1], ast.Expr) and not _ends_with_semicolon(source):
-        last = compile(ast.Expression(statements[-1].value), _UNNAMED, "eval", flags=_TOP_LEVEL_AWAIT)
-        statements = statements[:-1]
-    body = compile(ast.Module(statements, []), _UNNAMED, "exec", flags=_TOP_LEVEL_AWAIT)
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
+        expr = ast.Expression(tree.body[-1].value)
+        tree.body.pop()
+        last = compile(expr, filename, "eval", flags=_TOP_LEVEL_AWAIT)
+    body = compile(tree, filename, "exec", flags=_TOP_LEVEL_AWAIT)
     return body, last
-
-
-@lru_cache(maxsize=256)
-def names_read(source: str) -> frozenset[str]:
-    """The names `source` reads (loads), anywhere in it. Raises SyntaxError where it does not
-    parse. Parsed once with the syntax check that follows it (`check_syntax`)."""
-    return frozenset(n.id for n in ast.walk(_parse(source)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
 
 
 _QUIET = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER, tokenize.DEDENT, tokenize.INDENT}
