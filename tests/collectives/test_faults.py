@@ -410,7 +410,8 @@ def test_a_reduce_scatter_of_different_sizes_or_one_a_rank_skips_ends_within_sec
 
 
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
-def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_failed_calls(torch_mesh, dims):
+def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_failed_calls(
+        torch_mesh, dims, tmp_path):
     # Calls sent without waiting (block=False, the tensor engine's batches) queue on each rank.
     # Rank 1 raises before the first call's all_reduce and goes straight on to the second's,
     # while rank 0 still waits in the first's (here it does not hear the interrupt at once): the
@@ -420,8 +421,16 @@ def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_
     # call has ended everywhere.
     mesh = torch_mesh(**dims)
     mesh.run(NEXT)  # the communicator exists: rank 0 really blocks in it
-    first = ("t = torch.ones(1)\nif rank == 1:\n    raise ValueError('bad shard')\n"
-             "deaf = signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    # Rank 1 raises only once rank 0 ignores SIGINT (a file says so): else fail-fast may stop
+    # rank 0 before that line, a window a change in the ranks' timing alone can land in.
+    deaf = tmp_path / "rank-0-ignores-sigint"
+    first = (f"deaf_file = {str(deaf)!r}\nt = torch.ones(1)\n"
+             "if rank == 1:\n"
+             "    until = time.monotonic() + 30\n"
+             "    while not os.path.exists(deaf_file) and time.monotonic() < until:\n"
+             "        time.sleep(0.002)\n"
+             "    raise ValueError('bad shard')\n"
+             "deaf = signal.signal(signal.SIGINT, signal.SIG_IGN)\nopen(deaf_file, 'w').close()\n"
              "try:\n    vr.all_reduce(t)\nfinally:\n    signal.signal(signal.SIGINT, deaf)\nfloat(t)")
     second = "t = torch.full((1,), 100.0)\nvr.all_reduce(t)\nfloat(t)"
     f1 = mesh.run(first, block=False)
