@@ -21,12 +21,15 @@ Usage: python bench/bench_kernel.py [--reps 300] [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 
@@ -102,6 +105,25 @@ def _start(kernel_name: str):
     from jupyter_client.manager import start_new_kernel
 
     return start_new_kernel(kernel_name=kernel_name, startup_timeout=120)
+
+
+@contextlib.contextmanager
+def viceroy_kernel(ranks: int) -> Iterator[tuple[Any, Any]]:
+    """A Viceroy kernel (its kernelspec in a temporary JUPYTER_PATH) with a local mesh of `ranks`
+    up and no preload: (manager, client). The mesh and the kernel are shut down after."""
+    from viceroy.kernel.kernelspec import write_kernel_spec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
+        os.environ["JUPYTER_PATH"] = tmp
+        km, kc = _start("viceroy")
+        try:
+            _execute(kc, f"%mesh up gpus={ranks} --preload none")
+            yield km, kc
+            _execute(kc, "%mesh down")
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=False)
 
 
 def _in_turn(runs: list[tuple[object, str]], reps: int) -> list[list[float]]:

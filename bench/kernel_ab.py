@@ -27,11 +27,10 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import CELL_40, _execute, _start
+from bench_kernel import CELL_40, _execute, viceroy_kernel
 
 
 def main() -> None:
@@ -52,30 +51,19 @@ def main() -> None:
     setup = Path(args.setup).read_text() if args.setup and os.path.isfile(args.setup) else args.setup
     times: dict[bool, list[float]] = {True: [], False: []}
     rounds: list[tuple[float, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        from viceroy.kernel.kernelspec import write_kernel_spec
-
-        write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
-        os.environ["JUPYTER_PATH"] = tmp
-        km, kc = _start("viceroy")
-        try:
-            _execute(kc, f"%mesh up gpus={args.ranks} --preload none")
-            if setup:
-                _execute(kc, setup)
-            for _ in range(30):  # warm-up
-                _execute(kc, code)
-            for r in range(args.rounds):
-                medians = {}
-                for on in (True, False) if r % 2 == 0 else (False, True):  # who goes first alternates too
-                    _execute(kc, args.toggle.replace("{on}", str(on)))
-                    block = [_execute(kc, code) for _ in range(args.block)]
-                    times[on] += block
-                    medians[on] = statistics.median(block)
-                rounds.append((medians[True], medians[False]))
-            _execute(kc, "%mesh down")
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=False)
+    with viceroy_kernel(args.ranks) as (_km, kc):
+        if setup:
+            _execute(kc, setup)
+        for _ in range(30):  # warm-up
+            _execute(kc, code)
+        for r in range(args.rounds):
+            medians = {}
+            for on in (True, False) if r % 2 == 0 else (False, True):  # who goes first alternates too
+                _execute(kc, args.toggle.replace("{on}", str(on)))
+                block = [_execute(kc, code) for _ in range(args.block)]
+                times[on] += block
+                medians[on] = statistics.median(block)
+            rounds.append((medians[True], medians[False]))
     on, off = statistics.median(times[True]), statistics.median(times[False])
     wins = sum(a < b for a, b in rounds)
     print(f"\nkernel_ab: {args.rounds} rounds of {args.block} cells each way, {args.ranks} ranks; "

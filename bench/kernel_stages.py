@@ -28,11 +28,10 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import _execute, _start
+from bench_kernel import _execute, viceroy_kernel
 
 _INSTRUMENT = r'''
 import time as _t
@@ -129,37 +128,26 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--batch", choices=("on", "off"), default="on")
     args = ap.parse_args()
-    from viceroy.kernel.kernelspec import write_kernel_spec
-
-    with tempfile.TemporaryDirectory() as tmp:
-        write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
-        os.environ["JUPYTER_PATH"] = tmp
-        km, kc = _start("viceroy")
-        try:
-            _execute(kc, f"%mesh up gpus={args.ranks} --preload none")
-            if args.batch == "off":
-                _execute(kc, _NO_BATCH)
-            for _ in range(30):
-                _execute(kc, "%%mesh\na=1")
-            _execute(kc, _INSTRUMENT)
-            kernel_pid = km.provisioner.process.pid
-            names = {int(k): v for k, v in json.loads(_printed(
-                kc, "import json, threading\nprint(json.dumps({t.native_id: t.name for t in threading.enumerate()}))")).items()}
-            ranks = json.loads(_printed(kc, "import json\nprint(json.dumps(mesh.pids()))"))
-            procs = [(kernel_pid, "kernel"), *((int(pid), f"rank {r}") for r, pid in ranks.items())]
-            before, client0 = {p: _threads(p[0]) for p in procs}, _client_cpu()
-            sent: list[tuple[float, float]] = []
-            for _ in range(args.cells):
-                t0 = time.monotonic()
-                _execute(kc, "%%mesh\na=1")
-                sent.append((t0, time.monotonic()))
-            after, client = {p: _threads(p[0]) for p in procs}, _client_cpu() - client0
-            _execute(kc, _UNDO)
-            stages = json.loads(_printed(kc, f"import json\nprint(json.dumps(_stages[-{args.cells}:]))"))
-            _execute(kc, "%mesh down")
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=False)
+    with viceroy_kernel(args.ranks) as (km, kc):
+        if args.batch == "off":
+            _execute(kc, _NO_BATCH)
+        for _ in range(30):
+            _execute(kc, "%%mesh\na=1")
+        _execute(kc, _INSTRUMENT)
+        kernel_pid = km.provisioner.process.pid
+        names = {int(k): v for k, v in json.loads(_printed(
+            kc, "import json, threading\nprint(json.dumps({t.native_id: t.name for t in threading.enumerate()}))")).items()}
+        ranks = json.loads(_printed(kc, "import json\nprint(json.dumps(mesh.pids()))"))
+        procs = [(kernel_pid, "kernel"), *((int(pid), f"rank {r}") for r, pid in ranks.items())]
+        before, client0 = {p: _threads(p[0]) for p in procs}, _client_cpu()
+        sent: list[tuple[float, float]] = []
+        for _ in range(args.cells):
+            t0 = time.monotonic()
+            _execute(kc, "%%mesh\na=1")
+            sent.append((t0, time.monotonic()))
+        after, client = {p: _threads(p[0]) for p in procs}, _client_cpu() - client0
+        _execute(kc, _UNDO)
+        stages = json.loads(_printed(kc, f"import json\nprint(json.dumps(_stages[-{args.cells}:]))"))
     rows: dict[str, list[float]] = {k: [] for k in (
         "client -> run", "submit", "submit -> first answer", "first -> last answer",
         "last answer -> run end", "run end -> idle", "total")}
