@@ -108,14 +108,21 @@ def _start(kernel_name: str):
 
 
 @contextlib.contextmanager
-def viceroy_kernel(ranks: int) -> Iterator[tuple[Any, Any]]:
-    """A Viceroy kernel (its kernelspec in a temporary JUPYTER_PATH) with a local mesh of `ranks`
-    up and no preload: (manager, client). The mesh and the kernel are shut down after."""
+def _viceroy_kernelspec() -> Iterator[None]:
+    """The "viceroy" kernelspec, for this Python, in a temporary JUPYTER_PATH."""
     from viceroy.kernel.kernelspec import write_kernel_spec
 
     with tempfile.TemporaryDirectory() as tmp:
         write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
         os.environ["JUPYTER_PATH"] = tmp
+        yield
+
+
+@contextlib.contextmanager
+def viceroy_kernel(ranks: int) -> Iterator[tuple[Any, Any]]:
+    """A Viceroy kernel (its kernelspec in a temporary JUPYTER_PATH) with a local mesh of `ranks`
+    up and no preload: (manager, client). The mesh and the kernel are shut down after."""
+    with _viceroy_kernelspec():
         km, kc = _start("viceroy")
         try:
             _execute(kc, f"%mesh up gpus={ranks} --preload none")
@@ -177,11 +184,7 @@ def main() -> None:
     px: list[float] = []
     per_round: list[float] = []  # each round's %%mesh median over its %px median
     cpu: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        from viceroy.kernel.kernelspec import write_kernel_spec
-
-        write_kernel_spec(os.path.join(tmp, "kernels", "viceroy"), sys.executable)
-        os.environ["JUPYTER_PATH"] = tmp
+    with _viceroy_kernelspec():
         try:
             km, kc = _start("viceroy")
             kernels.append((km, kc, "%mesh down"))

@@ -7,10 +7,10 @@ a change that wins about half of them is noise.
 --toggle is code run in the kernel before each block, with ``{on}`` replaced by True or False.
 --setup runs once before (a file of Python, or inline code). Examples (session 33's):
 
-  # IPython's tokenizer skipped for plain cells (viceroy/kernel/kernel.py)
+  # IPython's tokenizer skipped for plain cells (viceroy/kernel/cell_passes.py)
   python bench/kernel_ab.py --code-file cell40 \\
-      --setup "import re, viceroy.kernel.kernel as vk; real = vk._IPYTHON_SYNTAX" \\
-      --toggle "vk._IPYTHON_SYNTAX = real if {on} else re.compile('')"
+      --setup "import re, viceroy.kernel.cell_passes as cp; real = cp.IPYTHON_SYNTAX" \\
+      --toggle "cp.IPYTHON_SYNTAX = real if {on} else re.compile('')"
 
   # the ranks' wait for calls in SCHED_BATCH (viceroy/runtime/links.py), a %%mesh toggle
   python bench/kernel_ab.py --toggle $'%%mesh\\nimport contextlib, viceroy.runtime.links as l

@@ -11,7 +11,7 @@ import pytest
 from ipykernel import compiler
 from kernel_harness import Kernel
 
-from viceroy.kernel.kernel import murmur2_x86
+from viceroy.kernel.cell_passes import murmur2_x86
 
 pytestmark = pytest.mark.timeout(120)
 _REFERENCE = compiler.murmur2_x86  # this process runs no ViceroyKernel: ipykernel's own
@@ -35,4 +35,4 @@ def test_a_cell_is_compiled_under_the_name_the_debugger_gives_it(kernel: Kernel)
         filename, pid, tmp = kernel.ok(code).stream().strip().split("\n")
         assert filename == os.path.join(tmp, f"ipykernel_{pid}", f"{_REFERENCE(code, compiler.get_tmp_hash_seed())}.py")
     ours = kernel.ok("import ipykernel.compiler\nprint(ipykernel.compiler.murmur2_x86.__module__)").stream().strip()
-    assert ours == "viceroy.kernel.kernel"
+    assert ours == "viceroy.kernel.cell_passes"

@@ -1,8 +1,9 @@
 """The kernel's per-cell bookkeeping is lighter than stock ipykernel's (see
 viceroy/kernel/iostream.py), and loses nothing: output still arrives before the cell ends and
 history is complete when asked for and written to disk within about a second. It also skips
-ipykernel's 0.5 ms sleep after each cell (see ViceroyKernel._execute_sleep) and its second
-transform of each cell (ViceroyKernel.do_execute)."""
+ipykernel's 0.5 ms sleep after each cell (see ViceroyKernel._execute_sleep), its second
+transform of each cell (ViceroyKernel.do_execute) and passes over a cell that cannot change it
+(viceroy/kernel/cell_passes.py)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def test_history_is_still_written_after_a_shell_escape_forks_the_kernel(kernel: 
 
 def test_top_level_await_still_runs_async_and_other_cells_skip_the_check(kernel: Kernel):
     """Only cells that say ``await`` or ``async`` are compiled to learn whether they await at
-    top level (ViceroyKernel: _answer_sync_cells_without_compiling); the others run as before."""
+    top level (viceroy/kernel/cell_passes.py); the others run as before."""
     ex = kernel.ok("import asyncio\nawait asyncio.sleep(0)\nprint('awaited_1')")
     assert ex.stream().strip() == "awaited_1"
     ex = kernel.ok("async def gen_2():\n    yield 2\nprint([x async for x in gen_2()])")
@@ -162,7 +163,7 @@ def test_top_level_await_still_runs_async_and_other_cells_skip_the_check(kernel:
 
 def test_plain_python_cells_skip_the_tokenizer(kernel: Kernel):
     """IPython's tokenizer is pure Python (~0.8 ms for a 40-line cell); a cell that cannot hold
-    IPython syntax does not go through it (ViceroyKernel: _transform_without_tokenizing)."""
+    IPython syntax does not go through it (viceroy/kernel/cell_passes.py)."""
     kernel.ok(
         "m_2291 = get_ipython().input_transformer_manager\n"
         "calls_2291 = []\n"
@@ -180,8 +181,8 @@ def test_plain_python_cells_skip_the_tokenizer(kernel: Kernel):
 
 def test_a_cells_value_is_shown_unless_it_ends_with_a_semicolon_without_tokenizing_it(kernel: Kernel):
     """IPython's display hook tokenized every cell with a value to show, looking for a final
-    ``;``; a cell with no ``;`` in it is answered without (ViceroyKernel:
-    _quiet_check_without_tokenizing). What is shown is as before."""
+    ``;``; a cell with no ``;`` in it is answered without (viceroy/kernel/cell_passes.py).
+    What is shown is as before."""
     shown = {
         "x_7310 = 6\nx_7310 * 7": "42",
         "x_7310 * 7;": None,
