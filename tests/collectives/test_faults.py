@@ -446,7 +446,7 @@ def test_a_collective_in_a_call_queued_behind_a_failed_one_never_pairs_with_the_
 
 @pytest.mark.parametrize("dims", [{"gpus": 2}, {"hosts": 2, "gpus": 1}], ids=["direct", "relayed"])
 def test_a_collective_skipped_with_a_call_queued_behind_fails_both_calls_instead_of_crossing(
-        torch_mesh, dims, monkeypatch):
+        torch_mesh, dims, monkeypatch, tmp_path):
     # Rank 0 finishes the first call without its all_reduce and goes straight on to the
     # second's, which meets rank 1's of the first: each returned the other's data (1 + 100),
     # both calls "succeeded", and rank 1's second all_reduce waited for a partner that had
@@ -455,7 +455,26 @@ def test_a_collective_skipped_with_a_call_queued_behind_fails_both_calls_instead
     monkeypatch.setattr(outcomes, "PEERS_DONE_AFTER_S", 600.0)
     mesh = torch_mesh(**dims)
     mesh.run(NEXT)
-    f1 = mesh.run("t = torch.ones(1)\nif rank == 1:\n    vr.all_reduce(t)\nfloat(t)", block=False)
+    # Rank 1 answers the first call only once the controller has rank 0's answer to the second
+    # (a file says so): else the first call may end, and cancel the second, while rank 0 is
+    # still in it, and rank 0 reports that cancel instead of the distrust checked below.
+    answered = tmp_path / "rank-0-answered-both"
+    rank_0_answers: list[int] = []
+
+    def on_event(ev: dict) -> None:
+        if ev["type"] in ("rank_done", "ranks_done") and 0 in ev.get("ranks", [ev.get("rank")]):
+            rank_0_answers.append(ev["call"])
+            if len(rank_0_answers) == 2:
+                answered.touch()
+
+    mesh.subscribe(on_event)
+    f1 = mesh.run(f"answered = {str(answered)!r}\nt = torch.ones(1)\n"
+                  "if rank == 1:\n"
+                  "    vr.all_reduce(t)\n"
+                  "    until = time.monotonic() + 30\n"
+                  "    while not os.path.exists(answered) and time.monotonic() < until:\n"
+                  "        time.sleep(0.002)\n"
+                  "float(t)", block=False)
     f2 = mesh.run("t = torch.full((1,), 100.0)\nvr.all_reduce(t)\nfloat(t)", block=False)
     with pytest.raises(vr.MeshError) as first:
         f1.result(timeout=30)
