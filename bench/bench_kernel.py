@@ -34,51 +34,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import fmt_time, table
-
-# A cell of the size notebooks hold (40 lines of plain Python, cheap to run, its last line's
-# value shown): what every cell costs the kernel around the user's code grows with its text.
-CELL_40 = """# One epoch's statistics, as a notebook cell would compute them
-import math
-
-
-def step(batch, scale=2.0):
-    # the mean of the scaled square roots
-    total = 0.0
-    for x in batch:
-        total += math.sqrt(abs(x)) * scale
-    return total / max(len(batch), 1)
-
-
-class Meter:
-    def __init__(self):
-        self.values = []
-
-    def add(self, v):
-        self.values.append(v)
-
-    @property
-    def mean(self):
-        return sum(self.values) / len(self.values) if self.values else 0.0
-
-
-# two short epochs
-meter = Meter()
-for epoch in range(2):
-    batch = [epoch + i * 0.5 for i in range(4)]
-    meter.add(step(batch))
-    if meter.mean > 100:
-        break
-
-# what the next cell shows
-summary = {
-    "epochs": 2,
-    "mean": round(meter.mean, 3),
-    "last": meter.values[-1],
-}
-assert summary["epochs"] == 2
-summary["mean"]
-"""
+from common import CELL_40, fmt_time, table
 
 
 def _execute(kc, code: str, timeout: float = 60) -> float:

@@ -3,6 +3,9 @@
   call latency   mesh.run("a=1") on N local ranks  vs  raw pyzmq ROUTER/DEALER broadcast to N
                  processes + gather of N replies (the floor any Python mesh pays), and vs the
                  same over plain Unix stream sockets (the floor of our local links)
+  a new cell     mesh.run of a 40-line cell's text the mesh has not seen (compiled on the
+                 controller, for its syntax and for the ranks)  vs  the same text run again,
+                 and vs new texts with every rank compiling them (runtime/compiled.py off)
   startup        Mesh.local(gpus=4) until every rank answers + `import torch` on every rank
                  vs  one `python -c "import torch"`
   shutdown       mesh.shutdown() (absolute; the goal is <= 1 s)
@@ -15,6 +18,7 @@ noisy neighbour hits both. Medians over rounds are reported.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -22,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, fmt_time, median, run_child, table, timeit
+from common import CELL_40, emit, fmt_time, median, run_child, table, timeit
 
 REPS = 1500
 BUDGET_S = 4.0
@@ -128,6 +132,14 @@ def child_viceroy_calls(n: str, gap_ms: str = "0") -> None:
         emit("viceroy_run_a1", median(timeit(lambda: mesh.run("a=1"), 200, REPS, BUDGET_S, gap)))
         f = lambda: 1  # noqa: E731
         emit("viceroy_run_fn", median(timeit(lambda: mesh.run(f), 200, REPS, BUDGET_S, gap)))
+        # A cell's first run (a text new to the mesh: a notebook's cells run once per edit)
+        # against the same text run again, which every rank keeps compiled.
+        texts = (f"{CELL_40}z = {i}\n" for i in itertools.count())
+        emit("viceroy_run_new40", median(timeit(lambda: mesh.run(next(texts)), 20, 300, BUDGET_S, gap)))
+        emit("viceroy_run_again40", median(timeit(lambda: mesh.run(CELL_40), 20, 300, BUDGET_S, gap)))
+        # The same, the controller's compiled code not sent along: every rank compiles the text.
+        mesh._controller.shipments.code_for = lambda source: None
+        emit("viceroy_run_new40_unshipped", median(timeit(lambda: mesh.run(next(texts)), 20, 300, BUDGET_S, gap)))
 
 
 def child_viceroy_startup() -> None:
@@ -188,6 +200,12 @@ def main() -> None:
         unix = m[f"unix_bcast_gather@{n}"]
         rows.append((f"mesh.run('a=1'), {n} ranks", fmt_time(m[f"viceroy_run_a1@{n}"]),
                      f"raw unix bcast+gather {n}: {fmt_time(unix)}", f"{m[f'viceroy_run_a1@{n}'] / unix:.2f}x", ""))
+        again = m[f"viceroy_run_again40@{n}"]
+        new, unshipped = m[f"viceroy_run_new40@{n}"], m[f"viceroy_run_new40_unshipped@{n}"]
+        rows.append((f"mesh.run(a new 40-line cell), {n} ranks", fmt_time(new),
+                     f"the same cell again: {fmt_time(again)}", f"{new / again:.2f}x", ""))
+        rows.append((f"mesh.run(a new 40-line cell), {n} ranks", fmt_time(new),
+                     f"each rank compiling it: {fmt_time(unshipped)}", f"{new / unshipped:.2f}x", ""))
     if not args.skip_startup:
         base = m["python_import_torch"]
         rows.append(("Mesh.local(gpus=4) + import torch on every rank", fmt_time(m["viceroy_startup_torch"]),

@@ -13,6 +13,50 @@ from collections.abc import Callable
 
 RESULT_TAG = "@@RESULT@@ "
 
+# A cell of the size notebooks hold (40 lines of plain Python, cheap to run, its last line's
+# value shown): what every cell costs the kernel around the user's code grows with its text.
+CELL_40 = """# One epoch's statistics, as a notebook cell would compute them
+import math
+
+
+def step(batch, scale=2.0):
+    # the mean of the scaled square roots
+    total = 0.0
+    for x in batch:
+        total += math.sqrt(abs(x)) * scale
+    return total / max(len(batch), 1)
+
+
+class Meter:
+    def __init__(self):
+        self.values = []
+
+    def add(self, v):
+        self.values.append(v)
+
+    @property
+    def mean(self):
+        return sum(self.values) / len(self.values) if self.values else 0.0
+
+
+# two short epochs
+meter = Meter()
+for epoch in range(2):
+    batch = [epoch + i * 0.5 for i in range(4)]
+    meter.add(step(batch))
+    if meter.mean > 100:
+        break
+
+# what the next cell shows
+summary = {
+    "epochs": 2,
+    "mean": round(meter.mean, 3),
+    "last": meter.values[-1],
+}
+assert summary["epochs"] == 2
+summary["mean"]
+"""
+
 
 def timeit(
     fn: Callable[[], object], warmup: int, reps: int, budget_s: float | None = None, gap_s: float = 0.0

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import CELL_40, _execute, viceroy_kernel
+from bench_kernel import _execute, viceroy_kernel
+from common import CELL_40
 
 
 def main() -> None:

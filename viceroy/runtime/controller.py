@@ -26,6 +26,7 @@ import zmq
 from viceroy.runtime import shm
 from viceroy.runtime.arguments import check_seconds
 from viceroy.runtime.calls import ACTOR_STUCK_HINT, Call, Query
+from viceroy.runtime.compiled import Shipments
 from viceroy.runtime.errors import MeshClosedError, MeshError, RankFailure
 from viceroy.runtime.future import Future
 from viceroy.runtime.hosts import REMAINS_AT_SHUTDOWN_S, HostLifecycle, Remains
@@ -69,6 +70,7 @@ class Controller(Routing, Inbound, CallOutcomes, HostLifecycle):
         self._calls: dict[int, Call] = {}
         self._queries: dict[int, Query] = {}
         self._returns = shm.Returns()  # released result files, back to the ranks that made them
+        self.shipments = Shipments()  # code strings sent with their compiled code
         self._lender = shm.Lender(self.token)  # pushes' files, written over once the ranks let go
         self._state: dict[int, str] = dict.fromkeys(self.shape.ranks, "starting")
         self._dead: set[int] = set()

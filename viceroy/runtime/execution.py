@@ -10,8 +10,10 @@ import linecache
 import os
 import re
 import sys
+import threading
 import tokenize
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import CodeType, CoroutineType, FrameType
@@ -30,22 +32,45 @@ def check_syntax(source: str, filename: str) -> None:
 
 
 _UNNAMED = "<cell>"
+_KEPT = 256  # texts compiled, kept
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=_KEPT)
 def _compile(source: str, filename: str) -> tuple[CodeType, CodeType | None]:
     """`source` compiled (its trailing expression apart), its code named `filename`. A text is
     compiled once whatever it is named (a notebook names each run of a cell anew, "Cell In[7]";
     compiling costs ~30 us for a line, far more for a cell, naming it ~2 us)."""
     try:
-        body, last = _compile_text(source)
+        body, last = compile_text(source)
     except SyntaxError as e:
         e.filename = filename
         raise
     return with_filename(body, filename), None if last is None else with_filename(last, filename)
 
 
-@lru_cache(maxsize=256)
+_texts: OrderedDict[str, tuple[CodeType, CodeType | None]] = OrderedDict()  # the last used last
+_texts_lock = threading.Lock()
+
+
+def compile_text(source: str, shipped: Callable[[], tuple[CodeType, CodeType | None]] | None = None
+                 ) -> tuple[CodeType, CodeType | None]:
+    """`source` compiled as a cell: its body, and its trailing expression apart (None when it
+    has none, or a final ``;`` silences it); the code is named "<cell>". The last texts used are
+    kept. `shipped`: gives the same compiled by the controller (see compiled.py), taken instead
+    of compiling where the text is not kept already."""
+    with _texts_lock:
+        codes = _texts.get(source)
+        if codes is not None:
+            _texts.move_to_end(source)
+            return codes
+    codes = shipped() if shipped is not None else _compile_text(source)
+    with _texts_lock:
+        _texts[source] = codes
+        if len(_texts) > _KEPT:
+            _texts.popitem(last=False)
+    return codes
+
+
 def _compile_text(source: str) -> tuple[CodeType, CodeType | None]:
     filename = _UNNAMED
     tree = ast.parse(source, filename, "exec", type_comments=False)

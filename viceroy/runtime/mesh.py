@@ -16,6 +16,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from viceroy.runtime import arguments, reading, serialize
+from viceroy.runtime.compiled import TAG as compiled_tag
 from viceroy.runtime.controller import Controller, Listener, shutdown_all
 from viceroy.runtime.execution import check_syntax
 from viceroy.runtime.file_names import in_traceback
@@ -147,6 +148,10 @@ class Mesh(MeshStarts, ShapeOps):
             if kwargs:  # names bound on every rank before the code runs
                 _check_names("run", kwargs, assigns=True)
                 signed, data = self._pack(kwargs, {f"{k}=": v for k, v in kwargs.items()})
+            compiled = self._controller.shipments.code_for(code)
+            if compiled is not None:  # a text new to the mesh: the ranks need not compile it
+                signed.append(compiled)
+                extra["pyc"] = compiled_tag
             what = label or f"mesh.run (cell {n})"
         elif callable(code):
             signed, data = self._pack(

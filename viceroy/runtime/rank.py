@@ -18,7 +18,16 @@ import traceback
 import types
 from typing import Any
 
-from viceroy.runtime import call_peers, crash_report, devices, handles, resources, serialize, shm
+from viceroy.runtime import (
+    call_peers,
+    compiled,
+    crash_report,
+    devices,
+    handles,
+    resources,
+    serialize,
+    shm,
+)
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.execution import (
     Executor,
@@ -256,6 +265,9 @@ class Rank:
         """A call's code or function, in this rank's namespace. Interruptible only while the
         user's code runs (not while a view's coordinates are put back after it)."""
         if "code" in header:
+            if "pyc" in header:  # the controller's compiled code, last
+                compiled.take(header["code"], header["pyc"], signed[-1])
+                signed = signed[:-1]
             if signed:  # names bound for this code (handles resolve to our values)
                 handles.bind_names(self.executor.namespace, lambda: serialize.loads(signed[0], data))
             self.in_user_code = True
