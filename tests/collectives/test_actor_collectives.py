@@ -120,7 +120,11 @@ def test_an_actor_skipping_a_collective_with_a_call_queued_behind_fails_both_ins
     err = _failure(second, 30)[1]
     assert not err.partial, err  # rank 1's share of the first call's sum is not passed off as this one's
     assert "may have met those of" in err.failures[1].summary, err.failures[1]
-    assert {r for r, f in err.failures.items() if f.kind == "interrupted"} == {0, 2, 3}, err
+    # The others, left waiting for rank 1 in the second call's all_reduce, are released: each
+    # by its cancel ("interrupted"), or, where a peer's cancel gave the group up before its own
+    # cancel came (a slow hour of CI saw it once), by the group's connections closing.
+    released = {r for r, f in err.failures.items() if f.kind == "interrupted" or f.exc_type == "CollectiveError"}
+    assert released == {0, 1, 2, 3} and any(err.failures[r].kind == "interrupted" for r in (0, 2, 3)), err
     assert reducers.reduce.call().get(timeout=30).values() == [ANSWER] * 4
 
 
