@@ -283,7 +283,9 @@ def test_agents_with_the_same_hostname_and_pid_get_hosts_of_their_own(tmp_path):
         with vr.Mesh.attach(hosts=2, gpus=1, listen=f"127.0.0.1:{port}", key_file=key_file, preload=[],
                             echo=False, startup_timeout=30) as mesh:
             t.join()
-            assert mesh.run("import os\nos.getppid()").values() == [1, 1]  # both agents are pid 1
+            # both agents are pid 1 (a rank is its agent's child once the middle process of its
+            # double fork has exited: see zygote.py)
+            wait_until(lambda: mesh.run("import os\nos.getppid()").values() == [1, 1], 10, "ranks whose parent is pid 1")
             assert mesh.run("rank").values() == [0, 1]
             # a restarted pod: its new agent is pid 1 on the same host again, and gets the
             # host that is waiting now, not its previous life's (cached) answer
