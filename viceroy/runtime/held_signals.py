@@ -7,7 +7,8 @@ A rank's main thread sends its answers, displays and flushed output itself, in p
 from Python. A handler that raised between two pieces (a timeout through ``signal.alarm``, say)
 would leave half a message on the link, and every message after it would be misread: the rank
 would hang. Between calls the main thread waits in the runtime for the next call: raised there,
-the exception ended the rank. So on a rank ``signal.signal`` installs the handler inside a
+the exception ended the rank (that wait wakes for signals that another thread took:
+`viceroy.runtime.signal_wakeup`). So on a rank ``signal.signal`` installs the handler inside a
 wrapper which, while the main thread is inside a message, keeps the signal and returns; the
 handler runs as soon as the message is out, with the frame the signal came in. Run outside the
 user's code (between calls, or as the rank sends a call's answer), a handler that raises has its

@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -175,8 +175,10 @@ class RankLink:
                 return
         write(self.sock, encode(frames))
 
-    def recv(self) -> list[memoryview] | None:
+    def recv(self, until_ready: Callable[[int], None] | None = None) -> list[memoryview] | None:
         """The next message; None when the controller closed the link (or is gone).
+        `until_ready(fd)`, if given, is called to wait until the socket has something to read
+        (`viceroy.runtime.signal_wakeup`).
 
         While it waits, the thread is SCHED_BATCH (if it was SCHED_OTHER): a call's message
         then wakes it without preempting the controller, which goes on to send the same call
@@ -187,6 +189,8 @@ class RankLink:
             return self._ready.popleft()
         with _waiting_in_batch():
             while not self._ready:
+                if until_ready is not None:
+                    until_ready(self.sock.fileno())
                 try:
                     chunk = self.sock.recv(_READ)
                 except ConnectionError:
