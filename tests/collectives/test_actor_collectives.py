@@ -58,6 +58,14 @@ class Reducer(vr.Actor):
         return t.tolist()
 
     @vr.endpoint
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @vr.endpoint
+    def fails(self) -> None:
+        raise ValueError(f"rank {vr.context().rank} fails")
+
+    @vr.endpoint
     def mismatched(self) -> list[float]:
         import torch
 
@@ -283,6 +291,52 @@ def test_a_broadcast_whose_actor_raises_or_skips_before_a_collective_releases_th
     else:
         assert culprit not in failures
     assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+@pytest.mark.parametrize(("ask_every_s", "others_late"), [(None, False), (600.0, False), (600.0, True)],
+                         ids=["asking", "told", "told-before-the-others-start-it"])
+def test_a_call_queued_behind_a_broadcast_that_raised_on_one_rank_does_not_meet_its_collective(
+        mesh, ask_every_s, others_late):
+    # Rank 2's broadcast raised before its all_reduce, and rank 2 went straight on to the call
+    # queued behind it: that call's all_reduce met the others' all_reduce of the broadcast (the
+    # same operation on the same communicator), each side returned the other's data, and the
+    # others then waited in the call's all_reduce for rank 2, which had finished the call.
+    # "told": the ranks' own asks (every second) pushed past the test, the word goes with rank
+    # 2's question (it finished the broadcast) and with the answers the others give as they end
+    # it, even where the question comes before they started it.
+    if ask_every_s is not None:
+        mesh.run(f"import viceroy.runtime.call_peers as _cp\n_cp.ASK_EVERY_S = {ask_every_s}")
+    owner = Owner()
+    actors = mesh.spawn(Reducer, owner=owner)
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4  # the group exists
+    if others_late:
+        napping = actors.select([0, 1, 3]).nap.call(1.0)  # the broadcast queues behind it there
+    actors.reduce.broadcast(fail_on=2)
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+    if others_late:
+        assert napping.get(timeout=30).values() == [None] * 3
+    wait_until(lambda: {0, 1, 2, 3} <= owner.by_rank().keys(), 10, "every rank's failure of the broadcast")
+    failures = owner.by_rank()
+    assert "ValueError: rank 2 gives up" in failures[2]
+    for r in (0, 1, 3):
+        assert "rank 2 finished the call without joining this collective" in failures[r], failures
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+
+
+def test_collectives_after_broadcasts_that_raised_everywhere_go_on_at_once(mesh):
+    # Each rank waits, before its next collective, for the others to have finished the
+    # broadcasts that raised on it: here they all have, and say so at once. A run of them is
+    # waited on as one (the last: an actor takes its messages in order).
+    owner = Owner()
+    actors = mesh.spawn(Reducer, owner=owner)
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+    for _ in range(50):
+        actors.fails.broadcast()
+    t0 = time.monotonic()
+    assert actors.reduce.call().get(timeout=30).values() == [ANSWER] * 4
+    assert time.monotonic() - t0 < 5  # not the 30 s a rank waits at most for its peers' word
+    wait_until(lambda: len(owner.failures) >= 50, 10, "the broadcasts' failures")
+    assert all("ValueError" in f.summary for f in owner.failures)
 
 
 class Gated(vr.Actor):

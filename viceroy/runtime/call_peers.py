@@ -29,7 +29,9 @@ An actor's one-way broadcasts have no answers, so the controller cannot say who 
 them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
 the ranks that finished it answer through the controller with their counts, as `peers_done`.
 A member whose actor was stopped never runs it, nor answers for it: it is said so (`STOPPED`),
-and counts as gone, as a dead one does.
+and counts as gone, as a dead one does. A one-way call that failed on this rank goes on being
+asked about (`oneway_failed`): the actor's next collective, in whatever call, starts only once
+the members of its group that ran it have finished it (`wait_settled`), for the reason below.
 
 Calls sent without waiting queue on each rank (`block=False`, the tensor engine's batches). A
 rank whose call failed goes straight on to the next, while its peers may still wait in a
@@ -66,6 +68,8 @@ _settled = threading.Condition(_lock)
 # not stop); past this a collective goes ahead all the same, so no word lost can hold it.
 SETTLE_WAIT_S = 30.0
 
+_KEEP_FAILED = 16  # one-way calls that failed here an actor waits on, at most (see `end_call`)
+
 # A member's word in `CallPeers.done`, for an actor's one-way call: its actor was stopped (see above).
 STOPPED = "stopped"
 # A peer that finished a call: the collectives it started in it, or how it is gone (None: died; STOPPED).
@@ -76,11 +80,11 @@ class CallPeers:
     """One call's collectives and what the controller said of its peers."""
 
     __slots__ = ("actor", "ask", "ask_at", "call_id", "cancelled", "constructing", "counts", "current", "done",
-                 "outside")
+                 "failed", "outside", "ran_on", "settle", "until")
 
     def __init__(self, call_id: int, outside: Collection[int] = (),
                  ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
-                 constructing: bool = False) -> None:
+                 constructing: bool = False, settle: list[CallPeers] | None = None) -> None:
         self.call_id = call_id
         self.constructing = constructing  # an actor's constructor (`outside`: not restarted with it)
         self.actor = actor  # an actor's endpoint (or constructor): other actor meshes may run beside it
@@ -92,6 +96,12 @@ class CallPeers:
         self.current: tuple[str, int] | None = None  # (group, its count) of the one in progress
         self.done: dict[int, Done] = {}  # peers that finished the call -> their counts (None: died; STOPPED)
         self.cancelled = False  # interrupted where no signal reaches (an actor's thread): see `check_cancelled`
+        # An actor's one-way calls that failed here, oldest first, shared by its calls: their
+        # peers must have finished them before a collective of this call starts (`wait_settled`).
+        self.settle = settle
+        self.failed = False  # a one-way call that failed here (see `oneway_failed`)
+        self.ran_on: frozenset[int] | None = None  # its other ranks (None: every member of a group)
+        self.until = 0.0  # when its peers are no longer waited for
 
 
 _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("viceroy_call_peers", default=None)
@@ -99,27 +109,70 @@ _call: contextvars.ContextVar[CallPeers | None] = contextvars.ContextVar("vicero
 
 def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
                ask: Callable[[int, Sequence[int]], None] | None = None, actor: bool = False,
-               constructing: bool = False) -> contextvars.Token[CallPeers | None]:
+               constructing: bool = False, settle: list[CallPeers] | None = None) -> contextvars.Token[CallPeers | None]:
     """A call starts in the current context (the main thread's, an actor thread's or task's);
     pass the token to `end_call`. `told`: the controller may send word of it. `outside`: ranks
     of the actor mesh the call was not sent to (see `not_in_call`). `ask(call_id, members)`: for
     a call nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
-    `actor`: the call is an actor's (see `in_actor`); `constructing`: its constructor's."""
-    state = CallPeers(call_id, outside, ask, actor, constructing)
+    `actor`: the call is an actor's (see `in_actor`); `constructing`: its constructor's.
+    `settle`: the actor's list of one-way calls that failed here (see `oneway_failed`)."""
+    state = CallPeers(call_id, outside, ask, actor, constructing, settle)
     if told:
         with _lock:
             _running[call_id] = state
     return _call.set(state)
 
 
-def end_call(token: contextvars.Token[CallPeers | None]) -> None:
-    """The call of the current context ends."""
+def end_call(token: contextvars.Token[CallPeers | None],
+             ran_on: Callable[[], frozenset[int]] | None = None) -> None:
+    """The call of the current context ends. A one-way call that failed here (`oneway_failed`)
+    stays known, for the word on its peers, in its actor's `settle` list, with the other ranks
+    it ran on (`ran_on()`); it replaces those before it that ran on no rank it did not (peers
+    finish an actor's one-way calls in the order sent)."""
     state = _call.get()
     _call.reset(token)
-    if state is not None:
-        with _lock:
-            if _running.get(state.call_id) is state:
-                del _running[state.call_id]
+    if state is None:
+        return
+    settle = state.settle
+    kept = state.failed and settle is not None
+    if kept:
+        state.until = time.monotonic() + SETTLE_WAIT_S
+        state.ask_at = 0.0  # the first wait asks at once
+        state.ran_on = ran_on() if ran_on is not None else None
+    with _lock:
+        if not kept and _running.get(state.call_id) is state:
+            del _running[state.call_id]
+        if not settle:
+            if kept:
+                settle.append(state)  # type: ignore[union-attr]
+            return
+        # Done with: those whose peers all finished, or were waited for long enough, or that a
+        # later one covers; and the oldest beyond a few.
+        now = time.monotonic()
+        done = [s for s in settle if now >= s.until or (s.ran_on is not None and s.ran_on <= s.done.keys())
+                or (kept and (state.ran_on is None or (s.ran_on is not None and s.ran_on <= state.ran_on)))]
+        for old in done:
+            settle.remove(old)
+        if kept:
+            settle.append(state)
+        while len(settle) > _KEEP_FAILED:
+            done.append(settle.pop(0))
+        for old in done:
+            if _running.get(old.call_id) is old:
+                del _running[old.call_id]
+
+
+def oneway_failed() -> None:
+    """The current call, one-way, failed here. Its peers may still wait in one of its collectives
+    (this rank raised before it, say): had this rank's next collective started, in a call queued
+    behind, it would meet theirs, as the same operation on the same communicator, and each side
+    would return the other's data. So the actor's next collective waits until the members of its
+    group that ran this call have finished it (`wait_settled`): a peer waiting in one of its
+    collectives gives the communicator up once it learns this rank finished it first, and the
+    next collective builds a fresh one."""
+    state = _call.get()
+    if state is not None and state.ask is not None:
+        state.failed = True
 
 
 def counts() -> dict[str, list[Any]]:
@@ -163,6 +216,8 @@ def peers_done(call_id: int, done: dict[int, Done]) -> bool:
         if state is None:
             return False
         state.done.update(done)
+        if state.failed:  # a later collective may wait for this word (`wait_settled`)
+            _settled.notify_all()
         return True
 
 
@@ -195,10 +250,17 @@ def settled(call_id: int) -> None:
             _settled_early.add(call_id)
 
 
-def wait_settled(slice_s: float) -> None:
-    """Before a collective: wait until every call that failed here has ended on all ranks, in
-    waits of `slice_s` (an interrupt lands between them, and `check_cancelled` looks). Past
-    SETTLE_WAIT_S it stops waiting for them."""
+def wait_settled(slice_s: float, members: Sequence[int] = (), me: int = -1) -> None:
+    """Before a collective over `members` (this rank `me` among them): wait until every call
+    that failed here has ended on all ranks, and every one-way call of the current call's actor
+    that failed here has ended on the members that ran it, in waits of `slice_s` (an interrupt
+    lands between them, and `check_cancelled` looks). Past SETTLE_WAIT_S it stops waiting for
+    them."""
+    state = _call.get()
+    if state is not None and state.settle:
+        for failed in list(state.settle):
+            _wait_finished(failed, [r for r in members if r != me and (failed.ran_on is None or r in failed.ran_on)],
+                           slice_s)
     if not _unsettled:
         return
     deadline = time.monotonic() + SETTLE_WAIT_S
@@ -210,6 +272,25 @@ def wait_settled(slice_s: float) -> None:
                 _unsettled.clear()
                 return
             _settled.wait(slice_s)
+        check_cancelled()
+
+
+def _wait_finished(failed: CallPeers, peers: Sequence[int], slice_s: float) -> None:
+    """Until `peers` have finished one-way call `failed` (or died, or their actors were
+    stopped), asking them now and every ASK_EVERY_S; at most until `failed.until`."""
+    while True:
+        with _settled:
+            left = [r for r in peers if r not in failed.done]
+            now = time.monotonic()
+            if not left or now >= failed.until:
+                return
+            ask = now >= failed.ask_at
+            if ask:
+                failed.ask_at = now + ASK_EVERY_S
+            else:
+                _settled.wait(min(slice_s, failed.ask_at - now))
+        if ask and failed.ask is not None:
+            failed.ask(failed.call_id, left)
         check_cancelled()
 
 

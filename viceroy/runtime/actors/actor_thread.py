@@ -6,7 +6,9 @@ async as tasks of its loop), `__supervise__` and the stop (`__cleanup__`).
 Each call runs within its own `call_peers` state, so its collectives are watched by the call.
 A one-way broadcast (id < ONEWAY) that waits in a collective asks who of its peers finished it
 (OW_WAIT), and is remembered when it ends, with the collectives it started, for peers that ask
-(`finished_oneway`)."""
+(`finished_oneway`; those that ask before it ended here are answered at its end). One that
+failed here holds the actor's next collective until its peers have finished it too
+(`call_peers.oneway_failed`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import functools
 import inspect
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from viceroy.runtime import call_peers, devices, serialize
@@ -83,7 +85,13 @@ class ActorHost:
         # (one-way ids decrease in the order sent, and an actor takes its messages in order).
         self.oneway_counts: collections.OrderedDict[int, dict[str, list[Any]]] = collections.OrderedDict()
         self.oneway_mark = 0
+        # One-way calls running or not taken yet: the ranks that asked whether they finished
+        # (answered at the end), and the word of those that had (for the call's wait on them).
+        self.oneway_asked: dict[int, set[int]] = {}
+        self.oneway_word: dict[int, dict[int, Any]] = {}
         self._outside: tuple[Any, frozenset[int]] = ((), frozenset())  # (a call's rank runs, ranks not in it)
+        # One-way calls that failed here: a later collective waits for their peers to finish them.
+        self.unsettled: list[call_peers.CallPeers] = []
         # Named after the actor (not "viceroy-..."): its frames are user code, shown by stacks.
         threading.Thread(target=self._main, name=f"actor {name}", daemon=True).start()
 
@@ -93,26 +101,45 @@ class ActorHost:
         key = tuple(map(tuple, runs))
         if self._outside[0] != key:
             called = set(expand_runs(runs))
-            mine = (expand_runs(self.view[2]) if self.view is not None
-                    else range(context_mod.context().world_size))
-            self._outside = (key, frozenset(r for r in mine if r not in called))
+            self._outside = (key, frozenset(r for r in self._ranks() if r not in called))
         return self._outside[1]
 
-    def finished_oneway(self, call_id: int) -> dict[str, list[Any]] | None:
+    def _ranks(self) -> Iterable[int]:
+        """The ranks of this actor mesh."""
+        return expand_runs(self.view[2]) if self.view is not None else range(context_mod.context().world_size)
+
+    def finished_oneway(self, call_id: int, asker: int | None = None, asker_cc: Any = None) -> dict[str, list[Any]] | None:
         """The collectives one-way call `call_id` started here, if it finished (None: not yet,
-        or too long ago)."""
+        or too long ago). `asker`: the rank asking, answered when the call ends if it runs now
+        or is not taken yet; `asker_cc`: the collectives it started in it, if it finished it."""
         with self.qlock:
             if (cc := self.oneway_counts.get(call_id)) is not None:
                 return cc
-            if call_id < self.oneway_mark or call_id in self.running:  # not taken yet, or running (concurrent)
+            running = call_id in self.running
+            if not running and call_id >= self.oneway_mark:
+                return {}  # taken before the latest finished one, and not running: done, with no collective
+            if asker is None:
                 return None
-            return {}  # taken before the latest finished one, and not running: done, with no collective
+            # Running, or not taken yet (ids decrease in the order sent): answered at its end.
+            self.oneway_asked.setdefault(call_id, set()).add(asker)
+            if asker_cc is not None:
+                self.oneway_word.setdefault(call_id, {})[asker] = asker_cc
+            for kept in (self.oneway_asked, self.oneway_word):
+                while len(kept) > _KEEP_ONEWAY:  # calls that never came (the actor stopped first)
+                    del kept[next(iter(kept))]
+        if running and asker_cc is not None:
+            call_peers.peers_done(call_id, {asker: asker_cc})
+        return None
 
     def _ask(self, call_id: int, members: Sequence[int]) -> None:
-        """One-way call `call_id` waits in a collective: ask who of `members` finished it."""
+        """One-way call `call_id` waits in a collective (or, having failed here, holds a later
+        one: then with the collectives it started here): ask who of `members` finished it."""
         others = [r for r in members if r != answers.rank.rank]
         if others:
-            answers.rank._publish(answers.OW_WAIT, {"actor": self.id, "ow": call_id, "members": others})
+            ask: dict[str, Any] = {"actor": self.id, "ow": call_id, "members": others}
+            if (cc := self.finished_oneway(call_id)) is not None:
+                ask["cc"] = cc
+            answers.rank._publish(answers.OW_WAIT, ask)
 
     def post(self, msg: Any) -> None:
         self.post_many([msg])
@@ -245,15 +272,22 @@ class ActorHost:
         """One call handled here: its output tagged with it, `cancel` able to find it, and its
         collectives watched as a cell's are (`call_peers`), by this call. `outside`: the ranks
         of the actor mesh it was not sent to. A one-way call (id < 0) asks its peers who
-        finished it, and is remembered here when it ends, for peers that ask."""
+        finished it, and is remembered here when it ends, for peers that ask; one that failed
+        here holds this actor's next collective until the peers that ran it finished it too."""
         output.begin(call_id)
         self.running[call_id] = task
         peers = call_peers.begin_call(call_id, told=call_id != answers.ONEWAY, outside=outside,
                                       ask=self._ask if call_id < answers.ONEWAY else None, actor=True,
-                                      constructing=constructing)
+                                      constructing=constructing, settle=self.unsettled)
+        if self.oneway_word:  # peers that finished this one-way call said so before it started here
+            with self.qlock:
+                word = self.oneway_word.pop(call_id, None)
+            if word:
+                call_peers.peers_done(call_id, word)
         try:
             yield
         finally:
+            asked: set[int] | None = None
             with self.qlock:
                 self.running.pop(call_id, None)
                 self.cancel_asked.discard(call_id)
@@ -263,7 +297,11 @@ class ActorHost:
                         self.oneway_counts[call_id] = cc
                         if len(self.oneway_counts) > _KEEP_ONEWAY:
                             self.oneway_counts.popitem(last=False)
-            call_peers.end_call(peers)
+                    if self.oneway_asked:
+                        asked = self.oneway_asked.pop(call_id, None)
+            for asker in asked or ():  # peers that asked before it ended here
+                answers.oneway_done(self.id, call_id, asker, cc)
+            call_peers.end_call(peers, lambda: frozenset(self._ranks()).difference(outside, (answers.rank.rank,)))
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
              outside: frozenset[int] | tuple[()]) -> None:
@@ -314,6 +352,8 @@ class ActorHost:
         """Answer a call: its value, its error, or "interrupted" (cancelled, or a collective it
         waited in ended by `cancel`)."""
         output.end(answers.rank._send_output)
+        if exc is not None and oneway:
+            call_peers.oneway_failed()  # its peers may wait in one of its collectives yet
         if exc is None:
             if not oneway:
                 answers.reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))

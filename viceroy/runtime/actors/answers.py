@@ -35,6 +35,12 @@ def send(header: dict[str, Any], signed: list[Any], data: list[Any]) -> None:
     rank._send_result(header, signed, data)
 
 
+def oneway_done(actor: str, ow: int, asker: int, cc: Any) -> None:
+    """This rank finished one-way call `ow` of `actor`, having started the collectives `cc`
+    (or its actor is gone here: STOPPED): word for the rank that asked (see actors/host.py)."""
+    rank._publish(OW_DONE, {"actor": actor, "ow": ow, "asker": asker, "cc": cc})
+
+
 def interrupted(call_id: int, summary: str = "interrupted") -> None:
     if call_id > ONEWAY:
         send({"id": call_id, "ok": False, "kind": "interrupted", "summary": summary, "tb": ""}, [], [])

@@ -16,7 +16,9 @@ actor mesh knows which actors it was not sent to. A one-way broadcast (header id
 id of its own ("ow", negative): a rank waiting in one of its collectives asks the controller
 (OW_WAIT), which asks the others (kind "ow_status"); those that finished it say so (OW_DONE),
 and the controller passes their word on (kind "ow_peers"). One whose actor is gone here (stopped)
-says so: it will never run the call."""
+says so: it will never run the call. One still running it answers once it finishes it; an asker
+that finished it (its broadcast raised, and its next collective waits for the others) says so
+in the question, which a peer waiting in a collective of the call takes as word of it."""
 
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ def handle(rank: Any, header: dict[str, Any], signed: list[Any], data: list[Any]
             return
         if kind == "ow_status":  # a peer waits in a collective of one-way call "ow": finished here?
             asked = actor_thread.get(header["actor"])  # None: stopped (before the controller knew)
-            cc = call_peers.STOPPED if asked is None else asked.finished_oneway(header["ow"])
+            cc = (call_peers.STOPPED if asked is None
+                  else asked.finished_oneway(header["ow"], int(header["asker"]), header.get("asker_cc")))
             if cc is not None:
-                rank._publish(answers.OW_DONE, {"actor": header["actor"], "ow": header["ow"], "asker": header["asker"], "cc": cc})
+                answers.oneway_done(header["actor"], header["ow"], header["asker"], cc)
             return
         if kind == "ow_peers":  # the controller's word on a one-way call this rank waits in
             call_peers.peers_done(header["ow"], {int(r): cc for r, cc in header["done"]})

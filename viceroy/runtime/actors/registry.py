@@ -305,8 +305,10 @@ class Registry:
             self.controller.send_oneway("actor", [rank], {"a": "ow_peers", "ow": d["ow"],
                                                           "done": [[r, how] for r, how in gone.items()]})
         if asked := [r for r in members if r not in gone]:
-            self.controller.send_oneway("actor", asked, {"a": "ow_status", "actor": d["actor"], "ow": d["ow"],
-                                                         "asker": rank})
+            question = {"a": "ow_status", "actor": d["actor"], "ow": d["ow"], "asker": rank}
+            if "cc" in d:  # the asker finished it (see actors/host.py)
+                question["asker_cc"] = d["cc"]
+            self.controller.send_oneway("actor", asked, question)
 
     def _on_request(self, from_rank: int, req: dict[str, Any]) -> None:
         """A rank calls an actor mesh it was given: send it on, and the outcome back."""
