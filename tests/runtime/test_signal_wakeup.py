@@ -66,3 +66,15 @@ def test_a_wakeup_fd_the_user_set_still_gets_the_signals_that_came_between_calls
     wait_until(lambda: mesh.run("take()").values()[0] == bytes([signal.SIGUSR2]) * 2, 10,
                "both signals' bytes on the user's wakeup fd")
     assert mesh.run("signal.set_wakeup_fd(w.fileno()) == w.fileno()").values()[0] is True  # theirs again
+
+
+def test_a_wakeup_fd_the_user_closed_leaves_the_rank_waking_for_signals(mesh, tmp_path):
+    ran = tmp_path / "ran"
+    mesh.run("import signal, socket\nr, w = socket.socketpair()\nw.setblocking(False)\nsignal.set_wakeup_fd(w.fileno())\n"
+             f"signal.signal(signal.SIGUSR1, lambda signum, frame: open({str(ran)!r}, 'a').write('ran\\n'))")
+    mesh.run("w.close()\nr.close()")  # still set: the wait between calls cannot put it back
+    assert mesh.run("rank").values()[0] == 0
+    pid = mesh.pids()[0]
+    _tgkill(pid, _threads_taking(pid, signal.SIGUSR1)[0], signal.SIGUSR1)
+    wait_until(ran.exists, 10, "the handler to run for the signal given to another thread")
+    assert mesh.run("rank").values()[0] == 0

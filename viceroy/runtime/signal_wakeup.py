@@ -40,7 +40,7 @@ class SignalWakeup:
         self._rfd, self._wfd = self._r.fileno(), self._w.fileno()
         self._polls: dict[Any, Any] = {}  # what is waited on: the poll method watching it and ours
         self._theirs: tuple[int, bool] | None = None  # the user's wakeup fd, and its warn flag
-        real = signal.set_wakeup_fd
+        self._real = real = signal.set_wakeup_fd
         real(self._wfd, warn_on_full_buffer=False)
 
         @functools.wraps(real)
@@ -60,14 +60,18 @@ class SignalWakeup:
             poll = self._polls[source] = self._poller(source)
         theirs = self._theirs
         if theirs is not None:
-            signal.set_wakeup_fd.__wrapped__(self._wfd, warn_on_full_buffer=False)  # type: ignore[attr-defined]
+            self._real(self._wfd, warn_on_full_buffer=False)
         try:
             while not self._ready(poll(), theirs):  # interrupted here: Python runs the handler, polls again
                 pass
         finally:
             if theirs is not None:
                 self._drain(theirs)
-                signal.set_wakeup_fd.__wrapped__(theirs[0], warn_on_full_buffer=theirs[1])  # type: ignore[attr-defined]
+                try:
+                    self._real(theirs[0], warn_on_full_buffer=theirs[1])
+                except (ValueError, OSError):  # closed meanwhile (by a handler, say): ours stays
+                    if self._theirs is theirs:
+                        self._theirs = None
 
     def _ready(self, events: list[tuple[Any, int]], theirs: tuple[int, bool] | None) -> bool:
         ready = False
