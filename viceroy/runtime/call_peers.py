@@ -29,19 +29,11 @@ An actor's one-way broadcasts have no answers, so the controller cannot say who 
 them: a rank waiting in a collective of one asks instead (`ask`, every `ASK_EVERY_S`), and
 the ranks that finished it answer through the controller with their counts, as `peers_done`.
 A member whose actor was stopped never runs it, nor answers for it: it is said so (`STOPPED`),
-and counts as gone, as a dead one does. A one-way call that failed on this rank goes on being
-asked about (`oneway_failed`): the actor's next collective, in whatever call, starts only once
-the members of its group that ran it have finished it (`wait_settled`), for the reason below.
+and counts as gone, as a dead one does.
 
-Calls sent without waiting queue on each rank (`block=False`, the tensor engine's batches). A
-rank whose call failed goes straight on to the next, while its peers may still wait in a
-collective of the failed call: its next collective would meet theirs, as the same operation on
-the same communicator, and each side would return the other's data. So a rank whose call
-failed (`failed`) starts its next collective only once the controller says that call has ended
-on every rank (op "settled"; `wait_settled`): by then a peer that waited in one has given the
-communicator up, and the next collective builds a fresh one. A rank that *finished* its call
-without joining a collective meets it from the next call, where nothing here can tell: the
-controller sees it from the counts once the call ends (crossing.py).
+A call that failed here while its peers may still run it holds this rank's next collective
+until it ended on them: `viceroy.runtime.settling`, which waits on `word` for what the
+controller says of them.
 """
 
 from __future__ import annotations
@@ -60,15 +52,8 @@ _running: dict[int, CallPeers] = {}  # call id -> its state, for the control thr
 # A one-way call waiting in a collective this long asks who finished it, and again as often.
 ASK_EVERY_S = 1.0
 
-# Calls of the main thread that failed here and may still run on other ranks (see `failed`).
-_unsettled: set[int] = set()
-_settled_early: set[int] = set()  # said to have ended before it failed here (given up on; see main_call_starts)
-_settled = threading.Condition(_lock)
-# The controller ends a failed call within seconds (fail-fast, then giving up on ranks that do
-# not stop); past this a collective goes ahead all the same, so no word lost can hold it.
-SETTLE_WAIT_S = 30.0
-
-_KEEP_FAILED = 16  # one-way calls that failed here an actor waits on, at most (see `end_call`)
+# Notified when word of a peer comes for a one-way call that failed here (see settling.py).
+word = threading.Condition(_lock)
 
 # A member's word in `CallPeers.done`, for an actor's one-way call: its actor was stopped (see above).
 STOPPED = "stopped"
@@ -97,9 +82,9 @@ class CallPeers:
         self.done: dict[int, Done] = {}  # peers that finished the call -> their counts (None: died; STOPPED)
         self.cancelled = False  # interrupted where no signal reaches (an actor's thread): see `check_cancelled`
         # An actor's one-way calls that failed here, oldest first, shared by its calls: their
-        # peers must have finished them before a collective of this call starts (`wait_settled`).
+        # peers must have finished them before a collective of this call starts (settling.py).
         self.settle = settle
-        self.failed = False  # a one-way call that failed here (see `oneway_failed`)
+        self.failed = False  # a one-way call that failed here (see `settling.oneway_failed`)
         self.ran_on: frozenset[int] | None = None  # its other ranks (None: every member of a group)
         self.until = 0.0  # when its peers are no longer waited for
 
@@ -115,7 +100,7 @@ def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
     of the actor mesh the call was not sent to (see `not_in_call`). `ask(call_id, members)`: for
     a call nobody answers (a one-way broadcast), asks who of `members` finished it (see `skipped`).
     `actor`: the call is an actor's (see `in_actor`); `constructing`: its constructor's.
-    `settle`: the actor's list of one-way calls that failed here (see `oneway_failed`)."""
+    `settle`: the actor's list of one-way calls that failed here (see settling.py)."""
     state = CallPeers(call_id, outside, ask, actor, constructing, settle)
     if told:
         with _lock:
@@ -123,56 +108,32 @@ def begin_call(call_id: int, told: bool = True, outside: Collection[int] = (),
     return _call.set(state)
 
 
-def end_call(token: contextvars.Token[CallPeers | None],
-             ran_on: Callable[[], frozenset[int]] | None = None) -> None:
-    """The call of the current context ends. A one-way call that failed here (`oneway_failed`)
-    stays known, for the word on its peers, in its actor's `settle` list, with the other ranks
-    it ran on (`ran_on()`); it replaces those before it that ran on no rank it did not (peers
-    finish an actor's one-way calls in the order sent)."""
+def end_call(token: contextvars.Token[CallPeers | None]) -> CallPeers | None:
+    """The call of the current context ends. A one-way call that failed here
+    (`settling.oneway_failed`) stays known, for the word on its peers: it is returned, for
+    `settling.keep`."""
     state = _call.get()
     _call.reset(token)
     if state is None:
-        return
-    settle = state.settle
-    kept = state.failed and settle is not None
-    if kept:
-        state.until = time.monotonic() + SETTLE_WAIT_S
-        state.ask_at = 0.0  # the first wait asks at once
-        state.ran_on = ran_on() if ran_on is not None else None
+        return None
+    kept = state.failed and state.settle is not None
+    if not kept:
+        with _lock:
+            if _running.get(state.call_id) is state:
+                del _running[state.call_id]
+    return state if kept else None
+
+
+def forget(state: CallPeers) -> None:
+    """A call kept by `end_call` is done with."""
     with _lock:
-        if not kept and _running.get(state.call_id) is state:
+        if _running.get(state.call_id) is state:
             del _running[state.call_id]
-        if not settle:
-            if kept:
-                settle.append(state)  # type: ignore[union-attr]
-            return
-        # Done with: those whose peers all finished, or were waited for long enough, or that a
-        # later one covers; and the oldest beyond a few.
-        now = time.monotonic()
-        done = [s for s in settle if now >= s.until or (s.ran_on is not None and s.ran_on <= s.done.keys())
-                or (kept and (state.ran_on is None or (s.ran_on is not None and s.ran_on <= state.ran_on)))]
-        for old in done:
-            settle.remove(old)
-        if kept:
-            settle.append(state)
-        while len(settle) > _KEEP_FAILED:
-            done.append(settle.pop(0))
-        for old in done:
-            if _running.get(old.call_id) is old:
-                del _running[old.call_id]
 
 
-def oneway_failed() -> None:
-    """The current call, one-way, failed here. Its peers may still wait in one of its collectives
-    (this rank raised before it, say): had this rank's next collective started, in a call queued
-    behind, it would meet theirs, as the same operation on the same communicator, and each side
-    would return the other's data. So the actor's next collective waits until the members of its
-    group that ran this call have finished it (`wait_settled`): a peer waiting in one of its
-    collectives gives the communicator up once it learns this rank finished it first, and the
-    next collective builds a fresh one."""
-    state = _call.get()
-    if state is not None and state.ask is not None:
-        state.failed = True
+def current() -> CallPeers | None:
+    """The current context's call."""
+    return _call.get()
 
 
 def counts() -> dict[str, list[Any]]:
@@ -216,82 +177,9 @@ def peers_done(call_id: int, done: dict[int, Done]) -> bool:
         if state is None:
             return False
         state.done.update(done)
-        if state.failed:  # a later collective may wait for this word (`wait_settled`)
-            _settled.notify_all()
+        if state.failed:  # a later collective may wait for this word (settling.py)
+            word.notify_all()
         return True
-
-
-def failed(call_id: int) -> None:
-    """Call `call_id` failed on this rank (main thread, before it answers): its next collective
-    waits until the controller says the call ended everywhere (see `wait_settled`)."""
-    with _lock:
-        if call_id in _settled_early:  # given up on by the controller while it still ran here
-            _settled_early.discard(call_id)
-        else:
-            _unsettled.add(call_id)
-
-
-def main_call_starts(call_id: int) -> None:
-    """The rank's main thread starts call `call_id`: those before it ended here, so the word
-    that one of them ended everywhere, come before it failed here, is owed to none now."""
-    if not _settled_early:  # nearly always: no lock taken on every call
-        return
-    with _lock:
-        _settled_early.difference_update([c for c in _settled_early if c < call_id])
-
-
-def settled(call_id: int) -> None:
-    """The controller's word (control thread): call `call_id` has ended on every rank."""
-    with _settled:
-        if call_id in _unsettled:
-            _unsettled.discard(call_id)
-            _settled.notify_all()
-        else:
-            _settled_early.add(call_id)
-
-
-def wait_settled(slice_s: float, members: Sequence[int] = (), me: int = -1) -> None:
-    """Before a collective over `members` (this rank `me` among them): wait until every call
-    that failed here has ended on all ranks, and every one-way call of the current call's actor
-    that failed here has ended on the members that ran it, in waits of `slice_s` (an interrupt
-    lands between them, and `check_cancelled` looks). Past SETTLE_WAIT_S it stops waiting for
-    them."""
-    state = _call.get()
-    if state is not None and state.settle:
-        for failed in list(state.settle):
-            _wait_finished(failed, [r for r in members if r != me and (failed.ran_on is None or r in failed.ran_on)],
-                           slice_s)
-    if not _unsettled:
-        return
-    deadline = time.monotonic() + SETTLE_WAIT_S
-    while True:
-        with _settled:
-            if not _unsettled:
-                return
-            if time.monotonic() >= deadline:
-                _unsettled.clear()
-                return
-            _settled.wait(slice_s)
-        check_cancelled()
-
-
-def _wait_finished(failed: CallPeers, peers: Sequence[int], slice_s: float) -> None:
-    """Until `peers` have finished one-way call `failed` (or died, or their actors were
-    stopped), asking them now and every ASK_EVERY_S; at most until `failed.until`."""
-    while True:
-        with _settled:
-            left = [r for r in peers if r not in failed.done]
-            now = time.monotonic()
-            if not left or now >= failed.until:
-                return
-            ask = now >= failed.ask_at
-            if ask:
-                failed.ask_at = now + ASK_EVERY_S
-            else:
-                _settled.wait(min(slice_s, failed.ask_at - now))
-        if ask and failed.ask is not None:
-            failed.ask(failed.call_id, left)
-        check_cancelled()
 
 
 def cancel(call_id: int) -> bool:

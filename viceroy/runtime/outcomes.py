@@ -175,7 +175,7 @@ class CallOutcomes:
 
     def _tell_settled(self, call: Call) -> None:
         """Tell the ranks a main-thread call failed on that it has ended everywhere: each holds
-        its next collective until then (see call_peers.failed)."""
+        its next collective until then (see settling.failed)."""
         if not call.failures or not call.on_main_thread:
             return
         with self._lock:

@@ -26,6 +26,7 @@ from viceroy.runtime import (
     handles,
     resources,
     serialize,
+    settling,
     shm,
 )
 from viceroy.runtime import context as context_mod
@@ -176,7 +177,7 @@ class Rank:
             elif op == "peers_done":  # ranks that finished the call this one still runs
                 call_peers.peers_done(header["id"], {int(r): cc for r, cc in header["done"]})
             elif op == "settled":  # a call that failed here has ended on every rank
-                call_peers.settled(header["id"])
+                settling.settled(header["id"])
             elif op == "stacks":
                 self._send({"op": "stacks", "id": header["id"]}, [_all_stacks(self.main_ident, self.in_user_code, self.executor.awaiting()).encode()])
             elif op == "stats":
@@ -224,7 +225,7 @@ class Rank:
             if "returned" in header and self.segments is not None:
                 self.segments.returned(header["returned"].get(str(self.rank), []))
             call_id = header["id"]
-            call_peers.main_call_starts(call_id)
+            settling.main_call_starts(call_id)
             with self.state_lock:
                 if self.cancelled:  # ids grow; a cancel for an older call came after it ended
                     self.cancelled = {c for c in self.cancelled if c >= call_id}
@@ -237,7 +238,7 @@ class Rank:
                     skipped = False
             if skipped:
                 self._never_mapped(header)
-                call_peers.failed(call_id)
+                settling.failed(call_id)
                 self._send_result(
                     {"op": "result", "id": call_id, "ok": False, "kind": "interrupted",
                      "summary": "interrupted before it started", "tb": ""}, [], []
@@ -250,7 +251,7 @@ class Rank:
                 reply[0]["cc"] = cc
             call_peers.end_call(peers)
             if not reply[0]["ok"]:  # its peers may still wait in one of its collectives
-                call_peers.failed(call_id)
+                settling.failed(call_id)
             with self.state_lock:
                 self.current = None
                 self.interrupt_target = None

@@ -6,14 +6,14 @@ async as tasks of its loop), `__supervise__` and the stop (`__cleanup__`).
 Each call runs within its own `call_peers` state, so its collectives are watched by the call.
 A one-way broadcast (id < ONEWAY) that waits in a collective asks who of its peers finished it
 (OW_WAIT), and is remembered when it ends, with the collectives it started, for peers that ask
-(`finished_oneway`; those that ask before it ended here are answered at its end). One that
+(`finished_oneway`, `oneway_record`; those that ask before it ended here are answered at its
+end). One that
 failed here holds the actor's next collective until its peers have finished it too
-(`call_peers.oneway_failed`)."""
+(`settling.oneway_failed`)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import inspect
@@ -22,14 +22,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from viceroy.runtime import call_peers, devices, serialize
+from viceroy.runtime import call_peers, devices, serialize, settling
 from viceroy.runtime import context as context_mod
 from viceroy.runtime.actors import answers, output
+from viceroy.runtime.actors.oneway_record import OnewayRecord
 from viceroy.runtime.actors.rank_client import Running, running_endpoint
 from viceroy.runtime.execution import format_user_traceback, restore_filename
 from viceroy.runtime.shape import expand_runs
-
-_KEEP_ONEWAY = 1024  # finished one-way calls with collectives an actor remembers, for peers that ask
 
 _actors: dict[str, ActorHost] = {}  # actor id -> its host on this rank
 _lock = threading.Lock()
@@ -80,15 +79,7 @@ class ActorHost:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running: dict[int, asyncio.Future[Any] | None] = {}  # call id -> its task (None: sync)
         self.cancel_asked: set[int] = set()  # running calls cancelled before they had a task
-        # Finished one-way calls, for peers that ask: the collectives of those that started any,
-        # latest last; those that started none are told by `oneway_mark`, the latest finished
-        # (one-way ids decrease in the order sent, and an actor takes its messages in order).
-        self.oneway_counts: collections.OrderedDict[int, dict[str, list[Any]]] = collections.OrderedDict()
-        self.oneway_mark = 0
-        # One-way calls running or not taken yet: the ranks that asked whether they finished
-        # (answered at the end), and the word of those that had (for the call's wait on them).
-        self.oneway_asked: dict[int, set[int]] = {}
-        self.oneway_word: dict[int, dict[int, Any]] = {}
+        self.oneway = OnewayRecord()  # its one-way calls, for peers that ask (under qlock)
         self._outside: tuple[Any, frozenset[int]] = ((), frozenset())  # (a call's rank runs, ranks not in it)
         # One-way calls that failed here: a later collective waits for their peers to finish them.
         self.unsettled: list[call_peers.CallPeers] = []
@@ -113,23 +104,11 @@ class ActorHost:
         or too long ago). `asker`: the rank asking, answered when the call ends if it runs now
         or is not taken yet; `asker_cc`: the collectives it started in it, if it finished it."""
         with self.qlock:
-            if (cc := self.oneway_counts.get(call_id)) is not None:
-                return cc
             running = call_id in self.running
-            if not running and call_id >= self.oneway_mark:
-                return {}  # taken before the latest finished one, and not running: done, with no collective
-            if asker is None:
-                return None
-            # Running, or not taken yet (ids decrease in the order sent): answered at its end.
-            self.oneway_asked.setdefault(call_id, set()).add(asker)
-            if asker_cc is not None:
-                self.oneway_word.setdefault(call_id, {})[asker] = asker_cc
-            for kept in (self.oneway_asked, self.oneway_word):
-                while len(kept) > _KEEP_ONEWAY:  # calls that never came (the actor stopped first)
-                    del kept[next(iter(kept))]
-        if running and asker_cc is not None:
-            call_peers.peers_done(call_id, {asker: asker_cc})
-        return None
+            cc = self.oneway.finished(call_id, running, asker, asker_cc)
+        if cc is None and running and asker_cc is not None:  # word for its wait, if it waits in one
+            call_peers.peers_done(call_id, {asker: asker_cc})  # type: ignore[dict-item]
+        return cc
 
     def _ask(self, call_id: int, members: Sequence[int]) -> None:
         """One-way call `call_id` waits in a collective (or, having failed here, holds a later
@@ -279,9 +258,9 @@ class ActorHost:
         peers = call_peers.begin_call(call_id, told=call_id != answers.ONEWAY, outside=outside,
                                       ask=self._ask if call_id < answers.ONEWAY else None, actor=True,
                                       constructing=constructing, settle=self.unsettled)
-        if self.oneway_word:  # peers that finished this one-way call said so before it started here
+        if self.oneway.word:  # peers that finished this one-way call said so before it started here
             with self.qlock:
-                word = self.oneway_word.pop(call_id, None)
+                word = self.oneway.take_word(call_id)
             if word:
                 call_peers.peers_done(call_id, word)
         try:
@@ -292,16 +271,11 @@ class ActorHost:
                 self.running.pop(call_id, None)
                 self.cancel_asked.discard(call_id)
                 if call_id < answers.ONEWAY:
-                    self.oneway_mark = min(self.oneway_mark, call_id)
-                    if cc := call_peers.counts():
-                        self.oneway_counts[call_id] = cc
-                        if len(self.oneway_counts) > _KEEP_ONEWAY:
-                            self.oneway_counts.popitem(last=False)
-                    if self.oneway_asked:
-                        asked = self.oneway_asked.pop(call_id, None)
+                    asked = self.oneway.ended(call_id, cc := call_peers.counts())
             for asker in asked or ():  # peers that asked before it ended here
                 answers.oneway_done(self.id, call_id, asker, cc)
-            call_peers.end_call(peers, lambda: frozenset(self._ranks()).difference(outside, (answers.rank.rank,)))
+            if (failed := call_peers.end_call(peers)) is not None:  # a one-way call that failed here
+                settling.keep(failed, frozenset(self._ranks()).difference(outside, (answers.rank.rank,)))
 
     def _run(self, call_id: int, fn: Any, signed: list[Any], data: list[Any], oneway: bool,
              outside: frozenset[int] | tuple[()]) -> None:
@@ -353,7 +327,7 @@ class ActorHost:
         waited in ended by `cancel`)."""
         output.end(answers.rank._send_output)
         if exc is not None and oneway:
-            call_peers.oneway_failed()  # its peers may wait in one of its collectives yet
+            settling.oneway_failed()  # its peers may wait in one of its collectives yet
         if exc is None:
             if not oneway:
                 answers.reply(call_id, value, getattr(fn, "__qualname__", "the endpoint"))

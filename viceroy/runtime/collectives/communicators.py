@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from viceroy.runtime import call_peers
+from viceroy.runtime import call_peers, settling
 from viceroy.runtime.collectives import building
 from viceroy.runtime.collectives.agreement import Agreement
 from viceroy.runtime.collectives.backend import Backend, Communicator, Pending
@@ -54,7 +54,7 @@ def run(what: str, backend: Backend, group: Group, device: int | None,
     over the communicator (in tensors like `like`), and a mismatch ends it before anything is sent."""
     if absent := call_peers.not_in_call(group.ranks, sig):  # an actor endpoint called on a slice, say
         raise CollectiveError(f"{what} over {group.label}: {absent}.")
-    call_peers.wait_settled(SLICE_S, group.ranks, context().rank)  # a call that failed here has ended on its peers too
+    settling.wait_settled(SLICE_S, group.ranks, context().rank)  # a call that failed here has ended on its peers too
     call_peers.started(group.name, sig)
     try:
         _run_started(what, backend, group, device, start, sig, like)
