@@ -9,10 +9,6 @@ cell is meant to cost little more than ``a=1``.
   runs (a transaction per cell on a background thread). Here inputs are written at most once a
   second, and at exit; history requests write out first, so they always see every cell. IPython
   stops its saving thread around a fork (``!cmd``); the next write starts it again.
-- `wake_iopub_once`: ipykernel hands each IOPub message (busy, execute_input, idle, output) to
-  its IOPub thread with a ZeroMQ message of its own, each a turn of that thread's loop, half of
-  them finding nothing left to do. Here a hand-off wakes the thread only when no wake-up is
-  pending, and one wake-up sends everything queued by then, in order.
 """
 
 from __future__ import annotations
@@ -46,45 +42,6 @@ class OutStream(iostream.OutStream):
     def _buffered(self) -> bool:
         with self._buffer_lock:
             return any(buf.tell() for buf in self._buffers.values())
-
-
-def wake_iopub_once(io_thread: Any) -> None:
-    """Make `io_thread` (an `ipykernel.iostream.IOPubThread`, started) run what is handed to it
-    with one wake-up of its loop per batch instead of one per item (see the module's notes).
-    Items still run in the order they were handed over, from whichever thread; one that raises
-    is reported on the process's stderr and the rest still run. Once the thread has stopped,
-    items run at once on the caller's thread, as ipykernel does."""
-    events = io_thread._events
-    lock = threading.Lock()
-    woken = False  # a drain is scheduled, or running, and will see what is appended now
-
-    def drain() -> None:
-        nonlocal woken
-        while True:
-            with lock:
-                if not events:
-                    woken = False
-                    return
-                f = events.popleft()
-            try:
-                f()
-            except Exception as e:  # as ipykernel's loop would log it, and go on with the rest
-                print(f"viceroy: sending on IOPub failed: {e!r}", file=sys.__stderr__)
-
-    def schedule(f: Any) -> None:
-        nonlocal woken
-        if not io_thread.thread.is_alive():
-            f()
-            return
-        with lock:
-            events.append(f)
-            wake, woken = not woken, True
-        if wake:
-            io_thread.io_loop.add_callback(drain)  # thread-safe: one write to the loop's self-pipe
-
-    io_thread.schedule = schedule
-    # Anything handed over the old way before this ran still arrives through its ZeroMQ pipe.
-    io_thread._event_puller.on_recv(lambda _msg: drain())
 
 
 def batch_history_writes(shell: Any, interval: float = HISTORY_WRITE_INTERVAL_S) -> None:

@@ -23,7 +23,8 @@ import viceroy
 from viceroy.extension import current_session, session_for
 from viceroy.extension.session import MeshSession
 from viceroy.kernel.cell_passes import skip_needless_passes
-from viceroy.kernel.iostream import batch_history_writes, bound_output_history, wake_iopub_once
+from viceroy.kernel.iopub import hand_iopub_over
+from viceroy.kernel.iostream import batch_history_writes, bound_output_history
 from viceroy.kernel.tracebacks import (
     INTERRUPTED,
     install_mesh_error_rendering,
@@ -75,7 +76,7 @@ class ViceroyKernel(IPythonKernel):
         batch_history_writes(self.shell)
         bound_output_history(self.shell)
         if self.iopub_thread is not None:
-            wake_iopub_once(self.iopub_thread)
+            hand_iopub_over(self.iopub_thread)
         atexit.register(self._close_mesh)
 
     @property

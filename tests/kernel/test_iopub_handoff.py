@@ -1,6 +1,10 @@
-"""`wake_iopub_once` (viceroy/kernel/iostream.py) on a real ipykernel IOPub thread and socket:
-what is handed over while the thread's loop is busy goes out in that turn, in order, without
-waking it again; items from any thread run in their order; a failing item is reported and the rest still go; a stopped thread runs items at once."""
+"""`hand_iopub_over` (viceroy/kernel/iopub.py) on a real ipykernel IOPub thread and XPUB socket,
+as the kernel has them: a message sent while nothing waits goes out on the sender's thread
+without waking the IOPub thread; what is handed over while the thread's loop is busy goes out in
+that turn, in order, without waking it again; each thread's messages keep their order when
+they go some queued and some inline, from many threads at once; a subscriber that joins while
+another thread sends still gets its welcome; a failing item is reported and the rest still go;
+a stopped thread runs items at once."""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 import zmq
 from ipykernel.iostream import IOPubThread
+from jupyter_client.session import Session
 
-from viceroy.kernel.iostream import wake_iopub_once
+from viceroy.kernel.iopub import hand_iopub_over
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,15 +76,18 @@ class Counted:
 @pytest.fixture
 def iopub() -> Iterator[tuple[Counted, zmq.Socket]]:
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
+    pub = ctx.socket(zmq.XPUB)  # as ipykernel's kernel app makes it
+    pub.setsockopt(zmq.SNDHWM, 0)  # the bursts below must all arrive
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{port}")
-    thread = IOPubThread(pub)
+    thread = IOPubThread(pub, session=Session(key=b""))
     thread.start()
     counted = Counted(thread)
-    wake_iopub_once(thread)
+    hand_iopub_over(thread)
+    counted.wakeups = 0
     try:
         yield counted, sub
     finally:
@@ -160,3 +168,101 @@ def test_once_the_thread_stopped_items_run_at_once_on_the_caller(iopub):
     ran: list[str] = []
     counted.thread.schedule(lambda: ran.append(threading.current_thread().name))
     assert ran == [threading.current_thread().name]
+
+
+def _receive(sub: zmq.Socket, n: int) -> list[list[bytes]]:
+    got = []
+    for _ in range(n):
+        assert sub.poll(10_000), f"{len(got)} of {n} messages arrived"
+        got.append(sub.recv_multipart())
+    return got
+
+
+def test_a_message_sent_while_nothing_waits_goes_out_on_the_senders_thread(iopub):
+    counted, sub = iopub
+    _subscribed(counted, sub)
+    senders: list[str] = []
+    really_send = counted.thread._really_send
+
+    def noting(*args, **kwargs):
+        senders.append(threading.current_thread().name)
+        return really_send(*args, **kwargs)
+
+    counted.thread._really_send = noting
+    before = counted.wakeups
+    for i in range(20):
+        counted.thread.send_multipart([b"inline", str(i).encode()])
+    assert counted.wakeups == before  # the IOPub thread was never woken for them
+    assert senders == [threading.current_thread().name] * 20
+    assert [m[1] for m in _receive(sub, 20)] == [str(i).encode() for i in range(20)]
+
+
+def test_messages_queued_behind_a_busy_thread_go_before_later_ones_sent_inline(iopub):
+    counted, sub = iopub
+    _subscribed(counted, sub)
+    _, release = counted.held()
+    for i in range(50):  # the thread is busy: these wait in its queue
+        counted.thread.send_multipart([b"m", str(i).encode()])
+    release.set()
+    for i in range(50, 300):  # some still queued, then inline once the queue is empty
+        counted.thread.send_multipart([b"m", str(i).encode()])
+    assert [m[1] for m in _receive(sub, 300)] == [str(i).encode() for i in range(300)]
+
+
+def test_many_threads_sending_at_once_lose_nothing_and_keep_each_threads_order(iopub):
+    counted, sub = iopub
+    _subscribed(counted, sub)
+    flushes = []
+
+    def send(t: int) -> None:
+        for i in range(500):
+            counted.thread.send_multipart([b"t", f"{t}:{i}".encode()])
+            if i % 50 == 0:  # other work for the IOPub thread in between, as streams' flushes
+                counted.thread.schedule(lambda: flushes.append(1))
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    got = [m[1].decode().split(":") for m in _receive(sub, 2000)]
+    for t in range(4):
+        assert [int(i) for tt, i in got if tt == str(t)] == list(range(500))
+    counted.run_there(lambda: None)
+    assert len(flushes) == 40
+
+
+def test_a_subscriber_joining_while_another_thread_sends_gets_its_welcome(iopub):
+    counted, sub = iopub
+    _subscribed(counted, sub)
+    stop = threading.Event()
+
+    def keep_sending() -> None:
+        while not stop.is_set():
+            counted.thread.send_multipart([b"busy"])
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    late = sub.context.socket(zmq.SUB)
+    try:
+        for n in range(10):  # each a topic of its own: XPUB passes on a topic's first subscriber
+            topic = f"late-{n}".encode()
+            late.setsockopt(zmq.SUBSCRIBE, topic)
+            if n == 0:
+                late.connect(sub.getsockopt(zmq.LAST_ENDPOINT).decode())
+            assert late.poll(10_000), f"no welcome for subscriber {n} within 10 s"
+            frames = late.recv_multipart()
+            assert frames[0] == topic and b"iopub_welcome" in b"".join(frames)
+    finally:
+        stop.set()
+        sender.join()
+        late.close(linger=0)
+
+
+def test_once_the_thread_stopped_messages_go_at_once_on_the_caller(iopub):
+    counted, _ = iopub
+    counted.stop()  # its loop closed the socket as it ended: ipykernel drops what comes later
+    sent: list[tuple[str, list[bytes]]] = []
+    counted.thread._really_send = lambda msg: sent.append((threading.current_thread().name, msg))
+    counted.thread.send_multipart([b"after", b"stop"])
+    assert sent == [(threading.current_thread().name, [b"after", b"stop"])]
