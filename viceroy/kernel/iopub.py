@@ -18,11 +18,9 @@ things, on an IOPub thread already started:
   queue, and the other work ipykernel hands the thread (its output streams' flushes and
   timers), in order, from whichever thread.
 
-A send on another thread can take in a new subscriber's request, which then no longer wakes the
-IOPub thread's loop (ZeroMQ's descriptor tells of changes, not of what is waiting); so after
-each send the socket is asked whether something is waiting, and the thread is told to read it
-(the welcome message a client may wait for). Once the IOPub thread has stopped (at exit, in a
-forked child), everything runs on the caller's thread as ipykernel does, without the lock.
+The socket's sharing (and a subscription that such a send takes in) is `shared_socket.py`'s.
+Once the IOPub thread has stopped (at exit, in a forked child), everything runs on the caller's
+thread as ipykernel does, without the lock.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import sys
 import threading
 from typing import Any
 
-import zmq
+from viceroy.kernel.shared_socket import SharedSocket
 
 
 def hand_iopub_over(io_thread: Any) -> None:
@@ -45,11 +43,10 @@ class _HandOff:
         self.io_thread = io_thread
         self.events = io_thread._events
         self.queue_lock = threading.Lock()
-        self.socket_lock = threading.RLock()  # held by whoever uses the socket
         self.woken = False  # a drain is scheduled or running, and will see what is queued now
-        self.stream = getattr(io_thread, "_xpub_stream", None)
-        if self.stream is not None:
-            self._lock_subscriptions(self.stream)
+        stream = getattr(io_thread, "_xpub_stream", None)  # None: a PUB socket, nothing reads it
+        self.shared = None if stream is None else SharedSocket(io_thread.socket, io_thread.io_loop, stream)
+        self.socket_lock = threading.RLock() if self.shared is None else self.shared.lock
         close = io_thread.close
 
         def locked_close() -> None:
@@ -98,44 +95,9 @@ class _HandOff:
                 print(f"viceroy: sending on IOPub failed: {e!r}", file=sys.__stderr__)
 
     def _send(self, msg: Any, args: tuple, kwargs: dict) -> None:
-        io_thread = self.io_thread
-        with self.socket_lock:
-            io_thread._really_send(msg, *args, **kwargs)
-            if self.stream is None or io_thread.closed:
-                return
-            try:
-                waiting = io_thread.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
-            except zmq.ZMQError:
-                return
-        if waiting:
-            io_thread.io_loop.add_callback(self._read_subscriptions, io_thread.socket, 0)
-
-    def _lock_subscriptions(self, stream: Any) -> None:
-        """Make the XPUB stream's handler (ipykernel's, on the IOPub thread) take the socket's
-        lock: it reads the socket's events, takes subscriptions in and sends welcomes. The
-        handler is registered with the loop as a bound method, so it is registered again, on
-        the IOPub thread (the loop's handlers are that thread's to change); the stream's own
-        follow-ups look the handler up on the stream, where the locked one is set."""
-        io_thread = self.io_thread
-        handle = stream._handle_events
-        socket_lock = self.socket_lock
-
-        def locked(fd: Any, events: int) -> None:
-            with socket_lock:
-                handle(fd, events)
-
-        self._read_subscriptions = locked
-        done = threading.Event()
-
-        def swap() -> None:
-            try:
-                loop = io_thread.io_loop
-                loop.remove_handler(io_thread.socket)
-                stream._handle_events = locked
-                loop.add_handler(io_thread.socket, locked, loop.READ)
-            finally:
-                done.set()
-
-        io_thread.io_loop.add_callback(swap)
-        if not done.wait(10):
-            raise RuntimeError("the IOPub thread did not take the XPUB stream's new handler in 10 s")
+        send = self.io_thread._really_send
+        if self.shared is None:
+            with self.socket_lock:
+                send(msg, *args, **kwargs)
+        else:
+            self.shared.send(lambda: send(msg, *args, **kwargs))

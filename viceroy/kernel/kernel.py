@@ -25,6 +25,7 @@ from viceroy.extension.session import MeshSession
 from viceroy.kernel.cell_passes import skip_needless_passes
 from viceroy.kernel.iopub import hand_iopub_over
 from viceroy.kernel.iostream import batch_history_writes, bound_output_history
+from viceroy.kernel.shell_replies import send_replies_inline
 from viceroy.kernel.tracebacks import (
     INTERRUPTED,
     install_mesh_error_rendering,
@@ -78,6 +79,10 @@ class ViceroyKernel(IPythonKernel):
         if self.iopub_thread is not None:
             hand_iopub_over(self.iopub_thread)
         atexit.register(self._close_mesh)
+
+    def start(self) -> None:
+        super().start()
+        send_replies_inline(self)  # once the shell stream reads requests
 
     @property
     def mesh_session(self) -> MeshSession:

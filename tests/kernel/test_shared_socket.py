@@ -1,0 +1,138 @@
+"""`SharedSocket` (viceroy/kernel/shared_socket.py) on a real ROUTER socket that a ZMQStream
+reads on its own thread's loop, as ipykernel's shell-channel thread reads the shell socket:
+other threads' sends go out directly, and a request that arrives while they send is still read
+at once (a send that took it in hands it to the reading thread); sends from several threads and
+the stream's own at once lose nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+from tornado.ioloop import IOLoop
+from zmq.eventloop.zmqstream import ZMQStream
+
+from viceroy.kernel.shared_socket import SharedSocket
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Served:
+    """A ROUTER read by a ZMQStream on a thread of its own, and a DEALER talking to it."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.RCVHWM, 0)
+        self.dealer.setsockopt(zmq.IDENTITY, b"client")
+        self.dealer.connect(f"tcp://127.0.0.1:{port}")
+        self.got: list[list[bytes]] = []
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(ready,), name="reader")
+        self.thread.start()
+        assert ready.wait(10)
+        self.shared = SharedSocket(self.router, self.loop, self.stream)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        self.loop = IOLoop.current()
+        self.stream = ZMQStream(self.router, self.loop)
+        self.stream.on_recv(self.got.append)
+        ready.set()
+        self.loop.start()
+        self.loop.close()
+
+    def on_loop(self, f: Any) -> None:
+        done = threading.Event()
+        self.loop.add_callback(lambda: (f(), done.set()))
+        assert done.wait(10)
+
+    def received(self, n: int, timeout: float = 5) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.got) >= n:
+                return True
+            time.sleep(0.001)
+        return False
+
+    def close(self) -> None:
+        self.loop.add_callback(self.loop.stop)
+        self.thread.join(10)
+        self.stream.close(linger=0)
+        self.dealer.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = Served()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _handshake(served: Served) -> None:
+    served.dealer.send(b"hello")
+    assert served.received(1), "the ROUTER never read the first request"
+
+
+def test_a_request_arriving_while_another_thread_sends_is_read_at_once(served):
+    _handshake(served)
+    stop = threading.Event()
+    sent = 0
+
+    def keep_replying() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            served.shared.send(lambda: served.router.send_multipart([b"client", b"reply"]))
+            sent += 1
+
+    sender = threading.Thread(target=keep_replying)
+    sender.start()
+    try:
+        for i in range(50):
+            served.dealer.send(str(i).encode())
+            assert served.received(2 + i), f"request {i} was not read within 5 s"
+    finally:
+        stop.set()
+        sender.join()
+    assert sent > 0
+    assert [m[1] for m in served.got[1:]] == [str(i).encode() for i in range(50)]
+    for _ in range(sent):  # and every reply reached the client
+        assert served.dealer.poll(5000)
+        assert served.dealer.recv() == b"reply"
+
+
+def test_sends_from_several_threads_and_the_streams_own_all_arrive_in_each_ones_order(served):
+    _handshake(served)
+
+    def send_directly(t: int) -> None:
+        for i in range(500):
+            served.shared.send(lambda i=i: served.router.send_multipart([b"client", f"{t}:{i}".encode()]))
+
+    def send_through_the_stream() -> None:  # the reading thread's own sends, as the stream queues them
+        for i in range(500):
+            with served.shared.lock:
+                served.stream.send_multipart([b"client", f"s:{i}".encode()])
+
+    threads = [threading.Thread(target=send_directly, args=(t,)) for t in range(3)]
+    threads.append(threading.Thread(target=lambda: served.on_loop(send_through_the_stream)))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    got = []
+    for _ in range(2000):
+        assert served.dealer.poll(5000), f"{len(got)} of 2000 arrived"
+        got.append(served.dealer.recv().decode().split(":"))
+    for who in ("0", "1", "2", "s"):
+        assert [int(i) for w, i in got if w == who] == list(range(500))

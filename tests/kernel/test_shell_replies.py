@@ -1,0 +1,79 @@
+"""The kernel's main shell sends its replies onto the shell socket itself
+(viceroy/kernel/shell_replies.py), sharing it with ipykernel's shell-channel thread: requests
+sent in a burst, without waiting for replies, all get their replies, in order; the main shell
+and a subshell answer at once, each in its own order; and a subshell still answers while the
+main shell runs a cell (the shell-channel thread still reads every request at once)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kernel_harness import Kernel
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _send(kernel: Kernel, code: str, subshell_id: str | None = None) -> str:
+    msg = kernel.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                    "user_expressions": {}, "allow_stdin": False})
+    if subshell_id is not None:
+        msg["header"]["subshell_id"] = subshell_id
+    kernel.kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def _replies(kernel: Kernel, n: int, timeout: float = 60) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    got = []
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} replies within {timeout} s"
+        got.append(kernel.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic())))
+    return got
+
+
+def _subshell(kernel: Kernel) -> str:
+    msg = kernel.kc.session.msg("create_subshell_request", {})
+    kernel.kc.control_channel.send(msg)
+    reply = kernel.kc.control_channel.get_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"], reply
+    return reply["content"]["subshell_id"]
+
+
+def test_the_main_shell_replies_on_the_shell_socket_itself(kernel: Kernel):
+    ex = kernel.ok("m = get_ipython().kernel.shell_channel_thread.manager\n"
+                   "print(type(m.get_subshell_to_shell_channel_socket(None)).__name__)")
+    assert ex.stream().strip() == "_DirectReplies"
+
+
+def test_a_burst_of_requests_gets_every_reply_in_order(kernel: Kernel):
+    ids = [_send(kernel, f"x{i} = {i}") for i in range(300)]
+    replies = _replies(kernel, 300)
+    assert [r["parent_header"]["msg_id"] for r in replies] == ids
+    assert {r["content"]["status"] for r in replies} == {"ok"}
+    assert kernel.ok("print(x299)").stream().strip() == "299"
+
+
+def test_the_main_shell_and_a_subshell_answer_together_each_in_order(kernel: Kernel):
+    sub = _subshell(kernel)
+    main_ids, sub_ids = [], []
+    for i in range(100):
+        main_ids.append(_send(kernel, f"m{i} = {i}"))
+        sub_ids.append(_send(kernel, f"s{i} = {i}", sub))
+    replies = _replies(kernel, 200)
+    got = [r["parent_header"]["msg_id"] for r in replies]
+    assert [i for i in got if i in set(main_ids)] == main_ids
+    assert [i for i in got if i in set(sub_ids)] == sub_ids
+    assert {r["content"]["status"] for r in replies} == {"ok"}
+
+
+def test_a_subshell_answers_while_the_main_shell_runs_a_cell(kernel: Kernel):
+    sub = _subshell(kernel)
+    busy = _send(kernel, "import time\nt0 = time.monotonic()\nwhile time.monotonic() - t0 < 3: pass")
+    t0 = time.monotonic()
+    asked = _send(kernel, "1 + 1", sub)
+    first = _replies(kernel, 1, timeout=30)[0]
+    assert first["parent_header"]["msg_id"] == asked
+    assert time.monotonic() - t0 < 2.5  # not after the main shell's cell
+    assert _replies(kernel, 1, timeout=30)[0]["parent_header"]["msg_id"] == busy

@@ -1,0 +1,78 @@
+"""A ZeroMQ socket that one thread's loop reads through a `ZMQStream`, shared with other
+threads that send on it directly.
+
+ipykernel gives each of its sockets to one thread (the shell socket to its shell-channel
+thread, IOPub to its IOPub thread), and other threads hand their messages over: a wake-up of
+that thread and an interpreter-lock hand-off per message, which on a machine with few CPUs
+costs more than the send. A ZeroMQ socket may move between threads but never be used by two at
+once, so sharing one takes a lock that every use takes, the owner's included:
+
+- `SharedSocket.send` sends under the lock, on the caller's thread;
+- the stream's event handler runs under it: registered with the loop as a bound method, it is
+  registered again, on the owner's thread (a loop's handlers are its own thread's to change),
+  and set on the stream, where the stream's own follow-ups look it up;
+- `SharedSocket.lock` is there for the owner's other uses (its own sends, closing).
+
+A send takes in whatever the peers sent meanwhile (a request, a subscription), after which the
+socket's descriptor no longer wakes the owner's loop (it tells of changes, not of what waits):
+so after each send the socket is asked whether something waits, and if so the owner's loop is
+told to read it. ipykernel's own hand-offs avoid the same trap by sending through the stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import zmq
+
+T = TypeVar("T")
+
+
+class SharedSocket:
+    def __init__(self, socket: zmq.Socket, loop: Any, stream: Any) -> None:
+        """`socket` is read by `stream` (a `ZMQStream`) on `loop` (a tornado IOLoop, running on
+        its own thread, not this one)."""
+        self.socket = socket
+        self.loop = loop
+        self.lock = threading.RLock()
+        handle = stream._handle_events
+        lock = self.lock
+
+        def locked(fd: Any, events: int) -> None:
+            with lock:
+                handle(fd, events)
+
+        self._read = locked
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def swap() -> None:
+            try:
+                loop.remove_handler(socket)
+                stream._handle_events = locked
+                loop.add_handler(socket, locked, loop.READ)
+            except BaseException as e:
+                failed.append(e)
+            finally:
+                done.set()
+
+        loop.add_callback(swap)
+        if not done.wait(10):
+            raise RuntimeError("the socket's thread did not take the stream's new handler in 10 s")
+        if failed:
+            raise failed[0]
+
+    def send(self, send: Callable[[], T]) -> T:
+        """Run `send` (a send on the socket) under the lock, then have the owner read whatever
+        the send took in."""
+        with self.lock:
+            result = send()
+            try:
+                waiting = not self.socket.closed and bool(cast(int, self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+            except zmq.ZMQError:
+                waiting = False
+        if waiting:
+            self.loop.add_callback(self._read, self.socket, 0)
+        return result
