@@ -266,3 +266,14 @@ def test_once_the_thread_stopped_messages_go_at_once_on_the_caller(iopub):
     counted.thread._really_send = lambda msg: sent.append((threading.current_thread().name, msg))
     counted.thread.send_multipart([b"after", b"stop"])
     assert sent == [(threading.current_thread().name, [b"after", b"stop"])]
+
+
+def test_an_iopub_thread_without_the_parts_relied_on_is_left_as_it_is(capfd):
+    class Unknown:  # what a future ipykernel's IOPub thread might look like
+        def send_multipart(self, msg):
+            return msg
+
+    thread = Unknown()
+    assert hand_iopub_over(thread) is False
+    assert thread.send_multipart([b"x"]) == [b"x"]  # ipykernel's own, untouched
+    assert "_events" in capfd.readouterr().err

@@ -7,6 +7,7 @@ the stream's own at once lose nothing."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -136,3 +137,51 @@ def test_sends_from_several_threads_and_the_streams_own_all_arrive_in_each_ones_
         got.append(served.dealer.recv().decode().split(":"))
     for who in ("0", "1", "2", "s"):
         assert [int(i) for w, i in got if w == who] == list(range(500))
+
+
+def test_an_interrupt_during_a_send_on_the_main_thread_never_cuts_a_message_in_two(served):
+    """Ctrl-C lands on the main thread, which now sends messages itself: a KeyboardInterrupt
+    between two frames of one message would leave half of it in the socket, and the next
+    message's frames would be glued to it. It is held until the message is out."""
+    _handshake(served)
+    main = threading.get_ident()
+    stop = threading.Event()
+
+    def interrupt_often() -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.0002)
+
+    frames = [b"client"] + [b"f%d" % i for i in range(12)]
+    interrupts = sent = 0
+    armed = False  # the handler raises only around the send (so the test's own loop is left alone)
+
+    def interrupt(*_: Any) -> None:
+        if armed:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    interrupter = threading.Thread(target=interrupt_often)
+    interrupter.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                armed = True
+                served.shared.send(lambda: served.router.send_multipart(frames))
+                armed = False
+                sent += 1
+            except KeyboardInterrupt:
+                armed = False
+                interrupts += 1
+    finally:
+        armed = False
+        stop.set()
+        interrupter.join()
+        signal.signal(signal.SIGINT, previous)
+    assert interrupts > 0
+    got = 0
+    while served.dealer.poll(1000):
+        assert served.dealer.recv_multipart() == frames[1:]
+        got += 1
+    assert got >= sent  # the ones interrupted after they went out arrived too, whole

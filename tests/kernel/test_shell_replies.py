@@ -77,3 +77,16 @@ def test_a_subshell_answers_while_the_main_shell_runs_a_cell(kernel: Kernel):
     assert first["parent_header"]["msg_id"] == asked
     assert time.monotonic() - t0 < 2.5  # not after the main shell's cell
     assert _replies(kernel, 1, timeout=30)[0]["parent_header"]["msg_id"] == busy
+
+
+def test_a_kernel_whose_shell_channel_is_not_as_expected_keeps_its_own_path(capfd):
+    from types import SimpleNamespace
+
+    from viceroy.kernel.shell_replies import send_replies_inline
+
+    thread = SimpleNamespace(manager=SimpleNamespace(), io_loop=None)
+    kernel = SimpleNamespace(_supports_kernel_subshells=True, shell_channel_thread=thread,
+                             shell_stream=SimpleNamespace(send_multipart=print))
+    send_replies_inline(kernel)
+    assert kernel.shell_stream.send_multipart is print
+    assert "replies go through its thread as in a stock kernel" in capfd.readouterr().err

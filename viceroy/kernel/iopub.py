@@ -31,11 +31,20 @@ from typing import Any
 
 from viceroy.kernel.shared_socket import SharedSocket
 
+_NEEDS = ("_events", "_event_puller", "_really_send", "io_loop", "thread", "socket", "close", "closed")
 
-def hand_iopub_over(io_thread: Any) -> None:
+
+def hand_iopub_over(io_thread: Any) -> bool:
     """Install both changes on `io_thread`, an `ipykernel.iostream.IOPubThread` that is
-    running (see the module's notes)."""
+    running (see the module's notes). An IOPub thread without the parts this relies on (an
+    ipykernel not yet known here) is left as it is, with a warning: False."""
+    missing = [name for name in _NEEDS if not hasattr(io_thread, name)]
+    if missing:
+        print(f"viceroy: this ipykernel's IOPub thread has no {', '.join(missing)}: its messages "
+              "go through it as in a stock kernel", file=sys.__stderr__)
+        return False
     _HandOff(io_thread)
+    return True
 
 
 class _HandOff:
@@ -45,12 +54,11 @@ class _HandOff:
         self.queue_lock = threading.Lock()
         self.woken = False  # a drain is scheduled or running, and will see what is queued now
         stream = getattr(io_thread, "_xpub_stream", None)  # None: a PUB socket, nothing reads it
-        self.shared = None if stream is None else SharedSocket(io_thread.socket, io_thread.io_loop, stream)
-        self.socket_lock = threading.RLock() if self.shared is None else self.shared.lock
+        self.shared = SharedSocket(io_thread.socket, io_thread.io_loop, stream)
         close = io_thread.close
 
         def locked_close() -> None:
-            with self.socket_lock:
+            with self.shared.lock:
                 close()
 
         io_thread.close = locked_close
@@ -96,8 +104,4 @@ class _HandOff:
 
     def _send(self, msg: Any, args: tuple, kwargs: dict) -> None:
         send = self.io_thread._really_send
-        if self.shared is None:
-            with self.socket_lock:
-                send(msg, *args, **kwargs)
-        else:
-            self.shared.send(lambda: send(msg, *args, **kwargs))
+        self.shared.send(lambda: send(msg, *args, **kwargs))

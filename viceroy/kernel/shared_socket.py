@@ -11,7 +11,10 @@ once, so sharing one takes a lock that every use takes, the owner's included:
 - the stream's event handler runs under it: registered with the loop as a bound method, it is
   registered again, on the owner's thread (a loop's handlers are its own thread's to change),
   and set on the stream, where the stream's own follow-ups look it up;
-- `SharedSocket.lock` is there for the owner's other uses (its own sends, closing).
+- `SharedSocket.lock` is there for the owner's other uses (its own sends, closing);
+- on the main thread, Ctrl-C's handler waits for the end of a send: a KeyboardInterrupt
+  between two frames would leave half a message in the socket, glued to the next one.
+  ipykernel's threads never had that to fear: signals run on the main thread.
 
 A send takes in whatever the peers sent meanwhile (a request, a subscription), after which the
 socket's descriptor no longer wakes the owner's loop (it tells of changes, not of what waits):
@@ -21,6 +24,7 @@ told to read it. ipykernel's own hand-offs avoid the same trap by sending throug
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -28,15 +32,48 @@ from typing import Any, TypeVar, cast
 import zmq
 
 T = TypeVar("T")
+_MAIN = threading.main_thread().ident
 
 
 class SharedSocket:
-    def __init__(self, socket: zmq.Socket, loop: Any, stream: Any) -> None:
+    def __init__(self, socket: zmq.Socket, loop: Any = None, stream: Any = None) -> None:
         """`socket` is read by `stream` (a `ZMQStream`) on `loop` (a tornado IOLoop, running on
-        its own thread, not this one)."""
+        its own thread, not this one); a socket nothing reads (a PUB) has neither."""
         self.socket = socket
         self.loop = loop
         self.lock = threading.RLock()
+        self._read: Callable[[Any, int], None] | None = None
+        if stream is not None:
+            self._lock_reads(stream)
+
+    def send(self, send: Callable[[], T]) -> T:
+        """Run `send` (a send on the socket) under the lock, then have the owner read whatever
+        the send took in. On the main thread, an interrupt (SIGINT's handler) that comes
+        meanwhile runs once the message is out: between two of its frames it would leave half a
+        message in the socket, and the next message's frames would be glued to it."""
+        if threading.get_ident() == _MAIN:
+            handler = signal.getsignal(signal.SIGINT)
+            if handler is not None and handler != signal.SIG_IGN:  # ipykernel's, between requests
+                return _holding_interrupts(handler, lambda: self._send(send))
+        return self._send(send)
+
+    def _send(self, send: Callable[[], T]) -> T:
+        with self.lock:
+            result = send()
+            try:
+                waiting = (
+                    self._read is not None
+                    and not self.socket.closed
+                    and bool(cast(int, self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+                )
+            except zmq.ZMQError:
+                waiting = False
+        if waiting:
+            self.loop.add_callback(self._read, self.socket, 0)
+        return result
+
+    def _lock_reads(self, stream: Any) -> None:
+        socket, loop = self.socket, self.loop
         handle = stream._handle_events
         lock = self.lock
 
@@ -64,15 +101,18 @@ class SharedSocket:
         if failed:
             raise failed[0]
 
-    def send(self, send: Callable[[], T]) -> T:
-        """Run `send` (a send on the socket) under the lock, then have the owner read whatever
-        the send took in."""
-        with self.lock:
-            result = send()
-            try:
-                waiting = not self.socket.closed and bool(cast(int, self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-            except zmq.ZMQError:
-                waiting = False
-        if waiting:
-            self.loop.add_callback(self._read, self.socket, 0)
-        return result
+
+def _holding_interrupts(handler: Any, run: Callable[[], T]) -> T:
+    """On the main thread, with `handler` SIGINT's Python handler: hold it while `run` runs, then
+    run it (once, however many came)."""
+    came: list[Any] = []
+    signal.signal(signal.SIGINT, lambda _signum, frame: came.append(frame))
+    try:
+        return run()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if came:
+            if callable(handler):
+                handler(signal.SIGINT, came[0])
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)

@@ -12,6 +12,7 @@ lock too). Only the main shell's replies change path; each thread's replies keep
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from viceroy.kernel.shared_socket import SharedSocket
@@ -25,10 +26,14 @@ def send_replies_inline(kernel: Any) -> None:
     stream = getattr(kernel, "shell_stream", None)
     if not getattr(kernel, "_supports_kernel_subshells", False) or thread is None or stream is None:
         return
+    manager: Any = getattr(thread, "manager", None)
+    if not hasattr(manager, "get_subshell_to_shell_channel_socket") or not hasattr(stream, "_handle_events"):
+        print("viceroy: this ipykernel's shell channel is not as expected: replies go through its "
+              "thread as in a stock kernel", file=sys.__stderr__)
+        return
     shared = SharedSocket(stream.socket, thread.io_loop, stream)
     for name in ("send_multipart", "close"):  # the thread's sends (queued on the stream), and the end
         _take_lock(stream, name, shared)
-    manager = thread.manager
     route = manager.get_subshell_to_shell_channel_socket
     direct = _DirectReplies(shared, route(None))
 
