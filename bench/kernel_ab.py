@@ -17,6 +17,17 @@ a change that wins about half of them is noise.
 l.__dict__.setdefault("orig", l._waiting_in_batch)
 l._waiting_in_batch = l.orig if {on} else contextlib.nullcontext'
 
+  # the main shell's replies sent from the main thread (viceroy/kernel/shell_replies.py, session 36)
+  python bench/kernel_ab.py --setup $'m = get_ipython().kernel.shell_channel_thread.manager
+routed = m.get_subshell_to_shell_channel_socket; pair = routed(None)._pair_end
+old = lambda sid: pair if sid is None else routed(sid)' \\
+      --toggle "m.get_subshell_to_shell_channel_socket = routed if {on} else old"
+
+  # IOPub messages sent inline (viceroy/kernel/iopub.py, session 36)
+  python bench/kernel_ab.py --setup $'io = get_ipython().kernel.iopub_thread; h = io.send_multipart.__self__
+queued = lambda msg, *a, **k: h.schedule(lambda: h._send(msg, a, k))' \\
+      --toggle "io.send_multipart = h.send_multipart if {on} else queued"
+
 Usage: python bench/kernel_ab.py --toggle CODE [--setup CODE|FILE] [--code CELL | --code-file F]
                                  [--rounds 12] [--block 40] [--ranks 4]
 """
