@@ -4,7 +4,8 @@ without waking the IOPub thread; what is handed over while the thread's loop is 
 that turn, in order, without waking it again; each thread's messages keep their order when
 they go some queued and some inline, from many threads at once; a subscriber that joins while
 another thread sends still gets its welcome; a failing item is reported and the rest still go;
-a stopped thread runs items at once."""
+a stopped thread runs items at once; an IOPub thread without the parts relied on (a future
+ipykernel's) is left as it is."""
 
 from __future__ import annotations
 

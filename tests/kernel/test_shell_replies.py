@@ -2,7 +2,9 @@
 (viceroy/kernel/shell_replies.py), sharing it with ipykernel's shell-channel thread: requests
 sent in a burst, without waiting for replies, all get their replies, in order; the main shell
 and a subshell answer at once, each in its own order; and a subshell still answers while the
-main shell runs a cell (the shell-channel thread still reads every request at once)."""
+main shell runs a cell (the shell-channel thread still reads every request at once). All but
+the first pass on ipykernel's own path too: they guard the new one. A kernel whose shell
+channel is not as expected keeps its own path."""
 
 from __future__ import annotations
 
