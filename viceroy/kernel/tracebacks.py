@@ -29,7 +29,10 @@ def user_frames_only(tb: types.TracebackType | None) -> types.TracebackType | No
         tb = tb.tb_next
     new: types.TracebackType | None = None
     for t in reversed(kept):
-        new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+        # An exception raised at an instruction with no line of its own (a KeyboardInterrupt can
+        # be) has tb_lineno None, which the constructor refuses; -1 has it found from tb_lasti.
+        lineno = t.tb_lineno
+        new = types.TracebackType(new, t.tb_frame, t.tb_lasti, -1 if lineno is None else lineno)
     return new
 
 
