@@ -3,7 +3,8 @@ where it enters the viceroy package, keeps a frame whose instruction has no line
 A KeyboardInterrupt can be raised at such an instruction; its traceback entry's tb_lineno is
 None, the cut raised TypeError, and IPython then dropped the kernel's error rendering for the
 rest of the session ("Custom TB Handler failed, unregistering"): found by interrupting a loop
-of display() calls (tests/kernel/test_shell_replies.py)."""
+of display() calls (tests/kernel/test_shell_replies.py). And a second interrupt that lands
+while the kernel renders an error (a double press of stop) is dropped, for the same reason."""
 
 from __future__ import annotations
 
@@ -50,3 +51,23 @@ def test_frames_keep_their_lines_and_the_cut_drops_the_package():
     assert [name for name, _ in lines] == full[:-1] == [
         "test_frames_keep_their_lines_and_the_cut_drops_the_package", "raising"]
     assert all(isinstance(line, int) for _, line in lines)
+
+
+def test_a_second_interrupt_while_the_error_renders_leaves_the_rendering_in_place(kernel):
+    """A double press of the stop button: the second SIGINT lands while the kernel renders the
+    first one's error. It is dropped; IPython would otherwise unregister the kernel's error
+    rendering for the rest of the session ("Custom TB Handler failed")."""
+    ex = kernel.execute(
+        "import os, signal\n"
+        "ip = get_ipython()\n"
+        "render = ip.InteractiveTB.structured_traceback\n"
+        "def pressed_again(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # the second press, mid-rendering\n"
+        "    return render(*args, **kwargs)\n"
+        "ip.InteractiveTB.structured_traceback = pressed_again\n"
+        "raise KeyboardInterrupt"
+    )
+    assert [e["ename"] for e in ex.errors] == ["KeyboardInterrupt"]
+    assert "Custom TB Handler failed" not in ex.stream("stderr") + ex.stream("stdout")
+    ex = kernel.ok("ip.InteractiveTB.structured_traceback = render\nprint(len(ip.custom_exceptions))")
+    assert int(ex.stream().strip()) > 0  # the kernel's rendering is still registered

@@ -14,6 +14,7 @@ from typing import Any
 import IPython.core.interactiveshell
 
 import viceroy
+from viceroy.runtime.collectives.waiting import interrupts_held
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(viceroy.__file__)) + os.sep
 _IPYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(IPython.core.interactiveshell.__file__))) + os.sep
@@ -92,6 +93,12 @@ def install_mesh_error_rendering(shell: Any) -> None:
     def handler(
         shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None
     ) -> list[str]:
+        # A second Ctrl-C while the error renders (a double press) is dropped: raised in here,
+        # IPython would print "Custom TB Handler failed" and drop this handler for good.
+        with interrupts_held():
+            return render_error(shell, etype, value, tb, tb_offset)
+
+    def render_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any) -> list[str]:
         if isinstance(value, asyncio.CancelledError) and value.args[:1] == (INTERRUPTED,):
             etype, value = KeyboardInterrupt, KeyboardInterrupt(INTERRUPTED)
         render = getattr(value, "_render_traceback_", None)
