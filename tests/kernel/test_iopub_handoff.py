@@ -278,3 +278,20 @@ def test_an_iopub_thread_without_the_parts_relied_on_is_left_as_it_is(capfd):
     assert hand_iopub_over(thread) is False
     assert thread.send_multipart([b"x"]) == [b"x"]  # ipykernel's own, untouched
     assert "_events" in capfd.readouterr().err
+
+
+def test_an_iopub_thread_whose_loop_does_not_run_is_left_as_it_is(monkeypatch, capfd):
+    import viceroy.kernel.shared_socket as shared_socket
+
+    monkeypatch.setattr(shared_socket, "SWAP_TIMEOUT_S", 0.2)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    thread = IOPubThread(pub, session=Session(key=b""))  # never started: its loop runs nothing
+    try:
+        send = thread.send_multipart
+        assert hand_iopub_over(thread) is False
+        assert thread.send_multipart == send  # ipykernel's own, untouched
+        assert "did not take the stream's new handler in 0.2 s" in capfd.readouterr().err
+    finally:
+        thread.io_loop.close(all_fds=True)
+        ctx.term()

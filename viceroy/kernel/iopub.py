@@ -43,7 +43,11 @@ def hand_iopub_over(io_thread: Any) -> bool:
         print(f"viceroy: this ipykernel's IOPub thread has no {', '.join(missing)}: its messages "
               "go through it as in a stock kernel", file=sys.__stderr__)
         return False
-    _HandOff(io_thread)
+    try:
+        _HandOff(io_thread)  # changes nothing unless the thread took the locked handler
+    except RuntimeError as e:
+        print(f"viceroy: {e}: IOPub messages go through its thread as in a stock kernel", file=sys.__stderr__)
+        return False
     return True
 
 

@@ -35,6 +35,7 @@ import zmq
 T = TypeVar("T")
 _MAIN = threading.main_thread().ident
 _SIGINT = int(signal.SIGINT)
+SWAP_TIMEOUT_S = 10.0  # for the owner's loop to take the locked handler
 
 
 class SharedSocket:
@@ -98,8 +99,8 @@ class SharedSocket:
                 done.set()
 
         loop.add_callback(swap)
-        if not done.wait(10):
-            raise RuntimeError("the socket's thread did not take the stream's new handler in 10 s")
+        if not done.wait(SWAP_TIMEOUT_S):
+            raise RuntimeError(f"the socket's thread did not take the stream's new handler in {SWAP_TIMEOUT_S:g} s")
         if failed:
             raise failed[0]
 

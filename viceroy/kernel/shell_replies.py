@@ -31,7 +31,12 @@ def send_replies_inline(kernel: Any) -> None:
         print("viceroy: this ipykernel's shell channel is not as expected: replies go through its "
               "thread as in a stock kernel", file=sys.__stderr__)
         return
-    shared = SharedSocket(stream.socket, thread.io_loop, stream)
+    try:
+        shared = SharedSocket(stream.socket, thread.io_loop, stream)
+    except RuntimeError as e:
+        print(f"viceroy: {e}: replies go through the shell-channel thread as in a stock kernel",
+              file=sys.__stderr__)
+        return
     for name in ("send_multipart", "close"):  # the thread's sends (queued on the stream), and the end
         _take_lock(stream, name, shared)
     route = manager.get_subshell_to_shell_channel_socket
