@@ -18,6 +18,7 @@ import zmq
 from tornado.ioloop import IOLoop
 from zmq.eventloop.zmqstream import ZMQStream
 
+from tests.conftest import wait_until
 from viceroy.kernel.shared_socket import SharedSocket
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,13 +57,9 @@ class Served:
         self.loop.add_callback(lambda: (f(), done.set()))
         assert done.wait(10)
 
-    def received(self, n: int, timeout: float = 5) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.got) >= n:
-                return True
-            time.sleep(0.001)
-        return False
+    def received(self, n: int, what: str) -> None:
+        """Wait (5 s at most) until the ROUTER has read `n` requests."""
+        wait_until(lambda: len(self.got) >= n, 5, what, interval=0.001)
 
     def close(self) -> None:
         self.loop.add_callback(self.loop.stop)
@@ -83,7 +80,7 @@ def served() -> Iterator[Served]:
 
 def _handshake(served: Served) -> None:
     served.dealer.send(b"hello")
-    assert served.received(1), "the ROUTER never read the first request"
+    served.received(1, "the ROUTER to read the first request")
 
 
 def test_a_request_arriving_while_another_thread_sends_is_read_at_once(served):
@@ -102,7 +99,7 @@ def test_a_request_arriving_while_another_thread_sends_is_read_at_once(served):
     try:
         for i in range(50):
             served.dealer.send(str(i).encode())
-            assert served.received(2 + i), f"request {i} was not read within 5 s"
+            served.received(2 + i, f"request {i} to be read")
     finally:
         stop.set()
         sender.join()
